@@ -56,3 +56,29 @@ def test_register_refuses_a_command_line_without_devices_or_with_an_unusable_nam
     assert "--group: 'a/b' contains '/'" in capsys.readouterr().err
     assert main(["devices", "register", "--tables-root", root, "--group", "g", "d+1"]) == 2
     assert "device id 'd+1'" in capsys.readouterr().err
+
+
+def test_a_file_of_device_ids_saved_by_an_editor_registers_the_ids_it_shows(tmp_path, capsys):
+    """UTF-8 with a byte order mark and CRLF line ends (Notepad) registers ``dev-1``, not U+FEFF + ``dev-1``,
+    which no device is; a file that is missing or no UTF-8 text is a wrong command line, in one line."""
+    from sinks import open_table_store
+
+    root = str(tmp_path / "tables")
+    listed = tmp_path / "devices.txt"
+    listed.write_bytes(b"\xef\xbb\xbfdev-1\r\ndev-2\r\n")
+    register = ["devices", "register", "--tables-root", root, "--group", "g", "--from-file"]
+    assert main([*register, str(listed)]) == 0
+    rows = open_table_store(None, root, backend="delta-rs").read_arrow("devices")
+    assert sorted(rows.column("device_id").to_pylist()) == ["dev-1", "dev-2"]
+    capsys.readouterr()
+    assert main([*register, str(tmp_path / "gone.txt")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"timestone devices register: --from-file: cannot read {tmp_path / 'gone.txt'}: "
+        "No such file or directory"
+    ]
+    listed.write_bytes(b"caf\xe9\n")
+    assert main([*register, str(listed)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"timestone devices register: --from-file: {listed}: not UTF-8 text"
+    )
