@@ -268,8 +268,11 @@ class OffsetsApiConfig:
         check_http_limits(self.max_connections, self.request_timeout_s)
         if self.enabled and not self.authenticates and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
-        if self.token is not None and not self.token:
-            raise ConfigError("token", "must not be empty")
+        if self.token is not None:
+            try:  # the checks of every reader's token, made here to name the key
+                ReaderToken("token", self.token)
+            except ConfigError as error:
+                raise ConfigError("token", error.detail) from None
 
     @property
     def authenticates(self) -> bool:
@@ -288,7 +291,8 @@ class OffsetsApiConfig:
             return ReaderTokens(inline, self.tokens_file)
         except ConfigError as error:
             key = "tokens_file" if self.tokens_file else "tokens"
-            raise ConfigError(f"offsets_api.{key}", str(error)) from None
+            detail = error.detail if error.path in ("tokens", "tokens_file") else str(error)
+            raise ConfigError(f"offsets_api.{key}", detail) from None
 
 
 def check_http_limits(max_connections: object, request_timeout_s: object) -> None:

@@ -242,7 +242,12 @@ def test_a_readers_tokens_file_that_does_not_load_is_named_by_its_dotted_key(tmp
     tokens.write_text("tokens:\n  - {name: job, token: t1}\n  - {name: job, token: t2}\n")
     err = refused(tmp_path, f"offsets_api: {{port: 0, tokens_file: {tokens}}}\nadmin_http: {{port: 0}}\n")
     assert err.splitlines()[-1:] == [
-        "timestone broker: configuration error: offsets_api.tokens_file: tokens: two tokens are named 'job'"
+        "timestone broker: configuration error: offsets_api.tokens_file: two tokens are named 'job'"
+    ]
+    err = refused(tmp_path, "offsets_api: {port: 0, token: ' s3cret'}\nadmin_http: {port: 0}\n")
+    assert err.splitlines() == [
+        "timestone broker: configuration error: offsets_api.token: must not be empty nor start or end with "
+        "whitespace"
     ]
 
 
