@@ -11,7 +11,8 @@ document is loaded into dataclasses (a secret kept out of files and command line
 environment variable filled from a secret scope). A variable that is not set is an error naming the field.
 
 A number written with an exponent (``1e3``, ``2.5E-3``) is a float, as YAML 1.2 and JSON read it (YAML 1.1
-reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. A document that
+reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. An integer with
+leading zeros is decimal (``010000`` is 10000, where YAML 1.1 reads octal 4096). A document that
 is no YAML is refused in one line naming its line and column. A path setting that starts with ``~`` is in
 the home directory (``expand_home``).
 """
@@ -33,6 +34,9 @@ T = TypeVar("T")
 
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 """A number with an exponent in any form YAML 1.2 takes; YAML 1.1's own pattern already reads the rest."""
+_LEADING_ZERO_INT = re.compile(r"^[-+]?0[0-9_]+$")
+"""An integer written with leading zeros, which YAML 1.1 reads as octal (``010000`` is 4096)."""
+_DECIMAL_TAG = "tag:timestone,2026:decimal"
 
 
 class ConfigError(ValueError):
@@ -73,8 +77,16 @@ def _yaml_loader() -> type:
         name = loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else ""
         return EnvironmentValue(str(name).strip())
 
+    def decimal(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+        return int(str(loader.construct_scalar(node)).replace("_", ""), 10)
+
     ConfigLoader.add_constructor("!env", environment_value)
+    ConfigLoader.add_constructor(_DECIMAL_TAG, decimal)
     ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+    ConfigLoader.add_implicit_resolver(_DECIMAL_TAG, _LEADING_ZERO_INT, list("-+0"))
+    for first in "-+0":  # checked before YAML 1.1's octal: the number is the one written
+        resolvers = ConfigLoader.yaml_implicit_resolvers[first]
+        resolvers.insert(0, resolvers.pop())
     return ConfigLoader
 
 

@@ -75,3 +75,20 @@ def test_an_override_takes_a_number_with_an_exponent() -> None:
     document: dict[str, object] = {}
     apply_override(document, "limits.connect_timeout_s=1e1")
     assert document == {"limits": {"connect_timeout_s": 10.0}}
+
+
+@pytest.mark.parametrize(
+    ("written", "value"),
+    [("010000", 10000), ("01234", 1234), ("-0100", -100), ("+007", 7), ("0", 0), ("00", 0), ("0x1F", 31)],
+)
+def test_a_number_with_leading_zeros_is_decimal_as_written(written, value) -> None:
+    """YAML 1.1 reads ``010000`` as octal (4096) and ``01234`` as 668: a port or a bound written with a
+    leading zero is the number it shows, as YAML 1.2 reads it; hexadecimal stays hexadecimal."""
+    assert parse_yaml(f"value: {written}\n") == {"value": value}
+
+
+def test_a_listener_port_written_with_a_leading_zero_is_that_port(tmp_path) -> None:
+    path = tmp_path / "broker.yaml"
+    path.write_text("listeners:\n  - {name: lan, port: 01234}\nlimits:\n  max_connections: 010000\n")
+    config = load_dataclass(BrokerConfig, load_yaml_file(path))
+    assert config.listeners[0].port == 1234 and config.limits.max_connections == 10000
