@@ -173,6 +173,11 @@ class MqttConfig:
 MAX_STORAGE_PARTITIONS = 9999
 """Most storage partitions (a directory each under ``<data>/log/``)."""
 
+MAX_GROUP_COMMIT_WAIT_MS = 1000
+"""Most a group-commit window may wait (``group_commit_ms``, ``group_commit_min_interval_ms``): every QoS 1/2
+acknowledgement waits for its window, and one held longer than a second is a slip of units, not a setting
+(a value past any time, 1e300, never acknowledged again)."""
+
 
 @dataclass(slots=True)
 class BrokerStorageConfig(StorageConfig):
@@ -193,8 +198,10 @@ class BrokerStorageConfig(StorageConfig):
         if self.retention_interval_s <= 0:
             raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
         for key in ("group_commit_ms", "group_commit_min_interval_ms"):
-            if getattr(self, key) < 0:
-                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+            if not 0 <= getattr(self, key) <= MAX_GROUP_COMMIT_WAIT_MS:
+                raise ConfigError(
+                    key, f"must be within [0, {MAX_GROUP_COMMIT_WAIT_MS}], got {getattr(self, key)}"
+                )
         for name in (
             "group_commit_max_bytes",
             "segment_bytes",

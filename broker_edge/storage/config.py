@@ -50,12 +50,12 @@ class StorageConfig:
     group_commit_ms: float = 0.0
     """Extra wait of a group-commit window after its first append; appends inside a window share one write
     and one fsync. 0: the window closes with the event-loop iteration that opened it (and, while an fsync
-    runs, stays open until it returns, so batches grow with the disk's latency)."""
+    runs, stays open until it returns, so batches grow with the disk's latency). At most 1000."""
     group_commit_min_interval_ms: float = 0.0
     """Least time from one group-commit job's start to the next's: a window that ends sooner waits until it
     has passed, so that under load fewer fsyncs carry more appends (the CPU of a sync and its two thread
     switches spread over more records); a broker idle for longer cuts at once, one fsync and no wait. 0: no
-    least time (a window is cut as soon as it ends)."""
+    least time (a window is cut as soon as it ends). At most 1000."""
     group_commit_max_bytes: int = 4 * MIB
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
     inline_sync_max_bytes: int = 0
