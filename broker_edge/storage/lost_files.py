@@ -104,10 +104,13 @@ def check_catalog_end(
     known = len(catalog)
     named, where = evidence.top_topic, "a sealed index whose segment is damaged or gone"
     for segments in found:
-        for segment, index in segments:
+        for number, (segment, index) in enumerate(segments):
             if index is None or not index.groups:
                 continue
             top = index.last_topic_id() if cut else index.summary[-1]
+            if top >= known and _damaged(index):
+                segments[number] = (segment, None)  # not the catalog's damage: made again from the data
+                continue
             if top > named or (top == named and top >= known):
                 named, where = top, segment.log_path
     covered = snapshot.catalog_bytes if snapshot is not None else 0
@@ -125,6 +128,18 @@ def check_catalog_end(
         "record). Put the catalog back (from a backup); the store does not open without the names of its "
         "logs"
     )
+
+
+def _damaged(index: SealedIndex) -> bool:
+    """Whether an index naming a topic past the catalog's is itself damaged (then it is no evidence that
+    the catalog lost an entry): logged, and its file forgotten."""
+    damage = index.damage(1 << 32)
+    if damage is None:
+        return False
+    log.error("%s: its sealed index is damaged (%s): made again from the data", index.path, damage)
+    index.pool.forget(index.path)
+    index.blocks.forget(index.path)
+    return True
 
 
 def report_missing_segments(

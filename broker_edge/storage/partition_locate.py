@@ -122,6 +122,8 @@ class Locating:
                 if previous == NO_PREVIOUS or previous >= 0:
                     break
                 number, row = pointed(previous)
+                if number >= segment.number:
+                    break  # a chain goes to older segments only
                 continue
             sealed = segment.sealed
             group = sealed.find(topic_id) if sealed is not None else None
@@ -134,8 +136,8 @@ class Locating:
                 if group is None:
                     break
             steps.append((segment, group))
-            if group.first_offset <= offset:
-                break
+            if group.first_offset <= offset or group.previous_segment >= segment.number:
+                break  # (a chain goes to older segments only: a damaged index's may not)
             number, row = group.previous_segment, UNKNOWN_ROW
         return steps
 
@@ -228,6 +230,9 @@ class Locating:
         data, view, start, end = b"", memoryview(b""), 0, 0
         for index, piece in enumerate(pieces):
             position, size = piece.position, piece.size
+            if not 0 < size <= piece.segment.size - position:  # a damaged index's entry: never read
+                keep(FrameError("index"))
+                continue
             if piece.segment is not segment or position < start or position + size > end:
                 found = window((partition, piece.segment.number), position, size)
                 if found is None:

@@ -297,8 +297,10 @@ def _found_segments(
                 loaded = index.load(segment.number)
                 valid = loaded and index.data_size == size
                 if loaded and index.data_size > size:
-                    evidence.short[(part.number, segment.number)] = (size, index.data_size, index.rows)
-                    evidence.add(index.all_groups())
+                    groups = index.all_groups()
+                    if index.damage(1 << 32, groups) is None:  # (a damaged index is no evidence)
+                        evidence.short[(part.number, segment.number)] = (size, index.data_size, index.rows)
+                        evidence.add(groups)
                 if (
                     not valid
                 ):  # its file is written again at the segment's seal: no descriptor may see this one
@@ -309,6 +311,8 @@ def _found_segments(
                 path = segment_paths(part.directory, number)[1]
                 index = SealedIndex(path, pool, blocks)
                 groups = index.all_groups() if index.load(number) else []
+                if groups and index.damage(1 << 32, groups) is not None:
+                    groups = []  # a damaged index is no evidence of what its segment held
                 pool.forget(path)
                 blocks.forget(path)
                 evidence.orphans.append((part.number, number, path, groups))
@@ -379,7 +383,13 @@ def _register_sealed(
     pool = part.pool
     last_sealed = max((n for n, (_s, index) in enumerate(segments) if index is not None), default=-1)
     for number, (segment, found_index) in enumerate(segments):
-        if found_index is None and number < last_sealed:  # an index gone between sealed ones
+        damaged_index = (
+            found_index is not None
+            and not unsealed
+            and segment.number > loading.applied.get(part.number, (-1, 0))[0]
+            and _damaged_index(part, segment, found_index, topics)
+        )
+        if (found_index is None and number < last_sealed) or damaged_index:  # gone between sealed, damaged
             if segment.base < 0 or not segment.base:
                 previous = part.segments[-1] if part.segments else None
                 segment.base = previous.base + previous.row_count if previous is not None else part.next_base
@@ -403,6 +413,20 @@ def _register_sealed(
         open_rows = read_open_index(segment.open_path, pool)
         segment.base = open_rows.base if open_rows is not None and open_rows.number == segment.number else -1
         unsealed.append(segment)
+
+
+def _damaged_index(part: PartitionLog, segment: Segment, index: SealedIndex, topics: int) -> bool:
+    """Whether a sealed index about to be applied holds impossible groups (a flipped bit: logged, and the
+    file forgotten so that it is made again from the segment's data)."""
+    damage = index.damage(topics)
+    if damage is None:
+        return False
+    log.error(
+        "%s: its sealed index is damaged (%s): it is made again from the data", segment.index_path, damage
+    )
+    part.pool.forget(segment.index_path)
+    part.blocks.forget(segment.index_path)
+    return True
 
 
 def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:

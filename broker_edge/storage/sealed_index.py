@@ -34,7 +34,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add, and_, lshift, or_, sub
+from operator import add, and_, ge, lshift, or_, sub
 from typing import TYPE_CHECKING
 
 from .active_index import ActiveIndex, pointed
@@ -69,6 +69,8 @@ MISSING = 0xFFFFFFFF
 FLAG_RESTART = 1
 FLAG_TRUNCATED = 2
 """The topic was truncated in this segment: groups of it in older segments may hold dead records."""
+_MOST_DROPPED = 2**62
+"""More bytes than a truncation can have cut from a topic's older segments (a damaged group's)."""
 _TOPIC_MASK = ~MARKER_BIT & 0xFFFFFFFF
 _ROW_MASK = 0xFFFFFFFF
 _TOPIC_IDS_PER_GROUP = GROUP.size // 4
@@ -427,8 +429,11 @@ class SealedIndex:
             return False
         self.number, self.base, self.entries, self.data_size = number, base, entries, data_size
         self.groups, self.rows, self.sparse, self.newest_time = groups, rows, sparse, newest
-        self.summary = array("I")
-        self.summary.frombytes(self.pool.pread(self.path, 4 * summary_count, HEADER.size))
+        summary = array("I")
+        summary.frombytes(self.pool.pread(self.path, 4 * summary_count, HEADER.size))
+        if any(map(ge, summary, summary[1:])):  # every 64th group's topic id, rising: a flipped bit
+            return False
+        self.summary = summary
         return True
 
     @property
@@ -472,6 +477,34 @@ class SealedIndex:
         """Every group (retention, the sealer applying the segment): one pread of the groups."""
         data = self.pool.pread(self.path, GROUP.size * self.groups, self._groups_at)
         return [Group(*fields) for fields in GROUP.iter_unpack(data)]
+
+    def damage(self, topics: int, groups: list[Group] | None = None) -> str | None:
+        """What makes this index's groups impossible (None: nothing), ``topics`` being the catalog's count:
+        groups out of topic id order or naming a topic the catalog does not, entries that are not laid
+        group after group, a previous segment that is not older, bytes past the segment's, unknown flags.
+        A flipped bit in the groups (no checksum covers them) is found before it is applied at open."""
+        if groups is None:
+            groups = self.all_groups()
+        entry = 0
+        last_topic = -1
+        for group in groups:
+            if not last_topic < group.topic_id < topics:
+                return f"a group of topic id {group.topic_id} after {last_topic} (the catalog has {topics})"
+            if group.first_entry != entry or group.flags & ~(FLAG_RESTART | FLAG_TRUNCATED):
+                return f"the group of topic id {group.topic_id} does not follow the one before it"
+            if not -1 <= group.previous_segment < self.number or group.bytes > self.data_size:
+                return (
+                    f"the group of topic id {group.topic_id} names another segment or more bytes than it has"
+                )
+            if group.dropped >= _MOST_DROPPED:
+                return f"the group of topic id {group.topic_id} dropped {group.dropped} bytes"
+            entry += group.count
+            last_topic = group.topic_id
+        if entry != self.entries:
+            return f"its groups hold {entry} entries, its header says {self.entries}"
+        if self.summary.tolist() != [group.topic_id for group in groups[::SUMMARY_EVERY]]:
+            return "its summary does not name its groups' topic ids"
+        return None
 
     def entries_of(self, group: Group, first: int, stop: int) -> array:
         """Entries `first .. stop - 1` of a group (numbers within it): (position | size << 32, time) pairs."""
