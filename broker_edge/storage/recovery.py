@@ -137,12 +137,14 @@ def open_partitions(
         part.names = catalog.names
         return part
 
+    present = {int(name) for name in os.listdir(log_directory) if name.isdigit()}
     parts = [partition_log(number) for number in range(count)]
     evidence = Evidence()
     found, failed = _found_segments(parts, pool, blocks, evidence)
     check_catalog_end(catalog, catalog_dropped, snapshot, found, evidence)
     catalog.cut_torn_end()
     _set_aside_strays(catalog, count, quarantine)
+    _set_aside_without_directory(catalog, present, log_directory, quarantine)
     opened = _load_sealed(parts, found, failed, catalog, snapshot, quarantine)
     sealed = opened.sealed
     topics = len(catalog)
@@ -209,6 +211,21 @@ def _set_aside_strays(catalog: TopicCatalog, partitions: int, quarantine: Quaran
                 f"its catalog entry names partition {partition}, of {partitions} configured or on disk",
             )
             catalog.partitions[topic_id] = 0
+
+
+def _set_aside_without_directory(
+    catalog: TopicCatalog, present: set[int], log_directory: str, quarantine: Quarantine
+) -> None:
+    """Set aside the topics the catalog files in a partition whose directory was not there at open (a
+    partition's directory is made at its first open and never removed: it was deleted or renamed). Their
+    records are gone or elsewhere: serving or appending to them would give their offsets again."""
+    for topic_id, partition in enumerate(catalog.partitions):
+        if partition not in present:
+            quarantine.set_aside(
+                topic_id,
+                f"the directory of its partition, {_partition_directory(log_directory, partition)}, is "
+                "missing (deleted or renamed): put it back",
+            )
 
 
 def _set_partition_aside(

@@ -213,3 +213,39 @@ def test_a_snapshot_holding_offsets_no_log_holds_is_not_used_and_every_log_opens
         assert reopened.quarantined() == []
         for topic in [*GOOD, BAD]:
             assert reopened.durable_end(topic) == 30 and len(reopened.read(topic, 0, 1000)) == 30
+
+
+@pytest.mark.parametrize("how", ["clean close", "crash"])
+def test_the_logs_of_a_partition_whose_directory_was_renamed_are_set_aside_until_it_is_put_back(
+    data: Path, how: str
+) -> None:
+    close_or_crash(filled(data), how)
+    (data / "log" / "00").rename(data / "log" / "07")
+
+    store = LogStore(data, CONFIG)
+    report = store.open()
+
+    assert sorted(entry.topic for entry in report.quarantined) == sorted([*GOOD, BAD])
+    assert "the directory of its partition" in report.quarantined[0].reason
+    for topic in [*GOOD, BAD]:
+        with pytest.raises(LogQuarantined):  # never a log from offset 0 again, nor one cut at a restart
+            store.append(topic, make_record(99))
+        with pytest.raises(UnknownTopic):
+            store.log_info(topic)
+    store.close()
+    again = LogStore(data, CONFIG)
+    assert len(again.open().quarantined) == 3  # still aside at the next start
+    again.close()
+    if how == "crash":
+        return  # (opened as a partition of its own, 07 was sealed there: putting it back is a clean stop's)
+
+    (data / "log" / "00").rmdir()  # put back: the directory, then the list's entries removed
+    (data / "log" / "07").rename(data / "log" / "00")
+    (data / "meta" / "quarantine.json").write_text(json.dumps({"logs": []}))
+    back = LogStore(data, CONFIG)
+    assert back.open().quarantined == []
+    for topic in [*GOOD, BAD]:
+        records = back.read(topic, 0, 1000)
+        assert [record.payload for record in records] == [make_record(number).payload for number in range(30)]
+        assert back.append(topic, make_record(30)) == 30
+    back.close()
