@@ -9,8 +9,10 @@ reach it once its birth is out (a stray publisher, an old instance's will), it p
 Stopping, it publishes the death itself before DISCONNECT.
 
 It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen
-on this connection means its aliases are unknown here, so it asks that node for a rebirth (an NCMD setting
-``Node Control/Rebirth``, QoS 0, not retained), at most once per ``rebirth_interval_s`` per node. The
+on this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
+connection's will, and ends nothing) means its aliases are unknown here, so it asks that node for a
+rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained), at most once per
+``rebirth_interval_s`` per node. The
 telemetry job reads the births from the brokers' logs; the rebirth brings a birth into the log when the
 one a node sent has been deleted by retention or was never received.
 """
@@ -26,7 +28,9 @@ from dataclasses import dataclass, field
 
 from broker_edge.protocol import Will
 from pipelines.fleet.client import Message, MqttClient
+from pipelines.payloads.fields import PayloadError
 from pipelines.payloads.sparkplug.encode import rebirth_request
+from pipelines.payloads.sparkplug.messages import bdseq, read_payload
 from pipelines.payloads.sparkplug.topics import (
     NAMESPACE,
     TOPIC_FILTER,
@@ -46,7 +50,8 @@ class HostState:
     """What the host knows of the edge nodes on this connection: which have been born, and when it last
     asked each for a rebirth."""
 
-    born: set[tuple[str, str]] = field(default_factory=set)
+    born: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    """The edge nodes born on this connection, with their NBIRTH's ``bdSeq`` (None when it has none)."""
     asked_at: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
@@ -125,7 +130,7 @@ class SparkplugHost:
         if message.topic == self.topic:
             self._own_state(message.payload)
         elif message.topic.startswith(f"{NAMESPACE}/"):
-            self._edge_message(message.topic)
+            self._edge_message(message.topic, message.payload)
 
     def _own_state(self, payload: bytes) -> None:
         """A STATE on its own id saying it is offline (an old will, a stray publisher): it is online."""
@@ -139,7 +144,7 @@ class SparkplugHost:
             self._answers.add(answer)
             answer.add_done_callback(self._answers.discard)
 
-    def _edge_message(self, topic_name: str) -> None:
+    def _edge_message(self, topic_name: str, payload: bytes) -> None:
         try:
             topic = parse_topic(topic_name)
         except ValueError:
@@ -147,9 +152,12 @@ class SparkplugHost:
         node = (topic.group_id, topic.edge_node_id)
         kind = topic.message_type
         if kind == "NBIRTH":
-            self.state.born.add(node)
+            self.state.born[node] = _bdseq(payload)
         elif kind == "NDEATH":
-            self.state.born.discard(node)
+            if node in self.state.born:
+                birth, death = self.state.born[node], _bdseq(payload)
+                if birth is None or death is None or birth == death:
+                    del self.state.born[node]  # any other is an earlier connection's will, late
         elif kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH") and node not in self.state.born:
             self._ask_rebirth(topic, node)
 
@@ -164,3 +172,11 @@ class SparkplugHost:
             command, rebirth_request(int(now * 1000)), 0
         ):
             self.stats["rebirth_requests"] += 1
+
+
+def _bdseq(payload: bytes) -> int | None:
+    """The ``bdSeq`` of an NBIRTH or NDEATH payload; None when it has none or does not parse."""
+    try:
+        return bdseq(read_payload(payload))
+    except PayloadError:
+        return None

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
 from pipelines.payloads.sparkplug.messages import read_payload
 from pipelines.sparkplug_host.host import SparkplugHost
 from tests.e2e.broker_clients import PahoClient
@@ -205,3 +206,28 @@ def test_a_stop_while_answering_a_stray_offline_state_leaves_the_death_retained(
     [retained] = [late.messages.get(timeout=5)]
     assert json.loads(retained.payload)["online"] is False
     late.expect_none(0.3)
+
+
+@pytest.mark.sparkplug("tck-id-operational-behavior-edge-node-termination-host-action-ndeath-node-offline")
+def test_a_stale_ndeath_does_not_end_the_birth_in_force_and_brings_no_rebirth_request(broker):
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+    nbirth = encode([bdseq_metric(4), MetricOut(1.5, "Double", name="t", alias=1)], timestamp_ms=1, seq=0)
+    ndata = encode([MetricOut(2.5, "Double", alias=1, with_datatype=False)], timestamp_ms=2, seq=1)
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", nbirth, 1)
+        node.publish("spBv1.0/plant1/NDEATH/gw9", ndeath(3), 1)  # an earlier connection's will, late
+        node.publish("spBv1.0/plant1/NDATA/gw9", ndata, 1)
+        await asyncio.to_thread(commands.expect_none, 0.5)  # the birth with bdSeq 4 is still in force
+        node.publish("spBv1.0/plant1/NDEATH/gw9", ndeath(4), 1)  # its own death ends it
+        node.publish("spBv1.0/plant1/NDATA/gw9", ndata, 1)
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw9"
+        assert sparkplug.stats["rebirth_requests"] == 1
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
