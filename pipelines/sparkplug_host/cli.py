@@ -15,8 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timestone sparkplug-host",
         description="Publish this host application's Sparkplug B STATE (online while it runs, its will "
         "offline) and ask edge nodes whose births it has not seen for a rebirth.",
-        epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached; 2 a wrong command "
-        "line; 3 optional dependencies missing",
+        epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached, or another host "
+        "with this id took its connection over; 2 a wrong command line; 3 optional dependencies missing. A "
+        "lost connection (a broker restart) is made again every second.",
     )
     parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
     parser.add_argument("--host-id", default="timestone", help="the Sparkplug host id (default timestone)")
@@ -36,8 +37,13 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"timestone sparkplug-host: cannot reach {host}:{port}: {error}", file=sys.stderr)
         return 1
     print(f"Sparkplug B host {args.host_id} online on {host}:{port} ({sparkplug.topic})", flush=True)
-    await stop.wait()
-    await sparkplug.stop()
+    if not await sparkplug.run(stop):
+        print(
+            f"timestone sparkplug-host: another client connected as {args.host_id}'s host application "
+            f"(client id sparkplug-host-{args.host_id}) on {host}:{port}; it stays online, this one stops",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -6,7 +6,7 @@ death certificate as will (``spBv1.0/STATE/<host_id>``, JSON ``{"online": false,
 retained), subscribes to its own STATE topic and to the Sparkplug namespace, then publishes its birth (the
 same JSON with ``online`` true and the same ``T``, QoS 1, retained). Should a STATE saying it is offline
 reach it once its birth is out (a stray publisher, an old instance's will), it publishes its birth again.
-Stopping, it publishes the death itself before DISCONNECT.
+Stopping, it publishes the death itself before DISCONNECT. A lost connection is made again (:meth:`run`).
 
 It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen
 on this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker_edge.protocol import Will
+from broker_edge.protocol import ReasonCode, Will
 from pipelines.fleet.client import Message, MqttClient
 from pipelines.payloads.fields import PayloadError
 from pipelines.payloads.sparkplug.encode import rebirth_request
@@ -66,6 +66,7 @@ class SparkplugHost:
         *,
         rebirth_interval_s: float = 30.0,
         keep_alive_s: int = 30,
+        retry_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.address = (host, port)
@@ -73,6 +74,8 @@ class SparkplugHost:
         self.topic = state_topic(host_id)
         self.rebirth_interval_s = rebirth_interval_s
         self.keep_alive_s = keep_alive_s
+        self.retry_s = retry_s
+        """Seconds between two attempts to connect again once the connection is lost (:meth:`run`)."""
         self.clock = clock
         self.stats: Counter = Counter()
         self.state = HostState()
@@ -85,6 +88,8 @@ class SparkplugHost:
         """Set by :meth:`stop`: no birth may follow the death."""
         self._answers: set[asyncio.Task[None]] = set()
         """Births in answer to an offline STATE, still publishing (:meth:`stop` waits for them)."""
+        self._lost = asyncio.Event()
+        """Set when this connection closes (the broker restarted or dropped it)."""
 
     async def start(self) -> None:
         """Connect (clean session, the death as will), subscribe, then publish the birth."""
@@ -104,9 +109,44 @@ class SparkplugHost:
             keep_alive=self.keep_alive_s,
             will=will,
         )
+        self._lost = asyncio.Event()
+        self.client.on_disconnect = lambda _: self._lost.set()
+        if not self.client.connected:
+            self._lost.set()
         await self.client.subscribe(self.topic, 1)
         await self.client.subscribe(TOPIC_FILTER, 0)
         await self._publish_birth()
+
+    async def run(self, stop: asyncio.Event) -> bool:
+        """Once :meth:`start` has connected: stay online until ``stop`` is set, then :meth:`stop` (True). A
+        lost connection (the broker restarted, or dropped it) is made again every ``retry_s`` seconds, each
+        a new session with its own timestamp, will and birth; edge nodes are watched afresh on it. A
+        connection taken over by another client with this host's client id (a second host with the same
+        id) is not made again: False, the other host stays online."""
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                lost = asyncio.ensure_future(self._lost.wait())
+                await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+                lost.cancel()
+                if self.client is not None and self.client.closed_with == ReasonCode.SESSION_TAKEN_OVER:
+                    return False
+                while not stop.is_set() and self._lost.is_set():
+                    await asyncio.wait({stopped}, timeout=self.retry_s)
+                    if stop.is_set():
+                        break
+                    try:
+                        await self.start()
+                    except (OSError, TimeoutError):  # refused, unreachable or silent: try again
+                        if self.client is not None:
+                            self.client.abort()
+                        self._lost.set()
+                    else:
+                        self.stats["reconnections"] += 1
+        finally:
+            stopped.cancel()
+        await self.stop()
+        return True
 
     async def stop(self) -> None:
         """Publish the death (the will's payload), then DISCONNECT. A birth answering a stray STATE that

@@ -231,3 +231,56 @@ def test_a_stale_ndeath_does_not_end_the_birth_in_force_and_brings_no_rebirth_re
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.sparkplug("tck-id-host-topic-phid-birth-payload-timestamp")
+def test_the_host_connects_again_after_a_broker_restart_with_a_new_birth(start_broker):
+    first = start_broker()
+    port = first.port
+
+    async def scenario() -> None:
+        sparkplug = SparkplugHost("127.0.0.1", port, "timestone", rebirth_interval_s=60, retry_s=0.05)
+        stop = asyncio.Event()
+        await sparkplug.start()
+        running = asyncio.create_task(sparkplug.run(stop))
+        connected_ms = sparkplug.connected_ms
+        await asyncio.to_thread(first.stop)
+        second = await asyncio.to_thread(
+            start_broker, listeners=[{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": port}]
+        )
+        watcher = PahoClient(second.port, "edge-node-watching")
+        watcher.subscribe(TOPIC, 1)
+        [birth] = await expect(watcher, 1)  # retained by the new broker: the host is back
+        state = json.loads(birth.payload)
+        assert state["online"] is True and state["timestamp"] > connected_ms
+        assert state["timestamp"] == sparkplug.connected_ms
+        stop.set()
+        await running
+        [death] = await expect(watcher, 1)
+        assert json.loads(death.payload) == {"online": False, "timestamp": sparkplug.connected_ms}
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_second_host_with_the_same_id_takes_over_and_the_first_stops_without_reconnecting(broker):
+    watcher = PahoClient(broker.port, "edge-node-watching")
+    watcher.subscribe(TOPIC, 1)
+
+    async def scenario() -> None:
+        first = SparkplugHost("127.0.0.1", broker.port, "timestone", retry_s=0.05)
+        await first.start()
+        running = asyncio.create_task(first.run(asyncio.Event()))
+        await expect(watcher, 1)
+        second = SparkplugHost("127.0.0.1", broker.port, "timestone", retry_s=0.05)
+        await second.start()
+        assert await asyncio.wait_for(running, 10) is False  # taken over: it does not connect again
+        states = [json.loads(m.payload) for m in await expect(watcher, 2)]
+        assert states == [  # the first one's will, then the second's birth
+            {"online": False, "timestamp": first.connected_ms},
+            {"online": True, "timestamp": second.connected_ms},
+        ]
+        await asyncio.to_thread(watcher.expect_none, 0.3)
+        assert first.stats["reconnections"] == 0
+        await second.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
