@@ -25,9 +25,14 @@ from pipelines.fleet.readings import READING_FORMATS
 
 
 def broker_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 address in brackets: ``[::1]:1883``), the port 1 to 65535."""
     host, _, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    if not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {int(port)} in {text!r}")
     return host, int(port)
 
 

@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 
 from pipelines.fleet.cli import broker_address, signal_stop
 from pipelines.sparkplug_host.host import SparkplugHost
+
+
+def host_id(text: str) -> str:
+    """A Sparkplug host id: one topic level (``spBv1.0/STATE/<host_id>``), so no ``/``, ``+`` or ``#``."""
+    if not text:
+        raise argparse.ArgumentTypeError("a host id is not empty")
+    if any(character in text for character in "/+#"):
+        raise argparse.ArgumentTypeError(f"a host id has no '/', '+' or '#', got {text!r}")
+    return text
+
+
+def seconds(text: str) -> float:
+    """A number of seconds, 0 or more (not NaN, not infinite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds, 0 or more, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         "lost connection (a broker restart) is made again every second.",
     )
     parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
-    parser.add_argument("--host-id", default="timestone", help="the Sparkplug host id (default timestone)")
     parser.add_argument(
-        "--rebirth-interval", type=float, default=30.0, help="seconds between two requests to one node"
+        "--host-id", type=host_id, default="timestone", help="the Sparkplug host id (default timestone)"
+    )
+    parser.add_argument(
+        "--rebirth-interval", type=seconds, default=30.0, help="seconds between two requests to one node"
     )
     return parser
 

@@ -8,6 +8,7 @@ from importlib.metadata import version
 import pytest
 
 from pipelines.cli import main
+from pipelines.fleet.cli import broker_address
 
 
 def test_version(capsys):
@@ -104,3 +105,34 @@ def test_the_sparkplug_host_and_the_simulators_payload_formats_are_on_the_comman
         main(["devices", "simulate", "--payload", "sparkplug_b", "--procs", "2"])
     assert done.value.code == 2
     assert "--payload sparkplug_b runs in one process (--procs 1)" in capsys.readouterr().err
+
+
+HOST = ["sparkplug-host", "--broker", "127.0.0.1:9"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sparkplug-host", "--broker", "127.0.0.1:99999"], "a port is 1 to 65535, got 99999"),
+        (["sparkplug-host", "--broker", "127.0.0.1:0"], "a port is 1 to 65535, got 0"),
+        (["devices", "simulate", "--broker", "127.0.0.1:70000"], "a port is 1 to 65535, got 70000"),
+        ([*HOST, "--host-id", "a/b"], "a host id has no '/', '+' or '#', got 'a/b'"),
+        ([*HOST, "--host-id", "#"], "a host id has no '/', '+' or '#', got '#'"),
+        ([*HOST, "--host-id", ""], "a host id is not empty"),
+        ([*HOST, "--rebirth-interval", "nan"], "expected seconds, 0 or more, got 'nan'"),
+        ([*HOST, "--rebirth-interval", "-1"], "expected seconds, 0 or more, got '-1'"),
+    ],
+)
+def test_a_wrong_broker_port_host_id_or_interval_is_a_wrong_command_line(capsys, argv, message):
+    """Exit status 2 naming the value, where a port past 65535 ended ``sparkplug-host`` in a traceback, a
+    host id with ``/`` published its STATE on a topic edge nodes do not read, and a NaN interval asked for a
+    rebirth at every message."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bracketed_ipv6_broker_address_is_its_address_and_port():
+    assert broker_address("[::1]:1883") == ("::1", 1883)
+    assert broker_address("broker.local:8883") == ("broker.local", 8883)
