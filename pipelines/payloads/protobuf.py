@@ -104,9 +104,21 @@ def _value(message: Any, field: Any, type_name: str) -> Any:
         number = field.enum_type.values_by_number.get(value)
         return number.name if number is not None else str(value)
     if field.type == FieldDescriptor.TYPE_MESSAGE:  # a google.protobuf.Timestamp
-        since = dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
-        return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + since
+        return _time(field.name, value.seconds, value.nanos)
     return value
+
+
+def _time(name: str, seconds: int, nanos: int) -> dt.datetime:
+    """A ``google.protobuf.Timestamp`` as a time; ``PayloadError`` when no timestamp column holds it (before
+    the year 1 or after 9999: a clock counting in another unit) or its nanos are outside 0..999,999,999."""
+    if 0 <= nanos < 1_000_000_000:
+        try:
+            since = dt.timedelta(seconds=seconds, microseconds=nanos // 1000)
+            return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + since
+        except OverflowError:
+            pass
+    detail = f"{seconds} s, {nanos} ns is not a time a timestamp column holds"
+    raise PayloadError(f"protobuf: field {name}: {detail}")
 
 
 EXAMPLE_MESSAGE = "timestone.example.Telemetry"

@@ -170,3 +170,33 @@ def test_checked_values_keep_their_meaning():
     assert checked("2026-11-03", "date") == dt.date(2026, 11, 3)
     assert checked("2026-11-03T12:00:00", "timestamp") == dt.datetime(2026, 11, 3, 12, tzinfo=dt.UTC)
     assert json.loads(json.dumps(READING)) == READING
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "error"),
+    [
+        (10**15, 0, "field at: 1000000000000000 s, 0 ns is not a time a timestamp column holds"),
+        (-(10**15), 0, "field at: -1000000000000000 s, 0 ns is not a time a timestamp column holds"),
+        (253_402_300_800, 0, "field at: 253402300800 s, 0 ns is not a time a timestamp column holds"),
+        (0, -5, "field at: 0 s, -5 ns is not a time a timestamp column holds"),
+        (0, 1_000_000_000, "field at: 0 s, 1000000000 ns is not a time a timestamp column holds"),
+    ],
+)
+def test_a_protobuf_timestamp_no_column_holds_is_quarantined(tmp_path, seconds, nanos, error):
+    """Once an OverflowError out of the batch (which failed on every replay); nanos out of 0..999999999
+    (google.protobuf.Timestamp's range) moved the time by whole seconds."""
+    (tmp_path / "meter.proto").write_text(
+        'syntax = "proto3"; package acme; import "google/protobuf/timestamp.proto";\n'
+        "message Reading { google.protobuf.Timestamp at = 1; uint32 watts = 3; }\n"
+    )
+    cls = message_class(compile_proto(tmp_path, "meter.proto", tmp_path / "meter.desc"), "acme.Reading")
+    fields = {"at": "timestamp", "watts": "int"}
+    late: Any = cls(watts=1)
+    late.at.seconds, late.at.nanos = 253_402_300_799, 999_999_999  # the last microsecond of 9999
+    wrong: Any = cls(watts=2)
+    wrong.at.seconds, wrong.at.nanos = seconds, nanos
+    payloads = [late.SerializeToString(), wrong.SerializeToString()]
+    decoded = decode_payloads(payloads, ProtobufReader(cls, fields), fields)
+    assert decoded.errors.to_pylist() == [None, f"protobuf: {error}"]
+    last = dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC)
+    assert decoded.columns["at"].to_pylist()[0] == last
