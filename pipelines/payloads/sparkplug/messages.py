@@ -2,7 +2,8 @@
 
 A metric's value is read by its datatype, the birth's when a data message leaves it out (which is allowed:
 births declare datatypes, data messages may carry only an alias and a value). Signed integers travel as
-their two's complement in unsigned fields (specification, 6.4.16); they are read back as signed.
+their two's complement in unsigned fields (specification, 6.4.16); they are read back as signed, an Int8
+or Int16 from its own width's complement (-1 as 255) as well as from one sign-extended to 32 bits.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ _UNSIGNED_32 = {"UInt8", "UInt16", "UInt32"}
 _STRINGS = {"String", "Text", "UUID"}
 #: The datatypes whose value travels in ``bytes_value`` (the arrays are packed little-endian there).
 _BYTES = {"Bytes", "File", *(name for name in DATATYPES.values() if name.endswith("Array"))}
-#: The value field each datatype travels in.
+#: The width of each integer datatype. Integers are read from ``int_value`` or ``long_value`` whichever the
+#: datatype's field is: Ignition and Eclipse Tahu send a UInt32 in ``long_value``.
+_INTEGER_BITS = {"Int8": 8, "Int16": 16, "Int32": 32, "UInt8": 8, "UInt16": 16, "UInt32": 32}
+_INTEGER_BITS |= {"Int64": 64, "UInt64": 64, "DateTime": 64}
+_INTEGER_FIELDS = ("int_value", "long_value")
+#: The value field each datatype travels in (as this project writes it).
 VALUE_FIELDS: dict[str, str] = {
     **dict.fromkeys(_SIGNED_32 | _UNSIGNED_32, "int_value"),
     **dict.fromkeys(("Int64", "UInt64", "DateTime"), "long_value"),
@@ -128,13 +134,16 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     if metric.is_null or metric.value_field is None:
         return MetricValue()
     expected = VALUE_FIELDS.get(datatype)
-    if metric.value_field != expected:
+    integer = datatype in _INTEGER_BITS and metric.value_field in _INTEGER_FIELDS
+    if metric.value_field != expected and not integer:
         raise PayloadError(
             f"sparkplug_b: {metric.where()}: a {datatype} in {metric.value_field}, not in {expected}"
         )
-    value = getattr(metric.message, expected)
+    value = getattr(metric.message, metric.value_field)
     if datatype in _SIGNED_32:
-        number = value - 2**32 if value >= 2**31 else value
+        bits = _INTEGER_BITS[datatype]
+        value &= (1 << bits) - 1  # its own width's two's complement, or sign-extended to 32 or 64 bits
+        number = value - 2**bits if value >= 2 ** (bits - 1) else value
         return MetricValue(long=number, double=float(number))
     if datatype == "Int64":
         number = value - 2**64 if value >= 2**63 else value

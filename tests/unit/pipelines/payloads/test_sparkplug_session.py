@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath, rebirth_request
 from pipelines.payloads.sparkplug.messages import read_payload
+from pipelines.payloads.sparkplug.schema import payload_class
 from pipelines.payloads.sparkplug.session import (
     METRIC,
     PRESENCE,
@@ -259,3 +261,36 @@ def test_commands_and_the_hosts_state_topic():
     assert state_topic("timestone") == "spBv1.0/STATE/timestone"
     with pytest.raises(ValueError, match="is a host application's STATE"):
         parse_topic("spBv1.0/STATE/timestone")
+
+
+def test_integers_as_other_encoders_send_them_read_as_their_datatype():
+    """Ignition and Eclipse Tahu send a UInt32 in ``long_value`` (the specification says ``int_value``), and
+    an Int8 or Int16 as its own width's two's complement (-1 as 255) as well as sign-extended to 32 bits:
+    every message of such a node was quarantined (``a UInt32 in long_value``) or read 255 for -1."""
+    metrics = [
+        MetricOut(7, "UInt32", name="Count", alias=1),
+        MetricOut(-1, "Int8", name="Trim", alias=2),
+        MetricOut(-2, "Int16", name="Offset", alias=3),
+    ]
+    birth = record(NODE.format("NBIRTH"), encode([bdseq_metric(0), *metrics], timestamp_ms=1, seq=0), 1)
+    data: Any = payload_class()()
+    data.timestamp, data.seq = 2, 1
+    sent = [(1, "long_value", 4_000_000_000), (2, "int_value", 255), (3, "int_value", 65534)]
+    for alias, field, value in sent:
+        metric = data.metrics.add()
+        metric.alias = alias
+        setattr(metric, field, value)
+    more = encode([MetricOut(-1, "Int8", alias=2, with_datatype=False)], timestamp_ms=3, seq=2)
+    first = record(NODE.format("NDATA"), data.SerializeToString(), 2)
+    rows = EdgeNodeSession().process([birth, first, record(NODE.format("NDATA"), more, 3)])
+    assert not kinds(rows, REJECTED)
+    values = [(r["metric"], r["value_long"]) for r in kinds(rows, METRIC) if r["metric"] != "bdSeq"]
+    assert values == [
+        ("Count", 7),
+        ("Trim", -1),
+        ("Offset", -2),  # the birth, as this project encodes it
+        ("Count", 4_000_000_000),
+        ("Trim", -1),
+        ("Offset", -2),  # long_value, and 8- and 16-bit complements
+        ("Trim", -1),  # sign-extended to 32 bits
+    ]
