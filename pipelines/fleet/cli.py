@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 import time
@@ -50,6 +51,30 @@ def at_least_one(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return value
+
+
+def more_than_zero(text: str) -> float:
+    """A finite number above 0 (an interval, a rate): 0 or NaN would send nothing, or fail later."""
+    value = _number(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected more than 0, got {text!r}")
+    return value
+
+
+def zero_or_more(text: str) -> float:
+    """A finite number, 0 or more (a duration, a delay, a rate that may be off)."""
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
     return value
 
 
@@ -105,20 +130,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--buckets",
-        type=int,
+        type=at_least_one,
         default=DEFAULT_BUCKETS,
         help=f"device buckets of the fleet, as the actions job's device_buckets (default {DEFAULT_BUCKETS})",
     )
     simulate.add_argument("--firmware", default="1.0.0", help="firmware version the devices start with")
-    simulate.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between readings")
-    simulate.add_argument("--download-delay", type=float, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX"))
+    simulate.add_argument(
+        "--telemetry-interval", type=more_than_zero, default=5.0, help="seconds between readings"
+    )
+    simulate.add_argument(
+        "--download-delay", type=zero_or_more, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX")
+    )
     simulate.add_argument("--failure-rate", type=probability, default=0.0)
     simulate.add_argument("--reject-rate", type=probability, default=0.0)
-    simulate.add_argument("--offline-rate", type=float, default=0.0, help="disconnects per device per minute")
-    simulate.add_argument("--duration", type=float, default=0.0, help="seconds to run (0 = until Ctrl-C)")
+    simulate.add_argument(
+        "--offline-rate", type=zero_or_more, default=0.0, help="disconnects per device per minute"
+    )
+    simulate.add_argument(
+        "--duration", type=zero_or_more, default=0.0, help="seconds to run (0 = until Ctrl-C)"
+    )
     simulate.add_argument("--seed", type=int, default=7)
     simulate.add_argument(
-        "--connects-per-second", type=float, default=150.0, help="fleet-wide connection rate (default 150)"
+        "--connects-per-second",
+        type=more_than_zero,
+        default=150.0,
+        help="fleet-wide connection rate (default 150)",
     )
     simulate.add_argument(
         "--procs", type=at_least_one, default=1, help="processes to run the devices in (default 1)"
@@ -288,6 +324,9 @@ def devices_main(argv: list[str]) -> int:
         from pipelines.actions.registry import register_main
 
         return register_main(args)
+    low, high = args.download_delay
+    if low > high:
+        build_parser().error(f"--download-delay: MIN {low} is more than MAX {high}")
     raise_open_files_limit()
     if args.procs > 1 and args.payload == "sparkplug_b":
         build_parser().error("--payload sparkplug_b runs in one process (--procs 1)")

@@ -136,3 +136,31 @@ def test_a_wrong_broker_port_host_id_or_interval_is_a_wrong_command_line(capsys,
 def test_a_bracketed_ipv6_broker_address_is_its_address_and_port():
     assert broker_address("[::1]:1883") == ("::1", 1883)
     assert broker_address("broker.local:8883") == ("broker.local", 8883)
+
+
+SIMULATE = ["devices", "simulate", "--broker", "127.0.0.1:9"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--buckets", "0"], "argument --buckets: expected 1 or more, got 0"),
+        (["--buckets", "-3"], "argument --buckets: expected 1 or more, got -3"),
+        (["--connects-per-second", "nan"], "argument --connects-per-second: expected more than 0, got 'nan'"),
+        (["--connects-per-second", "0"], "argument --connects-per-second: expected more than 0, got '0'"),
+        (["--telemetry-interval", "0"], "argument --telemetry-interval: expected more than 0, got '0'"),
+        (["--telemetry-interval", "nan"], "argument --telemetry-interval: expected more than 0, got 'nan'"),
+        (["--duration", "nan"], "argument --duration: expected 0 or more, got 'nan'"),
+        (["--duration", "-1"], "argument --duration: expected 0 or more, got '-1'"),
+        (["--offline-rate", "-1"], "argument --offline-rate: expected 0 or more, got '-1'"),
+        (["--download-delay", "5", "-1"], "argument --download-delay: expected 0 or more, got '-1'"),
+        (["--download-delay", "5", "1"], "--download-delay: MIN 5.0 is more than MAX 1.0"),
+    ],
+)
+def test_a_simulated_fleets_numbers_out_of_range_are_a_wrong_command_line(capsys, options, message):
+    """Exit status 2 naming the option, where --buckets 0 and --connects-per-second nan ended in a traceback
+    and a telemetry interval of 0 or NaN, a NaN duration or a negative rate ran a fleet that sent nothing."""
+    with pytest.raises(SystemExit) as done:
+        main([*SIMULATE, "--count", "1", *options])
+    assert done.value.code == 2
+    assert message in capsys.readouterr().err
