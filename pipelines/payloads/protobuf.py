@@ -10,12 +10,13 @@ and not a quarantine of every payload).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from . import examples
 from .descriptors import parse_error
@@ -36,6 +37,19 @@ _INTEGER = {
 _FLOATING = {FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE}
 _NUMBERS = {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "double"}
 _TIMESTAMP = "google.protobuf.Timestamp"
+_WIRE_TYPES = {
+    0: "a varint",
+    1: "8 bytes",
+    2: "length-delimited bytes",
+    3: "a group",
+    4: "a group",
+    5: "4 bytes",
+}
+_TYPE_NAMES = {
+    number: name[len("TYPE_") :].lower()
+    for name, number in vars(FieldDescriptor).items()
+    if name.startswith("TYPE_") and isinstance(number, int)
+}
 
 
 def field_problem(descriptor: Any, name: str, type_name: str) -> str | None:
@@ -74,7 +88,9 @@ class ProtobufReader:
 
     A field without presence (a proto3 scalar not marked ``optional``) reads as its default when absent, as
     protobuf defines it; a field with presence that is absent reads as null. Enums read as their value's
-    name into a string column, as their number into a numeric one.
+    name into a string column, as their number into a numeric one. A declared field sent in another wire
+    type than its schema's (another schema's field of that number) is refused: protobuf keeps it as an
+    unknown field and the field would read as its default, a reading that was never sent.
     """
 
     def __init__(self, message: type[Message], fields: Mapping[str, str]) -> None:
@@ -93,7 +109,25 @@ class ProtobufReader:
             message = self.message.FromString(payload)
         except DecodeError:
             raise PayloadError(f"protobuf: {parse_error(self.message.DESCRIPTOR, payload)}") from None
+        _refuse_misread(message, self.fields.values())
         return {name: _value(message, field, t) for name, (field, t) in self.fields.items()}
+
+
+def _refuse_misread(message: Any, fields: Iterable[tuple[Any, str]], within: str = "") -> None:
+    """``PayloadError`` when one of ``fields`` (or a Timestamp's seconds or nanos) came in another wire
+    type than its schema's: protobuf kept it among the unknown fields, and its value would be lost."""
+    unknown = UnknownFieldSet(message)
+    if not len(unknown):
+        return
+    by_number = {field.number: field for field, _ in fields}
+    for sent in (unknown[index] for index in range(len(unknown))):
+        field = by_number.get(sent.field_number)
+        if field is not None:
+            wire = _WIRE_TYPES.get(sent.wire_type, f"wire type {sent.wire_type}")
+            raise PayloadError(
+                f"protobuf: field {within}{field.name} ({field.number}) was sent as {wire}, where the "
+                f"schema's type is {_TYPE_NAMES.get(field.type, field.type)}"
+            )
 
 
 def _value(message: Any, field: Any, type_name: str) -> Any:
@@ -104,6 +138,8 @@ def _value(message: Any, field: Any, type_name: str) -> Any:
         number = field.enum_type.values_by_number.get(value)
         return number.name if number is not None else str(value)
     if field.type == FieldDescriptor.TYPE_MESSAGE:  # a google.protobuf.Timestamp
+        parts = value.DESCRIPTOR.fields
+        _refuse_misread(value, [(part, "") for part in parts], f"{field.name}.")
         return _time(field.name, value.seconds, value.nanos)
     return value
 

@@ -107,6 +107,43 @@ def test_a_protobuf_payload_that_does_not_parse_names_the_byte_and_the_field():
     assert errors[2] == "protobuf: byte 0: field number 0 does not exist"
 
 
+@pytest.mark.parametrize(
+    ("sent", "error"),
+    [
+        (
+            b"\x18\x05",
+            "protobuf: field temperature (3) was sent as a varint, where the schema's type is double",
+        ),
+        (b"\x10\x00", None),  # seq 0 as its schema sends it: no error
+        (b"\x32\x01x", None),  # firmware as bytes: its own wire type
+        (b"\x21" + bytes(8), None),  # humidity (4), not a declared column, in another wire type: not read
+        (
+            b"\x0d\x00\x00\x80\x3f",
+            "protobuf: field ts (1) was sent as 4 bytes, where the schema's type is int64",
+        ),
+    ],
+)
+def test_a_declared_field_sent_in_another_wire_type_is_refused_not_read_as_its_default(sent, error):
+    """Another schema's field of the same number (a float where the schema has a double, a string where it
+    has a number): protobuf keeps it as an unknown field, and the column would read 0, a value never sent."""
+    reader = ProtobufReader(telemetry_class(), FIELDS)
+    assert decode_payloads([sent], reader, FIELDS).errors.to_pylist() == [error]
+
+
+def test_a_timestamps_seconds_sent_in_another_wire_type_is_refused_not_read_as_1970(tmp_path):
+    (tmp_path / "stamp.proto").write_text(
+        'syntax = "proto3"; package acme; import "google/protobuf/timestamp.proto";\n'
+        "message Stamp { google.protobuf.Timestamp at = 1; }\n"
+    )
+    cls = message_class(compile_proto(tmp_path, "stamp.proto", tmp_path / "stamp.desc"), "acme.Stamp")
+    fields = {"at": "timestamp"}
+    seconds_as_text = b"\x0a\x06" + b"\x0a\x04" + b"1700"  # at { seconds: "1700" (length-delimited) }
+    errors = decode_payloads([seconds_as_text], ProtobufReader(cls, fields), fields).errors.to_pylist()
+    assert errors == [
+        "protobuf: field at.seconds (1) was sent as length-delimited bytes, where the schema's type is int64"
+    ]
+
+
 def test_a_declared_field_the_message_cannot_fill_is_refused_when_the_reader_is_made():
     with pytest.raises(ValueError, match=r"timestone.example.Telemetry has no field 'pressure'"):
         ProtobufReader(telemetry_class(), {"pressure": "double"})
