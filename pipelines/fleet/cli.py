@@ -312,6 +312,10 @@ NO_DEVICE_CONNECTED = 1
 """Exit status when not one device could connect (the devices would only retry, unseen)."""
 
 
+RESERVED_FILES = 64
+"""Files a simulating process keeps open besides its devices' connections (its loop, pipes, logs)."""
+
+
 def _nobody(spec: FleetSpec, reason: str | None = None) -> str:
     brokers = ", ".join(f"{host}:{port}" for host, port in spec.brokers)
     return f"no device could connect to {brokers}" + (f" ({reason})" if reason else "")
@@ -327,7 +331,13 @@ def devices_main(argv: list[str]) -> int:
     low, high = args.download_delay
     if low > high:
         build_parser().error(f"--download-delay: MIN {low} is more than MAX {high}")
-    raise_open_files_limit()
+    open_files = raise_open_files_limit()
+    each = math.ceil(args.count / args.procs)  # a connection each (a device, or a Sparkplug B edge node)
+    if each > open_files - RESERVED_FILES:
+        build_parser().error(
+            f"--count {args.count}: {each} devices in each of --procs {args.procs} processes, where a "
+            f"process may have {open_files} files open (ulimit -n), a connection each: run more --procs"
+        )
     if args.procs > 1 and args.payload == "sparkplug_b":
         build_parser().error("--payload sparkplug_b runs in one process (--procs 1)")
     if args.procs > 1:
