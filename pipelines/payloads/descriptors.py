@@ -8,6 +8,7 @@ is loaded this way too (``sparkplug/sparkplug_b.desc``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -45,48 +46,100 @@ def _message_names(file: descriptor_pb2.FileDescriptorProto) -> list[str]:
     return [prefix + m.name for m in file.message_type]
 
 
+MOST_NESTED = 100
+"""The deepest protobuf's parser reads messages nested in a message (its recursion limit)."""
+
+
+class _Broken(Exception):
+    """Where a walk of a payload's fields ran into bytes that are no field: at byte ``start``, field
+    ``number`` (None before its tag was read), ``why``."""
+
+    def __init__(self, start: int, number: int | None, why: str) -> None:
+        super().__init__(why)
+        self.start, self.number, self.why = start, number, why
+
+
+def _fields(payload: bytes) -> Iterator[tuple[int, int, bytes | None]]:
+    """Each top-level field of ``payload``: the byte its tag starts at, its number, and a length-delimited
+    field's bytes (None for the other wire types); ``_Broken`` at the first that is no field."""
+    at = 0
+    while at < len(payload):
+        start = at
+        tag, at = _varint(payload, at)
+        if tag is None:
+            raise _Broken(start, None, "a field's tag is cut off")
+        number, wire_type = tag >> 3, tag & 7
+        if number == 0:
+            raise _Broken(start, None, "field number 0 does not exist")
+        if wire_type == 0:
+            value, at = _varint(payload, at)
+            if value is None:
+                raise _Broken(start, number, "its varint is cut off")
+            yield start, number, None
+        elif wire_type in (1, 5):
+            at += 8 if wire_type == 1 else 4
+            if at > len(payload):
+                raise _Broken(start, number, "its fixed-width value is cut off")
+            yield start, number, None
+        elif wire_type == 2:
+            length, at = _varint(payload, at)
+            if length is None or at + length > len(payload):
+                raise _Broken(start, number, "its length runs past the end of the payload")
+            yield start, number, payload[at : at + length]
+            at += length
+        else:
+            raise _Broken(start, number, f"wire type {wire_type} is not one protobuf has (or is a group)")
+
+
 def parse_error(descriptor: Any, payload: bytes) -> str:
     """Why ``payload`` is not a message of ``descriptor``: the byte offset where it breaks, and the field.
 
     Protobuf's parser only says that a message failed. This walks the payload's top-level fields (tag,
     then a varint, a fixed width or a length) to find the first field that is cut off, has a wire type that
     does not exist, or holds a nested message that does not parse; the values themselves are left to
-    protobuf.
+    protobuf. Messages nested deeper than protobuf reads are said as such.
     """
-    at = 0
-    while at < len(payload):
-        start = at
-        tag, at = _varint(payload, at)
-        if tag is None:
-            return f"byte {start}: a field's tag is cut off"
-        number, wire_type = tag >> 3, tag & 7
-        field = descriptor.fields_by_number.get(number)
-        name = f"field {field.name} ({number})" if field else f"unknown field {number}"
-        if number == 0:
-            return f"byte {start}: field number 0 does not exist"
-        if wire_type == 0:
-            value, at = _varint(payload, at)
-            if value is None:
-                return f"byte {start}: {name}: its varint is cut off"
-        elif wire_type in (1, 5):
-            at += 8 if wire_type == 1 else 4
-            if at > len(payload):
-                return f"byte {start}: {name}: its fixed-width value is cut off"
-        elif wire_type == 2:
-            length, at = _varint(payload, at)
-            if length is None or at + length > len(payload):
-                return f"byte {start}: {name}: its length runs past the end of the payload"
-            if field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
-                inner = payload[at : at + length]
-                nested = message_factory.GetMessageClass(field.message_type)
+    if _nesting(descriptor, payload) > MOST_NESTED:
+        return f"messages nested more than {MOST_NESTED} deep (protobuf reads none deeper)"
+    return _where_it_breaks(descriptor, payload)
+
+
+def _where_it_breaks(descriptor: Any, payload: bytes) -> str:
+    try:
+        for start, number, value in _fields(payload):
+            field = descriptor.fields_by_number.get(number)
+            if value is not None and field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
                 try:
-                    nested.FromString(inner)
+                    message_factory.GetMessageClass(field.message_type).FromString(value)
                 except DecodeError:
-                    return f"byte {start}: {name}: {parse_error(field.message_type, inner)}"
-            at += length
-        else:
-            return f"byte {start}: {name}: wire type {wire_type} is not one protobuf has (or is a group)"
+                    inner = _where_it_breaks(field.message_type, value)
+                    return f"byte {start}: {_field_name(descriptor, number)}: {inner}"
+    except _Broken as broken:
+        if broken.number is None:
+            return f"byte {broken.start}: {broken.why}"
+        return f"byte {broken.start}: {_field_name(descriptor, broken.number)}: {broken.why}"
     return f"{len(payload)} bytes: a value does not fit its field's type"
+
+
+def _field_name(descriptor: Any, number: int) -> str:
+    field = descriptor.fields_by_number.get(number)
+    return f"field {field.name} ({number})" if field else f"unknown field {number}"
+
+
+def _nesting(descriptor: Any, payload: bytes, level: int = 0) -> int:
+    """How deep messages nest in ``payload`` (0: no message field holds one), along whatever its fields
+    hold before any that is no field, counted no further than one past ``MOST_NESTED``."""
+    deepest = level
+    try:
+        for _, number, value in _fields(payload):
+            field = descriptor.fields_by_number.get(number)
+            if value is not None and field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
+                deepest = max(deepest, _nesting(field.message_type, value, level + 1))
+                if deepest > MOST_NESTED:
+                    break
+    except _Broken:
+        pass
+    return deepest
 
 
 def _varint(data: bytes, at: int) -> tuple[int | None, int]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from pipelines.payloads.cbor import read_cbor
-from pipelines.payloads.descriptors import DescriptorSetError, message_class
+from pipelines.payloads.descriptors import MOST_NESTED, DescriptorSetError, message_class
 from pipelines.payloads.fields import ARROW_TYPES, checked, decode_payloads
 from pipelines.payloads.json_payloads import read_json
 from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, ProtobufReader, example_descriptor_set
@@ -142,6 +142,30 @@ def test_a_timestamps_seconds_sent_in_another_wire_type_is_refused_not_read_as_1
     assert errors == [
         "protobuf: field at.seconds (1) was sent as length-delimited bytes, where the schema's type is int64"
     ]
+
+
+def test_messages_nested_deeper_than_protobuf_reads_say_so_in_one_line(tmp_path):
+    """101 messages deep (protobuf reads 100): the detail was the path of every level, about 6 KB, ending in
+    'a value does not fit its field's type'."""
+    (tmp_path / "node.proto").write_text(
+        'syntax = "proto3"; package acme; message Node { Node child = 1; int64 v = 2; }'
+    )
+    cls = message_class(compile_proto(tmp_path, "node.proto", tmp_path / "node.desc"), "acme.Node")
+    fields = {"v": "bigint"}
+    payloads = [_nested(cls, MOST_NESTED), _nested(cls, MOST_NESTED + 1), _nested(cls, 5 * MOST_NESTED)]
+    errors = decode_payloads(payloads, ProtobufReader(cls, fields), fields).errors.to_pylist()
+    deep = "protobuf: messages nested more than 100 deep (protobuf reads none deeper)"
+    assert errors == [None, deep, deep]
+
+
+def _nested(cls: Any, depth: int) -> bytes:
+    """A message holding ``depth`` messages, each in the one before."""
+    message = cls()
+    innermost = message
+    for _ in range(depth):
+        innermost = innermost.child
+    innermost.v = 1
+    return bytes(message.SerializeToString())
 
 
 def test_a_declared_field_the_message_cannot_fill_is_refused_when_the_reader_is_made():
