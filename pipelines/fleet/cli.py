@@ -276,9 +276,13 @@ class RunningFleet(Protocol):
 async def _run(
     fleet: RunningFleet, noun: str, brokers: list[tuple[str, int]], duration: float, nobody: Callable[[], str]
 ) -> int:
-    """Start the fleet, print its counters every 5 s until ``duration`` (0: a signal), stop it."""
+    """Start the fleet, print its counters every 5 s until ``duration`` (0: a signal), stop it. A signal
+    while it connects stops it there (a large fleet takes minutes to connect at its rate)."""
     stop = signal_stop()
-    await fleet.start()
+    if not await _started_unless_stopped(fleet, stop):
+        print(f"stopped while connecting: {fleet.connected()} {noun} were connected", flush=True)
+        await fleet.stop()
+        return 0
     if fleet.connected() == 0:
         print(f"timestone devices simulate: {nobody()}", file=sys.stderr)
         await fleet.stop()
@@ -292,6 +296,21 @@ async def _run(
         print(f"connected={fleet.connected()} {counters}", flush=True)
     await fleet.stop()
     return 0
+
+
+async def _started_unless_stopped(fleet: RunningFleet, stop: asyncio.Event) -> bool:
+    """``fleet.start()``, unless ``stop`` is set first (then the start is cancelled): whether it started."""
+    starting = asyncio.ensure_future(fleet.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
 
 
 def signal_stop() -> asyncio.Event:
