@@ -31,6 +31,8 @@ __all__ = [
     "JsonErrorHandler",
     "answer_errors_in_json",
     "body_error_text",
+    "http_error_answer",
+    "http_errors_in_json",
     "refuse",
 ]
 
@@ -107,3 +109,24 @@ def answer_errors_in_json(handler: RequestHandler) -> RequestHandler:
     subclass adds no field, so the object changes class in place)."""
     handler.__class__ = JsonErrorHandler
     return handler
+
+
+def http_error_answer(error: web.HTTPException) -> web.Response:
+    """An error status aiohttp raised itself (no route: 404; another method: 405, its ``Allow`` kept) as the
+    JSON every endpoint answers: ``{"error": "not_found", "message": "Not Found"}``."""
+    code = error.reason.lower().replace(" ", "_")
+    answer = web.json_response({"error": code, "message": error.reason}, status=error.status)
+    if "Allow" in error.headers:  # a 405 names the methods the path takes
+        answer.headers["Allow"] = error.headers["Allow"]
+    return answer
+
+
+@web.middleware
+async def http_errors_in_json(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The error statuses (400 and above) aiohttp raised for an app, answered in JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return http_error_answer(error)

@@ -46,6 +46,7 @@ from broker_edge.http.guard import (
     settle,
     start_guarded_site,
 )
+from broker_edge.http.json_errors import http_error_answer
 from broker_edge.security.access import EVERYONE, Access
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
@@ -145,11 +146,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPException as error:
         if error.status < 400:
             raise
-        code = codes.NOT_FOUND if error.status == 404 else error.reason.lower().replace(" ", "_")
-        answer = ApiError(error.status, code, error.reason).response()
-        if "Allow" in error.headers:  # a 405 names the methods the path takes
-            answer.headers["Allow"] = error.headers["Allow"]
-        return answer
+        return http_error_answer(error)
     except Exception:
         log.exception("offsets API request failed: %s %s", request.method, request.path)
         return ApiError(500, "internal_error", "the request failed inside the broker").response()

@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
+from broker_edge.http.json_errors import http_errors_in_json
 from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.settings.broker import DEFAULT_ADMIN_PORT, AdminHttpConfig
 
@@ -36,7 +37,7 @@ def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]
     and Kubernetes probes need no parsing. A ``health`` that raises is reported as 503, not 500: the broker
     is then not healthy, whatever the cause.
     """
-    app = web.Application()
+    app = web.Application(middlewares=[http_errors_in_json])
     app[_METRICS_KEY] = metrics
     app[_HEALTH_KEY] = health
     app.router.add_get("/metrics", _metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,27 @@ def test_health_check_that_raises_is_503() -> None:
     assert "RuntimeError: store closed" in body
 
 
-def test_unknown_path_is_404() -> None:
-    assert get(BrokerMetrics(), ok, "/nope")[0] == 404
+def test_unknown_path_is_404_in_json_as_every_endpoint_answers() -> None:
+    status, content_type, body = get(BrokerMetrics(), ok, "/nope")
+    assert (status, content_type) == (404, "application/json; charset=utf-8")
+    assert json.loads(body) == {"error": "not_found", "message": "Not Found"}
+
+
+def test_another_method_is_405_in_json_naming_the_methods_the_path_takes() -> None:
+    async def post() -> tuple[int, str, str]:
+        runner, port = await start_admin_server(create_admin_app(BrokerMetrics(), ok), "127.0.0.1", 0)
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"http://127.0.0.1:{port}/metrics", data=b"x") as response,
+            ):
+                return response.status, response.headers.get("Allow", ""), await response.text()
+        finally:
+            await runner.cleanup()
+
+    status, allow, body = asyncio.run(asyncio.wait_for(post(), 20))
+    assert status == 405 and "GET" in allow
+    assert json.loads(body) == {"error": "method_not_allowed", "message": "Method Not Allowed"}
 
 
 def test_admin_endpoint_over_tls(tmp_path: Path) -> None:
