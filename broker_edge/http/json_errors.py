@@ -9,7 +9,8 @@ connection into ``JsonErrorHandler``, which answers ``{"error": "bad_request", "
 (``observe.refusal_log``). A handler's own unexpected exception still logs its traceback: that is a bug.
 ``refuse`` answers and logs the same way a request that ``http.guard`` refuses (a body in a
 Content-Encoding). A body whose framing breaks while aiohttp reads what no handler read, after the answer,
-is said the same way too, rather than as an "Unhandled exception" with its traceback.
+is said the same way too, rather than as an "Unhandled exception" with its traceback. An app's own error
+statuses (no route, another method) leave in JSON as well (``http_errors_in_json``).
 """
 
 from __future__ import annotations
