@@ -155,6 +155,8 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
     import yaml  # here: a broker started without a file never needs it
 
+    if not str(path):  # Path("") is the working directory: "Is a directory", naming nothing
+        raise ConfigError("", "the configuration file's name is empty")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

@@ -164,6 +164,15 @@ def test_configuration_error_exits_2_with_the_key_on_standard_error(tmp_path):
     assert "configuration error: limits.max_connections: expected int, got str 'many'" in result.stderr
 
 
+def test_an_empty_configuration_file_name_is_said_as_such():
+    """``--config ''`` (a variable that was not set): it said "cannot read the file: Is a directory"."""
+    result = subprocess.run(
+        [*TIMESTONE, "broker", "--config", ""], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    assert result.stderr == "timestone broker: configuration error: the configuration file's name is empty\n"
+
+
 def test_shipped_conf_broker_yaml_is_exactly_the_defaults():
     assert load_broker_config(REPO / "conf" / "broker.yaml") == BrokerConfig()
 

@@ -29,6 +29,10 @@ def run(capsys, *argv: str) -> tuple[int, str]:
     [
         (["--config", "/nope.yaml"], "/nope.yaml: cannot read the file: No such file or directory"),
         (
+            ["--config", ""],
+            "the configuration file's name is empty",
+        ),  # was "cannot read the file: Is a directory"
+        (
             ["--set", "source.brokers=[edge9=http://h:1]"],
             "source.brokers: unknown key: keys of this file start with a section name "
             "(did you mean 'telemetry.source.brokers'?)",
