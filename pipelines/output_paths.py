@@ -13,20 +13,14 @@ from pathlib import Path
 
 from broker_edge.config.loader import ConfigError
 
-__all__ = ["check_output_location"]
+__all__ = ["check_input_location", "check_output_location"]
 
 
 def check_output_location(location: str, key: str) -> None:
     """Raise ConfigError naming ``key`` when a local ``location`` cannot be a directory written here."""
-    if not location.strip():
-        raise ConfigError(key, "must not be empty")
-    if location.startswith("file://"):
-        location = location.removeprefix("file://")
-    elif "://" in location or location.startswith("dbfs:"):
+    path = _local_directory(location, key)
+    if path is None:
         return
-    path = Path(location).expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        raise ConfigError(key, f"{location!r} is a file, not a directory")
     existing = path
     while not existing.exists():
         existing = existing.parent
@@ -34,3 +28,23 @@ def check_output_location(location: str, key: str) -> None:
         raise ConfigError(key, f"{location!r} cannot be created: {str(existing)!r} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
+
+
+def check_input_location(location: str, key: str) -> None:
+    """Raise ConfigError naming ``key`` when a local ``location`` that is read is a file: tables under it
+    would read as none at all."""
+    _local_directory(location, key)
+
+
+def _local_directory(location: str, key: str) -> Path | None:
+    """``location`` as a local path (None: an object store's URI), refused when empty or a file."""
+    if not location.strip():
+        raise ConfigError(key, "must not be empty")
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    elif "://" in location or location.startswith("dbfs:"):
+        return None
+    path = Path(location).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(key, f"{location!r} is a file, not a directory")
+    return path

@@ -295,6 +295,14 @@ def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
     assert err == "timestone ota create: --tables-root: '/etc/hostname' is a file, not a directory\n"
 
 
+def test_status_under_a_tables_root_that_is_a_file_says_so_not_that_there_are_no_actions(tmp_path, capsys):
+    root = tmp_path / "tables"
+    root.write_text("")
+    assert main(["ota", "--tables-root", str(root), "status"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"timestone ota status: --tables-root: '{root}' is a file, not a directory\n"
+
+
 @pytest.mark.parametrize("interval", ["nan", "inf", "-1", "0", "1e300"])
 def test_a_watch_interval_no_clock_can_wait_is_refused_in_one_line(tmp_path, capsys, interval):
     root = str(tmp_path / "tables")
