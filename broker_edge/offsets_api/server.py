@@ -152,6 +152,24 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return ApiError(500, "internal_error", "the request failed inside the broker").response()
 
 
+REPEATABLE_PARAMETERS = frozenset({("/v1/partitions/{partition}/records", "pattern")})
+"""The (path, query parameter) a request may give more than once: each ``pattern`` of a partition's read
+is one more filter."""
+
+
+@web.middleware
+async def one_value_each(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A parameter given twice (``?offset=5&offset=9``) is refused: one of the two would be read and the
+    other silently dropped, whichever the reader meant."""
+    resource = request.match_info.route.resource
+    path = resource.canonical if resource is not None else ""
+    for name in request.query:
+        if (path, name) not in REPEATABLE_PARAMETERS and len(request.query.getall(name)) > 1:
+            count = len(request.query.getall(name))
+            raise ApiError(400, codes.BAD_REQUEST, f"{name} is given {count} times; give it once")
+    return await handler(request)
+
+
 def reader_authenticator(tokens: ReaderTokens | None) -> Authenticator:
     """Admits readers by their bearer token (``tokens``); without tokens, everyone reads everything."""
 
@@ -203,7 +221,7 @@ def create_app(
     if authenticate is None:
         tokens = ReaderTokens([ReaderToken("token", token)]) if token is not None else None
         authenticate = reader_authenticator(tokens)
-    middlewares: list = [json_errors, authentication(authenticate)]
+    middlewares: list = [json_errors, authentication(authenticate), one_value_each]
     app = web.Application(middlewares=middlewares)
     handlers = _Handlers(store, limits or ApiLimits())
     app.router.add_get("/v1/logs", handlers.list_logs)

@@ -226,6 +226,27 @@ def test_bad_parameters_answer_400(api: ApiHarness, target: str):
 
 
 @pytest.mark.parametrize(
+    ("target", "name", "count"),
+    [
+        (f"{TEMP}/records?offset=0&offset=5", "offset", 2),
+        (f"{TEMP}/records?offset=0&max_records=1&max_records=9&max_records=3", "max_records", 3),
+        ("/v1/logs?pattern=a&pattern=b", "pattern", 2),  # the listing takes one filter
+        ("/v1/partitions/0/records?position=0&pattern=a&pattern=b", None, 0),  # one more filter each
+    ],
+)
+def test_a_parameter_given_twice_is_refused_not_read_once(api: ApiHarness, target: str, name, count):
+    """One of two values was read and the other dropped, whichever the reader meant."""
+    if name is None:
+        assert request(api, "GET", target)[0] == 200
+        return
+    status, body = json_of(request(api, "GET", target))
+    assert (status, body) == (
+        400,
+        {"error": "bad_request", "message": f"{name} is given {count} times; give it once"},
+    )
+
+
+@pytest.mark.parametrize(
     "body",
     [
         b"not json",
