@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 
-from pipelines.fleet.cli import broker_address, signal_stop
+from pipelines.fleet.cli import broker_address, signal_stop, zero_or_more
 from pipelines.sparkplug_host.host import SparkplugHost
 
 
@@ -21,14 +20,12 @@ def host_id(text: str) -> str:
 
 
 def seconds(text: str) -> float:
-    """A number of seconds, 0 or more (not NaN, not infinite)."""
+    """A number of seconds, 0 or more (not NaN, not infinite): the simulator's ``zero_or_more``, said as
+    seconds."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds, 0 or more, got {text!r}")
-    return value
+        return zero_or_more(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected seconds, 0 or more, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
