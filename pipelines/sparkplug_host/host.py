@@ -8,13 +8,14 @@ same JSON with ``online`` true and the same ``T``, QoS 1, retained). Should a ST
 reach it once its birth is out (a stray publisher, an old instance's will), it publishes its birth again.
 Stopping, it publishes the death itself before DISCONNECT. A lost connection is made again (:meth:`run`).
 
-It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen
-on this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
-connection's will, and ends nothing) means its aliases are unknown here, so it asks that node for a
-rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained), at most once per
-``rebirth_interval_s`` per node. The
-telemetry job reads the births from the brokers' logs; the rebirth brings a birth into the log when the
-one a node sent has been deleted by retention or was never received.
+It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen on
+this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
+connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
+born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it); it asks that node for a
+rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained: the node births itself and every
+device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads the births from the
+brokers' logs; the rebirth brings a birth into the log when the one a node sent has been deleted by retention
+or was never received.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class HostState:
 
     born: dict[tuple[str, str], int | None] = field(default_factory=dict)
     """The edge nodes born on this connection, with their NBIRTH's ``bdSeq`` (None when it has none)."""
+    devices: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """The devices of each born edge node born since its last NBIRTH (by DBIRTH, not dead since)."""
     asked_at: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
@@ -191,15 +194,27 @@ class SparkplugHost:
             return  # STATE of another host, or not an edge node's message
         node = (topic.group_id, topic.edge_node_id)
         kind = topic.message_type
+        state = self.state
         if kind == "NBIRTH":
-            self.state.born[node] = _bdseq(payload)
+            state.born[node] = _bdseq(payload)
+            state.devices[node] = set()  # its devices are born again after it
         elif kind == "NDEATH":
-            if node in self.state.born:
-                birth, death = self.state.born[node], _bdseq(payload)
+            if node in state.born:
+                birth, death = state.born[node], _bdseq(payload)
                 if birth is None or death is None or birth == death:
-                    del self.state.born[node]  # any other is an earlier connection's will, late
-        elif kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH") and node not in self.state.born:
-            self._ask_rebirth(topic, node)
+                    del state.born[node]  # any other is an earlier connection's will, late
+                    state.devices.pop(node, None)
+        elif node not in state.born:
+            if kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH"):
+                self._ask_rebirth(topic, node)
+        elif kind in ("DBIRTH", "DDEATH", "DDATA") and topic.device_id is not None:
+            devices = state.devices.setdefault(node, set())
+            if kind == "DBIRTH":
+                devices.add(topic.device_id)
+            elif kind == "DDEATH":
+                devices.discard(topic.device_id)
+            elif topic.device_id not in devices:
+                self._ask_rebirth(topic, node)
 
     def _ask_rebirth(self, topic: SparkplugTopic, node: tuple[str, str]) -> None:
         now = self.clock()
