@@ -28,6 +28,14 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, 0 or more, got {text!r}") from None
 
 
+def delay(text: str) -> float:
+    """Seconds more than 0 (finite): a delay of 0 would try to connect again without pause."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds, more than 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone sparkplug-host",
@@ -35,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         "offline) and ask edge nodes whose births it has not seen for a rebirth.",
         epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached, or another host "
         "with this id took its connection over; 2 a wrong command line; 3 optional dependencies missing. A "
-        "lost connection (a broker restart) is made again every second.",
+        "lost connection (a broker restart) is made again every --reconnect-delay seconds.",
     )
     parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
     parser.add_argument(
@@ -44,12 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rebirth-interval", type=seconds, default=30.0, help="seconds between two requests to one node"
     )
+    parser.add_argument(
+        "--reconnect-delay",
+        type=delay,
+        default=1.0,
+        help="seconds between two attempts to connect again once the connection is lost (default 1)",
+    )
     return parser
+
+
+def host_of(args: argparse.Namespace) -> SparkplugHost:
+    """The host application the command line asks for."""
+    host, port = args.broker
+    return SparkplugHost(
+        host, port, args.host_id, rebirth_interval_s=args.rebirth_interval, retry_s=args.reconnect_delay
+    )
 
 
 async def _run(args: argparse.Namespace) -> int:
     host, port = args.broker
-    sparkplug = SparkplugHost(host, port, args.host_id, rebirth_interval_s=args.rebirth_interval)
+    sparkplug = host_of(args)
     stop = signal_stop()
     try:
         await sparkplug.start()

@@ -10,6 +10,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.fleet.cli import broker_address
+from pipelines.sparkplug_host.cli import build_parser, host_of
 
 
 def test_version(capsys):
@@ -122,6 +123,8 @@ HOST = ["sparkplug-host", "--broker", "127.0.0.1:9"]
         ([*HOST, "--host-id", ""], "a host id is not empty"),
         ([*HOST, "--rebirth-interval", "nan"], "expected seconds, 0 or more, got 'nan'"),
         ([*HOST, "--rebirth-interval", "-1"], "expected seconds, 0 or more, got '-1'"),
+        ([*HOST, "--reconnect-delay", "0"], "expected seconds, more than 0, got '0'"),
+        ([*HOST, "--reconnect-delay", "inf"], "expected seconds, 0 or more, got 'inf'"),
     ],
 )
 def test_a_wrong_broker_port_host_id_or_interval_is_a_wrong_command_line(capsys, argv, message):
@@ -132,6 +135,12 @@ def test_a_wrong_broker_port_host_id_or_interval_is_a_wrong_command_line(capsys,
         main(argv)
     assert done.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_reconnect_delay_is_the_hosts_pause_between_two_attempts_to_connect_again():
+    """``--reconnect-delay`` sets it (default 1 s), where the pause was fixed at a second."""
+    assert host_of(build_parser().parse_args([*HOST[1:], "--reconnect-delay", "0.25"])).retry_s == 0.25
+    assert host_of(build_parser().parse_args(HOST[1:])).retry_s == 1.0
 
 
 def test_a_bracketed_ipv6_broker_address_is_its_address_and_port():
