@@ -401,8 +401,9 @@ _LAST_TIME_MS = 2**63 - 1
 
 
 def _parse_time(text: str) -> int:
-    """Epoch milliseconds of ``time:``'s value, or of an ISO-8601 timestamp written without it."""
-    if text.isdigit():
+    """Epoch milliseconds of ``time:``'s value, or of an ISO-8601 timestamp written without it (at or after
+    the Unix epoch: a broker's times are not negative)."""
+    if text.isascii() and text.isdigit():
         if int(text) > _LAST_TIME_MS:
             raise SourceOptionError(
                 "startingOffsets", f"{text} epoch milliseconds is past any time a log holds"
@@ -418,7 +419,14 @@ def _parse_time(text: str) -> int:
         moment = moment.replace(
             tzinfo=UTC
         )  # a timestamp without offset is UTC, like spark.sql.session.timeZone
-    return int(moment.timestamp() * 1000)
+    milliseconds = int(moment.timestamp() * 1000)
+    if milliseconds < 0:
+        raise SourceOptionError(
+            "startingOffsets",
+            f"{text!r} is before 1970-01-01T00:00:00Z, the first time a log holds (earliest reads from "
+            "the first record)",
+        )
+    return milliseconds
 
 
 def _parse_specific(text: str, broker_ids: list[str]) -> dict[str, dict[str, int]]:

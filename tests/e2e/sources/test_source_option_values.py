@@ -1,0 +1,36 @@
+"""Option values a user may write that the ``timestone`` source refuses at ``load()``, naming the option,
+rather than failing later (at the query's start or in a task) with an error that names none."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.e2e.sources.conftest import EdgeBroker
+
+pytestmark = pytest.mark.spark
+
+
+def load(spark: SparkSession, **options: str) -> None:
+    reader = spark.readStream.format("timestone").option("topics", "plant/+/temp")
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    reader.load()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("time:1969-12-31T23:59:59Z", "before 1970-01-01T00:00:00Z"),
+        ("0001-01-01", "before 1970-01-01T00:00:00Z"),
+        ("time:\uff11\uff12\uff13", "expected epoch milliseconds or an ISO-8601 timestamp"),
+        ("time:\u00b2", "expected epoch milliseconds or an ISO-8601 timestamp"),
+    ],
+)
+def test_a_start_time_no_log_can_hold_is_refused_naming_the_option(
+    timestone_spark: SparkSession, edge: EdgeBroker, value: str, message: str
+) -> None:
+    """A time before the Unix epoch reached the broker as a negative number (a 400 naming no option); digits
+    that are not ASCII were read as a time, or ended in int()'s ValueError."""
+    with pytest.raises(Exception, match=f"timestone source option 'startingOffsets'.*{message}"):
+        load(timestone_spark, brokers=f"e1={edge.url}", startingOffsets=value)
