@@ -144,23 +144,49 @@ def _encoded(body: dict[str, Any], listed: Sequence[str] | None) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+
+def _text(value: object) -> str:
+    """A report's id or state: a non-empty string (a number or a null is no id)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _whole(value: object, high: int, low: int = 0) -> int:
+    """A report's whole number from ``low`` to ``high`` (a column's range): not a fraction, a boolean,
+    NaN or an infinity, which no row can hold."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("expected a whole number")
+    if not isinstance(value, int | float | str):
+        raise TypeError("expected a number")
+    number = int(value)
+    if not low <= number <= high:
+        raise ValueError(f"{number} is out of range")
+    return number
+
+
 def parse_report(payload: bytes, received_at: int | None = None) -> StatusReport | None:
     """A device status report received at ``received_at`` (epoch ms), or None when the payload is not one (it
-    is then counted and skipped)."""
+    is then counted and skipped): ids and state strings, ``seq`` and ``ts`` 64-bit, ``attempt`` from 1 and
+    32-bit, as the executions hold them."""
     try:
         data = json.loads(payload)
+        attempt = data.get("attempt")
         report = StatusReport(
-            action_id=str(data["action_id"]),
-            device_id=str(data["device_id"]),
-            state=str(data["state"]),
-            seq=int(data["seq"]),
-            ts=int(data["ts"]),
+            action_id=_text(data["action_id"]),
+            device_id=_text(data["device_id"]),
+            state=_text(data["state"]),
+            seq=_whole(data["seq"], INT64_MAX),
+            ts=_whole(data["ts"], INT64_MAX, -INT64_MAX),
             details=str(data.get("details", ""))[:1000],
-            attempt=int(data["attempt"]) if data.get("attempt") is not None else None,
+            attempt=_whole(attempt, INT32_MAX, 1) if attempt is not None else None,
             received_at=received_at,
         )
-    except (ValueError, KeyError, TypeError):
-        return None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None  # ValueError: also not JSON, not UTF-8; RecursionError: nested past what json reads
     return report if report.state in DEVICE_REPORTED_STATES else None
 
 

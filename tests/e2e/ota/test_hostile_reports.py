@@ -1,0 +1,53 @@
+"""Status reports the actions job must survive: any client that may publish on a report topic can send
+anything there, and no such message may stop the reports of the rest of the fleet reaching Delta."""
+
+from __future__ import annotations
+
+import json
+
+from pipelines.actions.buckets import bucket_of, report_topic
+from pipelines.actions.operator import NewAction, create_action
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.fleet_harness import quiet_devices
+
+BUCKETS = 4
+
+
+def _report(**fields: object) -> bytes:
+    body = {"action_id": "a-x", "device_id": "dev-x", "state": "FAILED", "seq": 1, "ts": 1} | fields
+    return json.dumps(body).encode()
+
+
+UNREADABLE = [
+    _report(seq=float("inf")),  # Infinity: json reads it, no integer holds it
+    _report(seq=2**70),  # past the 64-bit report_seq column
+    _report(attempt=2**40),  # past the 32-bit attempt column
+    _report(action_id=None),  # not the action "None"
+    b"[" * 100_000,  # nested past what json reads
+]
+
+
+def test_reports_no_row_can_hold_are_skipped_and_the_fleets_reports_still_land(spark, tmp_path):
+    """Each unreadable report is skipped as 'not a report': before, one of them failed every replay of its
+    micro-batch (OverflowError, RecursionError, a Delta write out of range), and the reports of every device
+    after it never reached Delta."""
+    with actions_stack(
+        spark, tmp_path, {"count": 4, "groups": ["g"], "buckets": BUCKETS}, quiet_devices()
+    ) as stack:
+        devices = [d.device_id for d in stack.fleet.devices]
+        client = PahoClient(stack.broker.port, client_id="hostile-reporter")
+        for device in devices:  # in every bucket the fleet reports on, before the devices' reports
+            topic = report_topic(bucket_of(device, BUCKETS))
+            for payload in UNREADABLE:
+                client.publish(topic, payload, qos=1)
+        action_id = create_action(
+            stack.store,
+            NewAction(device_ids=devices, version="2.0.0", url="https://x.invalid/fw", sha256=SHA256),
+        )
+
+        def all_succeeded() -> bool:
+            row = summary(stack.store, action_id)
+            return row is not None and row["succeeded_count"] == len(devices)
+
+        wait_for(all_succeeded, timeout_s=40, what="every device's report in Delta")
