@@ -47,6 +47,7 @@ MAX_BYTES_PER_FETCH = 64 * 1024 * 1024  # what the offsets API accepts (its ApiL
 DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
 DEFAULT_MAX_TOPICS_PER_PARTITION = 500
 MAX_TOPICS_PER_PARTITION = 10_000  # what one offsets API fetch request accepts (its ApiLimits.max_fetches)
+MAX_WAIT_MS = 2**31 - 1  # about 24.8 days (Kafka's request.timeout.ms is as wide); sockets and sleeps take it
 DEFAULT_CLUSTER_NAME = "cluster"
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -215,9 +216,13 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
         sites=_bool(lowered, "sites", default=False),
         end_at_query_start=_bool(lowered, "endAtQueryStart", default=False),
-        fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
+        fetch_timeout_ms=_int(
+            lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1, maximum=MAX_WAIT_MS, why=_WAIT
+        ),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
-        retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),
+        retry_backoff_ms=_int(
+            lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0, maximum=MAX_WAIT_MS, why=_WAIT
+        ),
         max_bytes_per_fetch=_int(
             lowered,
             "maxBytesPerFetch",
@@ -296,14 +301,22 @@ def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | 
     return value
 
 
+_API_LIMIT = "the offsets API's limit"
+_WAIT = "about 24.8 days, in milliseconds"
+
+
 def _int(
-    options: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None
+    options: Mapping[str, str],
+    name: str,
+    default: int,
+    minimum: int,
+    maximum: int | None = None,
+    why: str = _API_LIMIT,
 ) -> int:
+    """The option as an integer within ``[minimum, maximum]`` (``why``: what the maximum is)."""
     value = _optional_int(options, name, minimum)
     if value is not None and maximum is not None and value > maximum:
-        raise SourceOptionError(
-            name, f"expected an integer <= {maximum} (the offsets API's limit), got {value}"
-        )
+        raise SourceOptionError(name, f"expected an integer <= {maximum} ({why}), got {value}")
     return default if value is None else value
 
 

@@ -34,3 +34,15 @@ def test_a_start_time_no_log_can_hold_is_refused_naming_the_option(
     that are not ASCII were read as a time, or ended in int()'s ValueError."""
     with pytest.raises(Exception, match=f"timestone source option 'startingOffsets'.*{message}"):
         load(timestone_spark, brokers=f"e1={edge.url}", startingOffsets=value)
+
+
+@pytest.mark.parametrize("option", ["fetchTimeoutMs", "retryBackoffMs"])
+def test_a_wait_longer_than_a_socket_or_a_sleep_takes_is_refused_naming_the_option(
+    timestone_spark: SparkSession, edge: EdgeBroker, option: str
+) -> None:
+    """Long.MaxValue written for "wait for ever" ended the query's start (or a task's retry) in
+    OverflowError: timestamp out of range for platform time_t."""
+    with pytest.raises(
+        Exception, match=f"timestone source option '{option}': expected an integer <= 2147483647"
+    ):
+        load(timestone_spark, brokers=f"e1={edge.url}", **{option: "9223372036854775807"})
