@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum
-from urllib.parse import urlsplit
 
-from broker_edge.config.endpoints import BrokerEndpoint, parse_endpoints
+from broker_edge.config.endpoints import BrokerEndpoint, is_base_url, parse_endpoints
 from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import SHARE_PREFIX, validate_topic_filter
@@ -253,8 +252,7 @@ def _parse_bootstrap(options: Mapping[str, str]) -> tuple[str, ...]:
             )
     urls: list[str] = []
     for item in (part.strip().rstrip("/") for part in raw.split(",")):
-        parts = urlsplit(item)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if not is_base_url(item):
             raise SourceOptionError(
                 "bootstrapServers",
                 f"expected comma-separated offsets API base URLs of cluster members "

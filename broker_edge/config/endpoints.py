@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from broker_edge.config.loader import ConfigError
 
-__all__ = ["BrokerEndpoint", "format_endpoints", "parse_endpoint", "parse_endpoints"]
+__all__ = ["BrokerEndpoint", "format_endpoints", "is_base_url", "parse_endpoint", "parse_endpoints"]
 
 _NAMED = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
 
@@ -39,13 +39,24 @@ class BrokerEndpoint:
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("name", "must not be empty")
-        parts = urlsplit(self.offsets_api)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if not is_base_url(self.offsets_api):
             raise ConfigError("offsets_api", f"must be an http(s) URL, got {self.offsets_api!r}")
         if self.offsets_api.endswith("/"):
             object.__setattr__(self, "offsets_api", self.offsets_api.rstrip("/"))
         if isinstance(self.mqtt_port, bool) or not 0 < self.mqtt_port < 65536:
             raise ConfigError("mqtt_port", f"must be a TCP port, got {self.mqtt_port}")
+
+
+def is_base_url(url: str) -> bool:
+    """Whether ``url`` is an http(s) URL with a host, and a port from 1 to 65535 if it names one."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        return False
+    return port is None or port > 0
 
 
 def parse_endpoint(text: str) -> BrokerEndpoint:

@@ -46,3 +46,20 @@ def test_a_wait_longer_than_a_socket_or_a_sleep_takes_is_refused_naming_the_opti
         Exception, match=f"timestone source option '{option}': expected an integer <= 2147483647"
     ):
         load(timestone_spark, brokers=f"e1={edge.url}", **{option: "9223372036854775807"})
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("brokers", "e1=http://127.0.0.1:99999"),
+        ("brokers", "http://127.0.0.1:0"),
+        ("brokers", "e1=http://127.0.0.1:1x"),
+        ("bootstrapServers", "http://127.0.0.1:65536"),
+    ],
+)
+def test_a_url_whose_port_no_socket_has_is_refused_naming_the_option(
+    timestone_spark: SparkSession, option: str, value: str
+) -> None:
+    """Such a URL was taken, and the query's start ended in urllib's ValueError: Port out of range."""
+    with pytest.raises(Exception, match=f"timestone source option '{option}'.*{value}"):
+        load(timestone_spark, **{option: value})
