@@ -404,15 +404,24 @@ class SiteLink:
             reader.cancel()
 
     def _check_hub_ends(self) -> None:
+        """An ERROR for each topic the hub holds further than this site, whose records below the hub's end
+        are never sent: a log lost or replaced, or on a broker alone none here at all (a data directory
+        started empty; a cluster member may hold no copy of a log another member holds)."""
         store = self.store
         for topic, end in self.hub_ends.items():
-            if topic in store and store.committed_end(topic) < end:
+            if topic in store:
+                held = store.committed_end(topic)
+            elif self.logs is None:
+                held = 0
+            else:
+                continue
+            if held < end:
                 log.error(
                     "uplink: the hub holds %r up to %d, this site only to %d: this site's log was lost or "
                     "replaced; its records below %d are not sent again",
                     topic,
                     end,
-                    store.committed_end(topic),
+                    held,
                     end,
                 )
 
