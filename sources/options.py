@@ -177,7 +177,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             known = ", ".join(sorted(_KNOWN.values()))
             raise SourceOptionError(key, f"unknown option (known options: {known}, authToken.<broker id>)")
 
-    default_token = _optional_text(lowered, "authToken")
+    default_token = _checked_token("authToken", _optional_text(lowered, "authToken"))
     bootstrap = _parse_bootstrap(lowered)
     if bootstrap:
         brokers: tuple[BrokerEndpoint, ...] = ()
@@ -286,6 +286,18 @@ def _optional_text(options: Mapping[str, str], name: str) -> str | None:
     return value if value else None
 
 
+def _checked_token(option: str, token: str | None) -> str | None:
+    """``token`` if an ``Authorization: Bearer`` header can carry it (printable ASCII, no surrounding
+    space); the error never shows it."""
+    if token and not (token.isascii() and token.isprintable() and token == token.strip()):
+        raise SourceOptionError(
+            option,
+            f"a bearer token is printable ASCII without leading or trailing spaces (an HTTP header "
+            f"carries nothing else); this one of {len(token)} characters is not (it is not shown here)",
+        )
+    return token
+
+
 def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
     raw = options.get(name.lower())
     if raw is None or raw.strip() == "":
@@ -363,7 +375,7 @@ def _apply_broker_tokens(
                 f"authToken.{broker_key}",
                 f"names no broker of the 'brokers' option ({', '.join(by_lowered_id)})",
             )
-        tokens[by_lowered_id[broker_key].name] = value
+        tokens[by_lowered_id[broker_key].name] = _checked_token(f"authToken.{broker_key}", value) or value
     return tuple(replace(endpoint, token=tokens.get(endpoint.name, endpoint.token)) for endpoint in brokers)
 
 

@@ -63,3 +63,17 @@ def test_a_url_whose_port_no_socket_has_is_refused_naming_the_option(
     """Such a URL was taken, and the query's start ended in urllib's ValueError: Port out of range."""
     with pytest.raises(Exception, match=f"timestone source option '{option}'.*{value}"):
         load(timestone_spark, **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "token"),
+    [("authToken", "secret\nX-Injected: 1"), ("authToken", "jeton-\u20ac"), ("authToken.e1", "se\tcret")],
+)
+def test_a_token_no_http_header_can_carry_is_refused_without_showing_it(
+    timestone_spark: SparkSession, edge: EdgeBroker, option: str, token: str
+) -> None:
+    """Such a token was taken, and the query's start ended in http.client's ValueError quoting the
+    Authorization header, secret included, or in a UnicodeEncodeError."""
+    with pytest.raises(Exception, match=f"timestone source option '{option}': ") as refused:
+        load(timestone_spark, brokers=f"e1={edge.url}", **{option: token})
+    assert "secret" not in str(refused.value) and "jeton" not in str(refused.value)
