@@ -25,8 +25,17 @@ import re
 from dataclasses import dataclass
 
 from .segment import fsync_directory
+from .topic_names import topic_from_directory
 
-__all__ = ["LAYOUT_VERSION", "LOCK_FILE", "LOG", "DataLayout", "layout_version", "open_layout"]
+__all__ = [
+    "LAYOUT_VERSION",
+    "LOCK_FILE",
+    "LOG",
+    "SEGMENT_FILE",
+    "DataLayout",
+    "layout_version",
+    "open_layout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +49,13 @@ LOCK_FILE = ".lock"
 """The broker's lock on the directory (``broker_edge.runtime.data_lock``), taken before the store opens: no
 part of any layout (a dot name, as no topic's)."""
 _LAYOUT_1_BROKER_FILES = ("CLEAN_SHUTDOWN", "sessions.json")
+"""Files of the broker in a layout-1 directory (``sessions.json`` with its ``.tmp`` and set-aside copies)."""
 _LAYOUT_3_LOG_FILES = ("catalog", "topics.state")
 """Files of layout 3's ``log/`` (`catalog`, `topic_table`) that no layout-1 topic directory holds."""
 _PARTITION_NAME = re.compile(r"\d{2,}")
 """A partition's directory in ``log/`` (``00``, ``01``, ...)."""
-"""Files of the broker in a layout-1 directory (``sessions.json`` with its ``.tmp`` and set-aside copies)."""
+SEGMENT_FILE = re.compile(r"^(\d{20})\.log$")
+"""A segment of a layout-1 or layout-2 topic log, named by its base offset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +95,11 @@ def open_layout(root: str | os.PathLike[str]) -> DataLayout:
     os.makedirs(layout.root, exist_ok=True)
     version = layout_version(layout.root)
     if version is None:
-        if _is_fresh(layout.root):
-            _create(layout)
-            return layout
         if _holds_partition_logs(layout.log):
             _restore_layout_file(layout)
+            return layout
+        if _is_fresh(layout.root):
+            _create(layout)
             return layout
         _migrate(layout)
         version = layout_version(layout.root)
@@ -100,9 +111,25 @@ def open_layout(root: str | os.PathLike[str]) -> DataLayout:
 
 
 def _is_fresh(root: str) -> bool:
-    """Nothing of any layout: an empty directory but for the broker's lock file (an interrupted move's
-    staging is not nothing)."""
-    return not [name for name in os.listdir(root) if name != LOCK_FILE]
+    """Nothing of any layout: no layout-1 topic log or broker file (an interrupted move's staging is not
+    nothing). What else the directory holds (the broker's lock file, others' files and directories) is not
+    the broker's and stays where it is."""
+    with os.scandir(root) as entries:
+        return not any(entry.name == STAGING or _is_layout_1_entry(entry) for entry in entries)
+
+
+def _is_layout_1_entry(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` of a directory without ``meta/LAYOUT`` is layout 1's: a broker file, or a topic
+    log (a directory named as a topic's, holding a segment file). Any other directory is someone else's: a
+    mount point's ``lost+found``, certificates, backups kept beside the data."""
+    if not entry.is_dir(follow_symlinks=False):
+        return entry.name.startswith(_LAYOUT_1_BROKER_FILES)
+    try:
+        topic_from_directory(entry.path)
+        with os.scandir(entry.path) as files:
+            return any(SEGMENT_FILE.match(file.name) for file in files)
+    except (ValueError, OSError):
+        return False
 
 
 def _holds_partition_logs(log_directory: str) -> bool:
@@ -136,7 +163,19 @@ def _restore_layout_file(layout: DataLayout) -> None:
 
 
 def _create(layout: DataLayout) -> None:
-    """A new data directory in layout 3: `meta/` with `LAYOUT`, written last, and `log/`."""
+    """A new data directory in layout 3: `meta/` with `LAYOUT`, written last, and `log/`. A `log/` or
+    `meta/` of someone else's (not empty) is not taken over: `OSError` naming it."""
+    for path, ours in ((layout.log, ()), (layout.meta, (LAYOUT_FILE + ".tmp",))):
+        try:
+            others = [name for name in os.listdir(path) if name not in ours]
+        except (FileNotFoundError, NotADirectoryError):
+            others = [] if not os.path.lexists(path) else [os.path.basename(path)]
+        if others:
+            raise OSError(
+                f"{path} is not the broker's (it holds {', '.join(sorted(others)[:3])}) and the data "
+                f"directory {layout.root} has no {os.path.join(META, LAYOUT_FILE)}: move it, or give "
+                "storage.directory a directory of its own"
+            )
     os.makedirs(layout.log, exist_ok=True)
     os.makedirs(layout.meta, exist_ok=True)
     fsync_directory(layout.root)
@@ -159,12 +198,12 @@ def _migrate(layout: DataLayout) -> None:
         moved = 0
         with os.scandir(root) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
-                if entry.name == STAGING:
-                    continue
+                if entry.name == STAGING or not _is_layout_1_entry(entry):
+                    continue  # not the broker's: left where it is
                 if entry.is_dir(follow_symlinks=False):
                     os.rename(entry.path, os.path.join(staged_topics, entry.name))
                     moved += 1
-                elif entry.name.startswith(_LAYOUT_1_BROKER_FILES):
+                else:
                     os.rename(entry.path, os.path.join(staged_meta, entry.name))
         for directory in (staged_topics, staged_meta, staging, root):
             fsync_directory(directory)

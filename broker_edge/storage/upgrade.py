@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,7 +29,7 @@ from typing import Any
 
 from .config import StorageConfig
 from .epoch_journal import EPOCHS_FILE, EpochJournal
-from .layout import LAYOUT_VERSION, LOG, DataLayout, write_layout_file
+from .layout import LAYOUT_VERSION, LOG, SEGMENT_FILE, DataLayout, write_layout_file
 from .record import PREFIX, PREFIX_SIZE, FrameError, check_frame
 from .segment import fsync_directory
 from .topic_names import topic_from_directory
@@ -40,7 +39,6 @@ __all__ = ["STAGING", "finish_upgrade", "upgrade_layout_2"]
 log = logging.getLogger(__name__)
 
 STAGING = ".layout-3"
-_SEGMENT = re.compile(r"^(\d{20})\.log$")
 _FLUSH_BYTES = 16 * 1024 * 1024
 """The copy is flushed (written and synced) every this many bytes."""
 
@@ -125,7 +123,8 @@ def _copy_topics(topics_directory: str, store) -> tuple[int, list[str]]:
 
 def _copy_topic(directory: str, topic: str, store) -> int:
     """Append the records of one layout-2 log that `store` does not have yet; returns the bytes appended."""
-    bases = sorted(int(match.group(1)) for name in os.listdir(directory) if (match := _SEGMENT.match(name)))
+    names = os.listdir(directory)
+    bases = sorted(int(match.group(1)) for name in names if (match := SEGMENT_FILE.match(name)))
     if not bases:
         return 0
     have = store.durable_end(topic) if topic in store else None

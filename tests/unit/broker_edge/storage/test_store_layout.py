@@ -102,3 +102,71 @@ def test_a_directory_of_partition_logs_whose_layout_file_is_gone_keeps_every_rec
             assert_matches(record, number)
     assert reopened.append("a/b", make_record(30)) == 30
     reopened.close()
+
+
+def others_files(root: Path) -> dict[str, bytes]:
+    """What someone else keeps in the directory given as the data directory: a key among certificates, a
+    backup, a mount point's ``lost+found``, an empty directory and a file of notes."""
+    (root / "certs").mkdir(parents=True)
+    (root / "certs" / "server.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+    (root / "backups" / "2026").mkdir(parents=True)
+    (root / "backups" / "2026" / "store.tar").write_bytes(b"tar")
+    (root / "lost+found").mkdir()
+    (root / "empty").mkdir()
+    (root / "NOTES").write_text("ours")
+    return {
+        str(path.relative_to(root)): path.read_bytes() if path.is_file() else b"<dir>"
+        for path in sorted(root.rglob("*"))
+    }
+
+
+def left_alone(root: Path, before: dict[str, bytes]) -> None:
+    for name, content in before.items():
+        path = root / name
+        assert path.exists(), f"{name} was moved or deleted"
+        assert (path.read_bytes() if path.is_file() else b"<dir>") == content
+
+
+def test_a_first_start_in_a_directory_of_other_files_leaves_them_where_they_are(tmp_path: Path, caplog):
+    """A data directory given where other things are kept: a directory of those is no topic log of an
+    older layout (it has no segment file), so nothing is moved into ``topics/`` and deleted with it, where
+    ``certs/`` and ``backups/`` were deleted and ``lost+found`` moved."""
+    before = others_files(tmp_path)
+    store = LogStore(tmp_path)
+    store.open()
+    store.append("a/b", make_record(0))
+    store.close()
+    store = LogStore(tmp_path)
+    store.open()
+    assert_matches(store.read("a/b", 0)[0], 0, offset=0)
+    store.close()
+    left_alone(tmp_path, before)
+    assert not (tmp_path / "topics").exists()
+    assert "layout" not in caplog.text, "nothing was moved: no upgrade to speak of"
+
+
+def test_an_older_directory_beside_other_files_moves_its_logs_and_leaves_the_rest(tmp_path: Path):
+    older_directory(tmp_path)
+    before = others_files(tmp_path / "others")
+    for path in (tmp_path / "others").iterdir():
+        path.rename(tmp_path / path.name)
+    (tmp_path / "others").rmdir()
+    before = {name.removeprefix("others/"): content for name, content in before.items()}
+    store = LogStore(tmp_path)
+    store.open()
+    assert sorted(info.topic for info in store.logs()) == sorted(TOPICS)
+    for number, topic in enumerate(TOPICS):
+        assert_matches(store.read(topic, 0)[0], number, offset=0)
+    store.close()
+    left_alone(tmp_path, before)
+
+
+@pytest.mark.parametrize("name", ["log", "meta"])
+def test_a_log_or_meta_directory_of_someone_elses_is_not_taken_over(tmp_path: Path, name: str):
+    """A first start where ``log/`` or ``meta/`` holds others' files: refused, naming it, where the
+    partition logs or the broker's files were put among them."""
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "app.log").write_text("theirs")
+    with pytest.raises(OSError, match=rf"{name} is not the broker's \(it holds app\.log\)"):
+        LogStore(tmp_path).open()
+    assert sorted(path.name for path in tmp_path.rglob("*")) == sorted([name, "app.log"])
