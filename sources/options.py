@@ -22,7 +22,7 @@ from enum import Enum
 from broker_edge.config.endpoints import BrokerEndpoint, is_base_url, parse_endpoints
 from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
-from broker_edge.protocol.topics import SHARE_PREFIX, validate_topic_filter
+from broker_edge.protocol.topics import SHARE_PREFIX, topic_matches, validate_topic_filter
 from broker_edge.settings.uplink import site_topic
 
 __all__ = [
@@ -194,7 +194,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             lowered.get("startingoffsets", "latest"), [endpoint.name for endpoint in brokers]
         )
 
-    return SourceOptions(
+    parsed = SourceOptions(
         brokers=brokers,
         topics=_parse_topics(_required(lowered, "topics")),
         bootstrap_servers=bootstrap,
@@ -231,6 +231,23 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         read_by=_choice(lowered, "readBy", READ_BY),
     )
+    _check_start_topics(parsed)
+    return parsed
+
+
+def _check_start_topics(options: SourceOptions) -> None:
+    """Refuse a JSON start naming a topic no filter of ``topics`` reads: it would stay in the checkpoint,
+    never read, while the topic meant (misspelt, or a site's without its ``$site/<site_id>/``) started at
+    its log start."""
+    for broker, topics in (options.starting_offsets.specific or {}).items():
+        for topic in topics:
+            if not any(topic_matches(pattern, topic) for pattern in options.log_patterns):
+                where = "" if options.reads_cluster else f" (broker {broker!r})"
+                raise SourceOptionError(
+                    "startingOffsets",
+                    f"topic {topic!r}{where} is matched by no filter of 'topics' "
+                    f"({', '.join(options.log_patterns)}), so it would never be read",
+                )
 
 
 def _parse_bootstrap(options: Mapping[str, str]) -> tuple[str, ...]:

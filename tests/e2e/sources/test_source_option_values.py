@@ -3,6 +3,8 @@ rather than failing later (at the query's start or in a task) with an error that
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pyspark.sql import SparkSession
 
@@ -12,8 +14,8 @@ pytestmark = pytest.mark.spark
 
 
 def load(spark: SparkSession, **options: str) -> None:
-    reader = spark.readStream.format("timestone").option("topics", "plant/+/temp")
-    for name, value in options.items():
+    reader = spark.readStream.format("timestone")
+    for name, value in {"topics": "plant/+/temp", **options}.items():
         reader = reader.option(name, value)
     reader.load()
 
@@ -77,3 +79,21 @@ def test_a_token_no_http_header_can_carry_is_refused_without_showing_it(
     with pytest.raises(Exception, match=f"timestone source option '{option}': ") as refused:
         load(timestone_spark, brokers=f"e1={edge.url}", **{option: token})
     assert "secret" not in str(refused.value) and "jeton" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"startingOffsets": '{"e1": {"plant/1/temp": 2, "plant/2/tmp": 3}}'}, "'plant/2/tmp'"),
+        ({"startingOffsets": '{"e1": {"$SYS/broker/uptime": 0}}', "topics": "#"}, "'$SYS/broker/uptime'"),
+        ({"startingOffsets": '{"e1": {"plant/1/temp": 0}}', "sites": "true"}, "'plant/1/temp'"),
+    ],
+    ids=["misspelt", "dollar", "site-without-prefix"],
+)
+def test_a_json_start_naming_a_topic_no_filter_reads_is_refused(
+    timestone_spark: SparkSession, edge: EdgeBroker, options: dict[str, str], named: str
+) -> None:
+    """Such a topic was kept in the checkpoint for ever, never read, and the topic meant (misspelt, or on
+    a hub without its $site/<site_id>/ prefix) silently started at its log start instead."""
+    with pytest.raises(Exception, match=f"timestone source option 'startingOffsets'.*{re.escape(named)}"):
+        load(timestone_spark, brokers=f"e1={edge.url}", **options)

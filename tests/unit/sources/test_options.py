@@ -117,7 +117,8 @@ def test_starting_offsets_by_time(text: str, epoch_ms: int) -> None:
 
 
 def test_starting_offsets_json_keeps_earliest_and_latest_markers() -> None:
-    start = parse(startingOffsets='{"http://127.0.0.1:8081": {"a": 5, "b": -2, "c": -1}}').starting_offsets
+    start = parse(topics="a,b,c", startingOffsets='{"http://127.0.0.1:8081": {"a": 5, "b": -2, "c": -1}}')
+    start = start.starting_offsets
     assert start.kind is StartKind.SPECIFIC
     assert start.specific == {"http://127.0.0.1:8081": {"a": 5, "b": -2, "c": -1}}
 
@@ -136,7 +137,9 @@ def test_a_cluster_is_read_from_bootstrap_members_under_one_name_with_one_token(
 
 
 def test_a_clusters_json_start_is_keyed_by_topic() -> None:
-    start = parse_options({**CLUSTER, "clusterName": "p", "startingOffsets": '{"a/b": 5, "c": -2}'})
+    start = parse_options(
+        {**CLUSTER, "topics": "a/+,c", "clusterName": "p", "startingOffsets": '{"a/b": 5, "c": -2}'}
+    )
     assert start.starting_offsets.kind is StartKind.SPECIFIC
     assert start.starting_offsets.specific == {"p": {"a/b": 5, "c": -2}}
 
