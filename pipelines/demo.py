@@ -252,14 +252,42 @@ def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress)
     return done.get("action_state") == "COMPLETED"
 
 
+WORKDIR_MARK = ".timestone-demo"
+"""The file that says a directory is a demo's working directory (``fresh_workdir``)."""
+WORKDIR_ENTRIES = frozenset({WORKDIR_MARK, "broker", "tables", "checkpoints"})
+"""What a demo keeps in its working directory."""
+
+
+def fresh_workdir(workdir: Path) -> None:
+    """Make ``workdir`` an empty working directory, marked as the demo's. An earlier demo's (its mark, or
+    nothing but what a demo keeps) is deleted first; any other directory that is not empty is refused
+    (``ValueError`` naming it): ``--workdir`` given a directory of one's own must not delete it."""
+    if workdir.is_dir():
+        entries = {entry.name for entry in workdir.iterdir()}
+        if entries and WORKDIR_MARK not in entries and not entries <= WORKDIR_ENTRIES:
+            shown = ", ".join(sorted(entries - WORKDIR_ENTRIES)[:3])
+            raise ValueError(
+                f"--workdir {workdir} is not empty and not a demo's working directory (it holds {shown}); "
+                "the demo starts afresh in it, deleting what it holds: give it a new or empty directory"
+            )
+        shutil.rmtree(workdir)
+    elif workdir.exists():
+        raise ValueError(f"--workdir {workdir} is not a directory")
+    workdir.mkdir(parents=True)
+    (workdir / WORKDIR_MARK).write_text("a working directory of timestone demo, deleted by the next one\n")
+
+
 def demo_main(argv: list[str]) -> int:
     """Entry point of ``timestone demo``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     workdir = Path(args.workdir).resolve()
-    if workdir.exists():
-        shutil.rmtree(workdir)
+    try:
+        fresh_workdir(workdir)
+    except ValueError as error:
+        parser.error(str(error))
     tables = workdir / "tables"
     deadline = time.monotonic() + args.timeout
 
