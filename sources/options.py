@@ -469,11 +469,25 @@ def _parse_time(text: str) -> int:
     return milliseconds
 
 
-def _parse_specific(text: str, broker_ids: list[str]) -> dict[str, dict[str, int]]:
+def _load_json(text: str) -> object:
+    """A hand-written JSON start, refusing a key given twice in one object (JSON's last would win)."""
+
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        seen: dict[str, object] = {}
+        for key, item in pairs:
+            if key in seen:
+                raise SourceOptionError("startingOffsets", f"{key!r} twice in one JSON object")
+            seen[key] = item
+        return seen
+
     try:
-        value = json.loads(text)
+        return json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as error:
         raise SourceOptionError("startingOffsets", f"invalid JSON: {error}") from None
+
+
+def _parse_specific(text: str, broker_ids: list[str]) -> dict[str, dict[str, int]]:
+    value = _load_json(text)
     shape = '{"broker id": {"topic": offset}} with -2 = earliest, -1 = latest'
     if not isinstance(value, dict):
         raise SourceOptionError("startingOffsets", f"expected {shape}")
@@ -493,10 +507,7 @@ def _parse_specific(text: str, broker_ids: list[str]) -> dict[str, dict[str, int
 
 def _parse_topic_offsets(text: str) -> dict[str, int]:
     """A cluster's JSON start: ``{"topic": offset}`` (offsets are the same on every replica)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SourceOptionError("startingOffsets", f"invalid JSON: {error}") from None
+    value = _load_json(text)
     if not isinstance(value, dict) or any(isinstance(offset, dict) for offset in value.values()):
         raise SourceOptionError(
             "startingOffsets",

@@ -97,3 +97,20 @@ def test_a_json_start_naming_a_topic_no_filter_reads_is_refused(
     a hub without its $site/<site_id>/ prefix) silently started at its log start instead."""
     with pytest.raises(Exception, match=f"timestone source option 'startingOffsets'.*{re.escape(named)}"):
         load(timestone_spark, brokers=f"e1={edge.url}", **options)
+
+
+@pytest.mark.parametrize(
+    ("start", "repeated"),
+    [
+        ('{"e1": {"plant/1/temp": 5}, "e1": {"plant/2/temp": 3}}', "'e1'"),
+        ('{"e1": {"plant/1/temp": 5, "plant/1/temp": 7}}', "'plant/1/temp'"),
+    ],
+)
+def test_a_json_start_naming_a_broker_or_topic_twice_is_refused(
+    timestone_spark: SparkSession, edge: EdgeBroker, start: str, repeated: str
+) -> None:
+    """JSON's last value won silently: the first broker's topics started at their log start instead."""
+    with pytest.raises(
+        Exception, match=f"timestone source option 'startingOffsets'.*{re.escape(repeated)} twice"
+    ):
+        load(timestone_spark, brokers=f"e1={edge.url}", startingOffsets=start)
