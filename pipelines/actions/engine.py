@@ -50,6 +50,7 @@ from pipelines.actions.operator import action_content, differences
 from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.release import Release, due, lost_gate
+from pipelines.actions.report_scope import in_scope
 from pipelines.actions.retries import retry
 from pipelines.actions.rollback import rollback_id, rollback_row
 from pipelines.actions.schedule import END_CANCEL
@@ -297,6 +298,10 @@ class ActionsEngine:
             known, counts = self.tables.executions_and_counts(
                 action_ids, {device_id for _, device_id in by_key}
             )
+            by_key = in_scope(by_key, known, self._actions(action_ids), batch_id)
+            action_ids = sorted({action_id for action_id, _ in by_key})
+            if not by_key:
+                return
             retrying = self._retrying(action_ids)
             changed = []
             for (action_id, device_id), device_reports in by_key.items():

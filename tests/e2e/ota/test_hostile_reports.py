@@ -15,7 +15,14 @@ BUCKETS = 4
 
 
 def _report(**fields: object) -> bytes:
-    body = {"action_id": "a-x", "device_id": "dev-x", "state": "FAILED", "seq": 1, "ts": 1} | fields
+    body = {
+        "action_id": "a-x",
+        "device_id": "dev-x",
+        "state": "FAILED",
+        "seq": 1,
+        "ts": 1,
+        "details": "",
+    } | fields
     return json.dumps(body).encode()
 
 
@@ -51,3 +58,52 @@ def test_reports_no_row_can_hold_are_skipped_and_the_fleets_reports_still_land(s
             return row is not None and row["succeeded_count"] == len(devices)
 
         wait_for(all_succeeded, timeout_s=40, what="every device's report in Delta")
+
+
+def test_reports_about_an_action_never_sent_to_their_device_change_nothing(spark, tmp_path):
+    """A device the list does not name reports FAILED, and another reports on an action id nobody wrote:
+    neither makes a row, counts towards the abort rule (which held the rollout at 1 of 1 failed) or writes a
+    summary; the listed devices complete the action."""
+    with actions_stack(
+        spark, tmp_path, {"count": 4, "groups": ["g"], "buckets": BUCKETS}, quiet_devices()
+    ) as stack:
+        devices = sorted(d.device_id for d in stack.fleet.devices)
+        listed, outsider = devices[:2], devices[2]
+        client = PahoClient(stack.broker.port, client_id="outsider")
+        outsider_topic = report_topic(bucket_of(outsider, BUCKETS))
+        client.publish(
+            outsider_topic, _report(action_id="a-listed", device_id=outsider, state="FAILED"), qos=1
+        )
+        client.publish(outsider_topic, _report(action_id="a-nobody-wrote", device_id=outsider), qos=1)
+        create_action(
+            stack.store,
+            NewAction(
+                action_id="a-listed",
+                device_ids=listed,
+                version="2.0.0",
+                url="https://x.invalid/fw",
+                sha256=SHA256,
+                abort_rules=[{"failure_kind": "failed", "threshold_pct": 50.0, "min_executed": 1}],
+            ),
+        )
+
+        def ended() -> bool:
+            row = summary(stack.store, "a-listed")
+            return row is not None and row["action_state"] != "IN_PROGRESS"
+
+        client.publish(outsider_topic, _report(action_id="a-listed", device_id=outsider, seq=2), qos=1)
+        wait_for(ended, timeout_s=40, what="the action to end")
+        row = summary(stack.store, "a-listed")
+        assert row is not None
+        assert (row["action_state"], row["succeeded_count"], row["failed_count"], row["total_count"]) == (
+            "COMPLETED",
+            2,
+            0,
+            2,
+        )
+        stack.job.process_available()
+        executions = stack.store.read_arrow("action_executions").to_pylist()
+        assert sorted((r["action_id"], r["device_id"]) for r in executions) == [
+            ("a-listed", d) for d in listed
+        ]
+        assert summary(stack.store, "a-nobody-wrote") is None
