@@ -286,6 +286,12 @@ def test_a_second_host_with_the_same_id_takes_over_and_the_first_stops_without_r
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+NODE_BIRTH = encode([bdseq_metric(4), MetricOut(1.5, "Double", name="t", alias=1)], timestamp_ms=1, seq=0)
+DEVICE_BIRTH = encode([MetricOut(7.0, "Double", name="rpm", alias=2)], timestamp_ms=2, seq=1)
+DEVICE_DATA = encode([MetricOut(8.0, "Double", alias=2, with_datatype=False)], timestamp_ms=3, seq=2)
+DEVICE_DEATH = encode([], timestamp_ms=4, seq=3)
+
+
 @pytest.mark.sparkplug("tck-id-operational-behavior-edge-node-termination-host-action-ddeath-devices-offline")
 def test_data_from_a_device_whose_dbirth_the_host_missed_brings_a_rebirth_request_for_its_node(broker):
     """A device's data is read by the aliases of its DBIRTH: a DDATA from a device not born since its
@@ -294,26 +300,21 @@ def test_data_from_a_device_whose_dbirth_the_host_missed_brings_a_rebirth_reques
     commands = PahoClient(broker.port, "commands")
     commands.subscribe("spBv1.0/+/NCMD/#", 1)
     node = PahoClient(broker.port, "gw9")
-    nbirth = encode([bdseq_metric(4), MetricOut(1.5, "Double", name="t", alias=1)], timestamp_ms=1, seq=0)
-    dbirth = encode([MetricOut(7.0, "Double", name="rpm", alias=2)], timestamp_ms=2, seq=1)
-    ddata = encode([MetricOut(8.0, "Double", alias=2, with_datatype=False)], timestamp_ms=3, seq=2)
-    ddeath = encode([], timestamp_ms=4, seq=3)
 
     async def scenario() -> None:
         sparkplug = host(broker.port)
         await sparkplug.start()
-        for kind, payload in [("NBIRTH", nbirth), ("NBIRTH", nbirth)]:
-            node.publish(f"spBv1.0/plant1/{kind}/gw9", payload, 1)
-            node.publish(f"spBv1.0/plant1/{kind}/gw8", payload, 1)
-        node.publish("spBv1.0/plant1/DBIRTH/gw9/pump1", dbirth, 1)
-        node.publish("spBv1.0/plant1/DDATA/gw9/pump1", ddata, 1)
-        node.publish("spBv1.0/plant1/DBIRTH/gw8/pump1", dbirth, 1)
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/NBIRTH/gw8", NODE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/DBIRTH/gw9/pump1", DEVICE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/DDATA/gw9/pump1", DEVICE_DATA, 1)
+        node.publish("spBv1.0/plant1/DBIRTH/gw8/pump1", DEVICE_BIRTH, 1)
         await asyncio.to_thread(commands.expect_none, 0.5)  # both devices born since their node's birth
-        node.publish("spBv1.0/plant1/DDATA/gw9/pump2", ddata, 1)  # never born
+        node.publish("spBv1.0/plant1/DDATA/gw9/pump2", DEVICE_DATA, 1)  # never born
         [request] = await expect(commands, 1)
         assert request.topic == "spBv1.0/plant1/NCMD/gw9"
-        node.publish("spBv1.0/plant1/DDEATH/gw8/pump1", ddeath, 1)
-        node.publish("spBv1.0/plant1/DDATA/gw8/pump1", ddata, 1)  # dead since its birth
+        node.publish("spBv1.0/plant1/DDEATH/gw8/pump1", DEVICE_DEATH, 1)
+        node.publish("spBv1.0/plant1/DDATA/gw8/pump1", DEVICE_DATA, 1)  # dead since its birth
         [request] = await expect(commands, 1)
         assert request.topic == "spBv1.0/plant1/NCMD/gw8"
         assert sparkplug.stats["rebirth_requests"] == 2
@@ -328,17 +329,14 @@ def test_a_new_nbirth_ends_the_births_of_the_nodes_devices_until_they_are_born_a
     commands = PahoClient(broker.port, "commands")
     commands.subscribe("spBv1.0/+/NCMD/#", 1)
     node = PahoClient(broker.port, "gw7")
-    nbirth = encode([bdseq_metric(1), MetricOut(1.5, "Double", name="t", alias=1)], timestamp_ms=1, seq=0)
-    dbirth = encode([MetricOut(7.0, "Double", name="rpm", alias=2)], timestamp_ms=2, seq=1)
-    ddata = encode([MetricOut(8.0, "Double", alias=2, with_datatype=False)], timestamp_ms=3, seq=2)
 
     async def scenario() -> None:
         sparkplug = host(broker.port)
         await sparkplug.start()
-        node.publish("spBv1.0/plant1/NBIRTH/gw7", nbirth, 1)
-        node.publish("spBv1.0/plant1/DBIRTH/gw7/pump1", dbirth, 1)
-        node.publish("spBv1.0/plant1/NBIRTH/gw7", nbirth, 1)
-        node.publish("spBv1.0/plant1/DDATA/gw7/pump1", ddata, 1)
+        node.publish("spBv1.0/plant1/NBIRTH/gw7", NODE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/DBIRTH/gw7/pump1", DEVICE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/NBIRTH/gw7", NODE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/DDATA/gw7/pump1", DEVICE_DATA, 1)
         [request] = await expect(commands, 1)
         assert request.topic == "spBv1.0/plant1/NCMD/gw7"
         await sparkplug.stop()
