@@ -6,10 +6,12 @@ Times are drawn in UTC.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
@@ -31,10 +33,28 @@ OTHER_VERSION_COLOURS = ["#c7c7c7", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"]
 """Installed versions other than the desired one."""
 
 
+FIRST_DRAWN = pd.Timestamp(datetime(1, 1, 1))
+LAST_DRAWN = pd.Timestamp(datetime(9999, 12, 31, 23, 59, 59))
+"""The times matplotlib's date axis draws (the years 0001 to 9999, as the tables); one past them, a margin
+its autoscaling adds included, fails the whole figure."""
+
+
 def _utc(times: pd.Series) -> pd.Series:
-    """Naive UTC timestamps: what matplotlib's date axis draws without converting to local time."""
-    times = pd.to_datetime(times, utc=True)
+    """Naive UTC timestamps in microseconds: what matplotlib's date axis draws without converting to local
+    time (nanoseconds would end in the year 2262)."""
+    times = pd.to_datetime(times, utc=True).dt.as_unit("us")
     return times.dt.tz_convert("UTC").dt.tz_localize(None)
+
+
+def _time_axis(ax: Axes, *times: pd.Series) -> None:
+    """Limit ``ax``'s date axis to the times drawn, with a margin, within :data:`FIRST_DRAWN` and
+    :data:`LAST_DRAWN`: a reading in the year 0001 or in the last minute of 9999 is drawn like any other."""
+    drawn = pd.concat([t.dropna() for t in times])
+    if drawn.empty:
+        return
+    low, high = drawn.min(), drawn.max()
+    margin = max((high - low) * 0.05, MINUTE)
+    ax.set_xlim(max(low - margin, FIRST_DRAWN), min(high + margin, LAST_DRAWN))
 
 
 def fleet_metric_chart(metric: str, fleet: pd.DataFrame) -> Figure:
@@ -50,6 +70,7 @@ def fleet_metric_chart(metric: str, fleet: pd.DataFrame) -> Figure:
         )
         ax.plot(minutes, fleet["median"], "-", color="#1f77b4", linewidth=2, label="median")
         count_ax.step(minutes, fleet["devices"], where="post", color="#7f7f7f")
+        _time_axis(ax, minutes)
     reporting = int(fleet["devices"].max()) if not fleet.empty else 0
     ax.set_title(f"Fleet: {metric} of up to {reporting} devices over {len(fleet)} minutes")
     ax.set_ylabel(f"{metric} (minute average)")
@@ -67,14 +88,15 @@ def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: p
     Each minute is drawn across its own width, so one minute of data is as visible as an hour of it.
     """
     fig, ax = plt.subplots(figsize=(10, 4))
+    drawn = [_utc(readings["event_time"])]
     if not minutes.empty:
         start = _utc(minutes["minute"])
+        end = (start + MINUTE).clip(upper=LAST_DRAWN)
         low, high = minutes[f"{metric}_min"], minutes[f"{metric}_max"]
-        width = MINUTE / pd.Timedelta(days=1)  # matplotlib dates are in days
         ax.bar(
             start,
             high - low,
-            width=width,
+            width=(end - start) / pd.Timedelta(days=1),  # matplotlib dates are in days
             bottom=low,
             align="edge",
             color="#1f77b4",
@@ -86,15 +108,15 @@ def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: p
         ax.hlines(
             minutes[f"{metric}_avg"],
             start,
-            start + MINUTE,
+            end,
             colors="#1f77b4",
             linewidth=2,
             label="minute average",
         )
+        drawn += [start, end]
     if not readings.empty:
-        ax.plot(
-            _utc(readings["event_time"]), readings[metric], ".", color="#d62728", label=f"{metric} readings"
-        )
+        ax.plot(drawn[0], readings[metric], ".", color="#d62728", label=f"{metric} readings")
+    _time_axis(ax, *drawn)
     ax.set_title(f"{device_id}: {metric}, {len(readings)} readings in {len(minutes)} minutes")
     ax.set_xlabel("event time (UTC)")
     ax.set_ylabel(metric)
@@ -136,6 +158,8 @@ def quality_chart(batches: pd.DataFrame) -> Figure:
             markersize=10,
             label="batch with a failed expectation",
         )
+    if not batches.empty:
+        _time_axis(ax, times)
     ax.set_title(
         f"Data quality: {len(batches)} batches validated, {int(failed.sum())} with a failed expectation"
     )

@@ -25,9 +25,14 @@ from sinks.tables import EXECUTION_STATES
 if TYPE_CHECKING:
     from sinks import TableStore
 
-#: Seconds in one ``device_minute`` row.
-MINUTE = pd.Timedelta(minutes=1)
+#: The span of one ``device_minute`` row, in microseconds as the tables' times are: a nanosecond span would
+#: move a time to nanoseconds, where the years past 2262 do not fit.
+MINUTE = pd.Timedelta(minutes=1).as_unit("us")
 
+
+#: The tables' times as pandas holds them: microseconds (every year to 9999), UTC.
+_TIME = "datetime64[us, UTC]"
+_EXECUTION_TIMES = ("queued_at", "updated_at", "published_at", "started_at", "finished_at")
 
 OUT_OF_RANGE = "out_of_range"
 """The column :func:`read_frame` adds to ``actions``: why the actions job rejects the row for a timestamp no
@@ -162,6 +167,7 @@ def rollout_states(executions: pd.DataFrame) -> pd.DataFrame:
     """
     if executions.empty:
         return pd.DataFrame(columns=list(EXECUTION_STATES), index=pd.DatetimeIndex([], tz="UTC"))
+    executions = _in_utc(executions)
     changes = []
     for row in executions.itertuples(index=False):
         steps = [("QUEUED", row.queued_at if pd.notna(row.queued_at) else row.updated_at)]
@@ -176,6 +182,7 @@ def rollout_states(executions: pd.DataFrame) -> pd.DataFrame:
             if following is not None:
                 changes.append((following[1], state, -1))
     deltas = pd.DataFrame(changes, columns=["at", "state", "delta"])
+    deltas["at"] = pd.Series([at for at, _, _ in changes], dtype=_TIME)  # inferred, a year past 2262 fails
     counts = deltas.pivot_table(index="at", columns="state", values="delta", aggfunc="sum", fill_value=0)
     counts = counts.reindex(columns=list(EXECUTION_STATES), fill_value=0).sort_index().cumsum()
     return counts.astype(int)
@@ -186,8 +193,17 @@ def phase_starts(executions: pd.DataFrame) -> pd.Series:
     rows of one action; empty when it has no phases."""
     if executions.empty or "phase" not in executions or executions["phase"].isna().all():
         return pd.Series(dtype="datetime64[ns, UTC]")
-    sent = executions.dropna(subset=["phase", "published_at"])
+    sent = _in_utc(executions).dropna(subset=["phase", "published_at"])
     return sent.groupby(sent["phase"].astype(int))["published_at"].min().sort_index()
+
+
+def _in_utc(executions: pd.DataFrame) -> pd.DataFrame:
+    """``action_executions`` rows with their times in microseconds, UTC: as the job writes them, or naive
+    (a table another tool wrote) taken as UTC. Microseconds hold any year to 9999, nanoseconds end in 2262."""
+    times = [column for column in _EXECUTION_TIMES if column in executions]
+    return executions.assign(
+        **{column: pd.to_datetime(executions[column], utc=True).dt.as_unit("us") for column in times}
+    )
 
 
 def compliance(store: TableStore) -> pd.DataFrame:
