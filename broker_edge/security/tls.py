@@ -16,7 +16,7 @@ from typing import Literal
 from broker_edge.config import ConfigError
 from broker_edge.config.loader import expand_home
 
-__all__ = ["ServerContexts", "TlsConfig", "peer_common_name", "server_ssl_context"]
+__all__ = ["ServerContexts", "TlsConfig", "client_ssl_context", "peer_common_name", "server_ssl_context"]
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -101,6 +101,22 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
         context.verify_mode = ssl.CERT_REQUIRED if config.require_client_cert else ssl.CERT_OPTIONAL
     else:
         context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def client_ssl_context(certfile: str, keyfile: str, cafile: str, key: str) -> ssl.SSLContext:
+    """A client ``SSLContext`` presenting ``certfile`` and ``keyfile``, trusting ``cafile``'s CAs only; a file
+    that does not load is a ``ConfigError`` naming ``<key>.cafile`` or ``<key>.certfile``, and the file."""
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+    except OSError as exc:  # ssl.SSLError too: not PEM, no certificate in it
+        raise ConfigError(f"{key}.cafile", f"cannot load CA certificates from {cafile}: {exc}") from None
+    try:
+        load_key_pair(context, certfile, keyfile, f"{key}.keyfile")
+    except OSError as exc:
+        raise ConfigError(
+            f"{key}.certfile", f"cannot load certificate and key ({certfile}, {keyfile}): {exc}"
+        ) from None
     return context
 
 

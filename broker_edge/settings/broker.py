@@ -23,7 +23,7 @@ from broker_edge.security.acl import AclConfig
 from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.security.limits import LimitsConfig
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
-from broker_edge.security.tls import TlsConfig
+from broker_edge.security.tls import TlsConfig, client_ssl_context
 from broker_edge.settings.bound_ports import BoundEndpoint, check_distinct_ports
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.settings.named_files import check_named_files, check_server_tls
@@ -504,6 +504,9 @@ def check_files_of(config: BrokerConfig) -> None:
     check_named_files(config.named_files())
     for key, tls in config.server_tls():
         check_server_tls(key, tls)
+    if config.uplink is not None:  # a site's TLS client, loaded as each dial loads it
+        site = config.uplink.tls
+        client_ssl_context(site.certfile, site.keyfile, site.cafile, "uplink.tls")
 
 
 def load_broker_config(path: str | Path | None = None) -> BrokerConfig:

@@ -24,10 +24,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from broker_edge.config import ConfigError
 from broker_edge.engine.ports import MirrorRefused
 from broker_edge.http.client_errors import failure_text
 from broker_edge.protocol.topics import topic_matches
-from broker_edge.security.tls import load_key_pair
+from broker_edge.security.tls import client_ssl_context as tls_client_context
 from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
@@ -74,10 +75,11 @@ when another member appends to them)."""
 
 
 def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
+    """The site's TLS, its files read now (``ConfigError`` naming the ``uplink.tls`` file that does not
+    load)."""
     tls = config.tls
-    context = ssl.create_default_context(cafile=tls.cafile)
+    context = tls_client_context(tls.certfile, tls.keyfile, tls.cafile, "uplink.tls")
     context.check_hostname = tls.check_hostname
-    load_key_pair(context, tls.certfile, tls.keyfile, "uplink.tls.keyfile")
     return context
 
 
@@ -364,6 +366,8 @@ class SiteLink:
                 ssl.SSLError,
             ) as error:
                 log.warning("uplink to %s: %s; again in %.1f s", hub, failure_text(error), delay)
+            except ConfigError as error:  # its files were replaced by ones that do not load
+                log.error("uplink to %s: %s; again in %.1f s", hub, error, delay)
             except Exception:  # never let the link end for good: whatever it was, dial again
                 log.exception("uplink to %s failed; again in %.1f s", hub, delay)
             finally:
