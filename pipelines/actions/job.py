@@ -37,7 +37,7 @@ from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterR
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
-from pipelines.output_paths import check_output_location
+from pipelines.output_paths import check_backend, check_output_location
 from pipelines.spark_session import stop_between_batches
 from pipelines.supervisor import GaveUp, SupervisedQuery, Supervisor
 from sinks.backends import Backend, open_table_store
@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 
 #: The tables the job maintains: those it writes, and the actions table whose change feed it reads.
 MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY, COMPLIANCE)
-#: What the job reads of a report's record: the report, and when the broker appended it (the report's time).
-REPORT_COLUMNS = ("payload", "timestamp")
+#: What the job reads of a report's record: the report, when the broker appended it (the report's time), and
+#: its topic (a device's own topic binds the device it names).
+REPORT_COLUMNS = ("payload", "timestamp", "topic")
 
 
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
@@ -221,7 +222,10 @@ def start_actions_job(
         records = batch.toArrow()
         reports = parse_reports(records)
         if len(reports) < records.num_rows:
-            log.warning("skipped %d status messages that are not reports", records.num_rows - len(reports))
+            skipped = records.num_rows - len(reports)
+            log.warning(
+                "skipped %d status messages: not reports, or naming another device than their topic", skipped
+            )
         engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
 
     def start_reports(endpoints: Sequence[BrokerEndpoint]) -> StreamingQuery:
@@ -282,6 +286,7 @@ def validate(section: object) -> ActionsConfig:
     from broker_edge.config import load_dataclass
 
     config = load_dataclass(ActionsConfig, section or {})
+    check_backend(config.backend, "backend")
     check_output_location(config.tables_root, "tables_root")
     check_output_location(config.checkpoint_root, "checkpoint_root")
     return config

@@ -190,10 +190,27 @@ def parse_report(payload: bytes, received_at: int | None = None) -> StatusReport
     return report if report.state in DEVICE_REPORTED_STATES else None
 
 
+def own_topic_device(topic: str | None) -> str | None:
+    """The device whose own report topic ``devices/<id>/actions`` is ``topic`` (the earlier protocol's, which
+    an ACL can give to that device alone), or None for any other topic (a bucket's, shared)."""
+    parts = (topic or "").split("/")
+    return parts[1] if len(parts) == 3 and parts[0] == "devices" and parts[2] == "actions" else None
+
+
 def parse_reports(records: pa.Table) -> list[StatusReport]:
     """The reports among the ``timestone`` source's records (its ``payload`` and ``timestamp`` columns), each
-    received when the broker appended its record; records that are not reports are left out."""
+    received when the broker appended its record; records that are not reports are left out, and so is a
+    report on a device's own topic (``topic`` column, when read) that names another device: the topic's
+    ACL (``%c``) is what says who sent it."""
     payloads = records.column("payload").to_pylist()
     received = epoch_ms(records.column("timestamp")).to_pylist()
-    parsed = (parse_report(payload, at) for payload, at in zip(payloads, received, strict=True))
-    return [report for report in parsed if report is not None]
+    topics = (
+        records.column("topic").to_pylist() if "topic" in records.column_names else [None] * len(payloads)
+    )
+    reports = []
+    for payload, at, topic in zip(payloads, received, topics, strict=True):
+        report = parse_report(payload, at)
+        owner = own_topic_device(topic)
+        if report is not None and (owner is None or owner == report.device_id):
+            reports.append(report)
+    return reports

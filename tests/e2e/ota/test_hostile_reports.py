@@ -107,3 +107,54 @@ def test_reports_about_an_action_never_sent_to_their_device_change_nothing(spark
             ("a-listed", d) for d in listed
         ]
         assert summary(stack.store, "a-nobody-wrote") is None
+
+
+def test_a_report_on_a_devices_own_topic_naming_another_device_is_not_taken(spark, tmp_path):
+    """``devices/<id>/actions`` is the topic an ACL (``%c``) gives one device alone: a report there that names
+    another device is skipped, where it failed that device's execution (a device that never ran the action);
+    the device's own report on it is taken."""
+    with actions_stack(
+        spark, tmp_path, {"count": 2, "groups": ["g"], "buckets": BUCKETS}, quiet_devices()
+    ) as stack:
+        devices = [d.device_id for d in stack.fleet.devices]
+        victim = "earlier-protocol-7"
+        impostor = PahoClient(stack.broker.port, client_id="earlier-protocol-8")
+        impostor.publish(
+            "devices/earlier-protocol-8/actions",
+            _report(action_id="a-own", device_id=victim, state="FAILED"),
+            qos=1,
+        )
+        create_action(
+            stack.store,
+            NewAction(
+                action_id="a-own",
+                device_ids=[*devices, victim],
+                version="2.0.0",
+                url="https://x.invalid/fw",
+                sha256=SHA256,
+            ),
+        )
+
+        def fleet_done() -> bool:
+            row = summary(stack.store, "a-own")
+            return row is not None and row["succeeded_count"] == len(devices)
+
+        wait_for(fleet_done, timeout_s=40, what="the fleet's reports in Delta")
+        impostor.publish(  # once more, now that the victim has a row
+            "devices/earlier-protocol-8/actions",
+            _report(action_id="a-own", device_id=victim, state="FAILED", seq=2),
+            qos=1,
+        )
+        stack.job.process_available()
+        row = summary(stack.store, "a-own")
+        assert row is not None and (row["failed_count"], row["queued_count"]) == (0, 1)
+
+        victim_client = PahoClient(stack.broker.port, client_id=victim)
+        victim_client.publish(
+            f"devices/{victim}/actions",
+            _report(action_id="a-own", device_id=victim, state="SUCCEEDED"),
+            qos=1,
+        )
+        wait_for(
+            lambda: (summary(stack.store, "a-own") or {}).get("action_state") == "COMPLETED", timeout_s=30
+        )
