@@ -48,6 +48,7 @@ from broker_edge.uplink.wire import (
     ENDS,
     ERROR,
     HELLO,
+    REFUSAL_HEADER,
     STATE,
     VERSION,
     Batch,
@@ -129,10 +130,10 @@ class UplinkHub:
         transport = request.transport
         site = site_of_certificate(transport.get_extra_info("peercert") if transport else None)
         if site is None:
-            return _refuse(403, "the client certificate names no site (timestone://site/<site_id>)")
+            return _refuse(request, "the client certificate names no site (timestone://site/<site_id>)")
         allowed = self.config.sites
         if allowed is not None and site not in allowed:
-            return _refuse(403, f"site {site!r} is not admitted here")
+            return _refuse(request, f"site {site!r} is not admitted here")
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=self.config.max_message_bytes)
         await ws.prepare(request)
         previous = self._sockets.get(site)
@@ -321,5 +322,9 @@ def _skip(topic: str, position: int, start: int) -> None:
     )
 
 
-def _refuse(status: int, message: str) -> web.Response:
-    return web.json_response({"error": "forbidden", "message": message}, status=status)
+def _refuse(request: web.Request, message: str) -> web.Response:
+    """403 with ``message``, in the body and in the ``REFUSAL_HEADER`` a site's WebSocket client reads (it
+    sees no body), logged here."""
+    log.warning("refused a site's connection: %s (from %s)", message, request.remote)
+    body = {"error": "forbidden", "message": message}
+    return web.json_response(body, status=403, headers={REFUSAL_HEADER: message})

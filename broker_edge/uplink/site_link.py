@@ -41,6 +41,7 @@ from broker_edge.uplink.wire import (
     ENDS,
     ERROR,
     HELLO,
+    REFUSAL_HEADER,
     STATE,
     VERSION,
     Batch,
@@ -72,6 +73,18 @@ MAX_DOWN_BYTES = 16 * 1024 * 1024
 ELSEWHERE_POLL_S = 0.5
 """How often a cluster site's link holder looks again at the logs it holds no copy of (nothing wakes it
 when another member appends to them)."""
+
+
+def _failure(error: BaseException) -> str:
+    """``failure_text(error)``, with the hub's reason when it refused the connection."""
+    import aiohttp
+
+    text = failure_text(error)
+    if isinstance(error, aiohttp.WSServerHandshakeError) and error.headers is not None:
+        reason = error.headers.get(REFUSAL_HEADER)
+        if reason:
+            text += f": {reason[:300]}"
+    return text
 
 
 def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
@@ -365,7 +378,7 @@ class SiteLink:
                 ConnectionError,
                 ssl.SSLError,
             ) as error:
-                log.warning("uplink to %s: %s; again in %.1f s", hub, failure_text(error), delay)
+                log.warning("uplink to %s: %s; again in %.1f s", hub, _failure(error), delay)
             except ConfigError as error:  # its files were replaced by ones that do not load
                 log.error("uplink to %s: %s; again in %.1f s", hub, error, delay)
             except Exception:  # never let the link end for good: whatever it was, dial again

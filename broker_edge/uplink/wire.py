@@ -39,6 +39,7 @@ __all__ = [
     "ENDS",
     "ERROR",
     "HELLO",
+    "REFUSAL_HEADER",
     "STATE",
     "VERSION",
     "Batch",
@@ -62,6 +63,9 @@ HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN = 1, 2, 3, 4, 5, 6, 7
 _KINDS = {HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN}
 _PREFIX = struct.Struct(">BI")
 CODECS = ("zstd", "zlib", "none")
+REFUSAL_HEADER = "X-Timestone-Refusal"
+"""The HTTP header of a hub's 403 that says why it refused a site's connection (a WebSocket client sees no
+body)."""
 MAX_SEQ = bounds.MAX_COUNT
 """A batch's sequence number, at most (a sender numbers its batches from 0 on each connection)."""
 
