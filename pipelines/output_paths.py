@@ -1,4 +1,5 @@
-"""Where a pipeline writes (a tables root, a checkpoint), checked before Spark starts.
+"""Where a pipeline writes (a tables root, a checkpoint) and with what (the table backend), checked before
+Spark starts.
 
 A local path that is a file, or lies under one, or under a directory this process cannot write, would
 otherwise fail inside the first micro-batch as a Java or delta-rs stack. Object-store URIs (``s3://``,
@@ -13,7 +14,17 @@ from pathlib import Path
 
 from broker_edge.config.loader import ConfigError
 
-__all__ = ["check_input_location", "check_output_location"]
+__all__ = ["check_backend", "check_input_location", "check_output_location"]
+
+
+def check_backend(backend: str, key: str) -> None:
+    """Raise ConfigError naming ``key`` when ``backend`` is ``native`` and this process has no Spark Delta:
+    the store would fail at its first table, once Spark started (a Databricks task's line, run elsewhere)."""
+    from sinks.backends import native_backend_missing
+
+    problem = native_backend_missing() if backend == "native" else None
+    if problem is not None:
+        raise ConfigError(key, problem)
 
 
 def check_output_location(location: str, key: str) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "choose_backend",
     "data_source_resolves",
     "delta_format_resolves",
+    "native_backend_missing",
     "open_table_store",
     "session_has_delta",
 ]
@@ -73,6 +74,17 @@ def data_source_resolves(spark: SparkSession, name: str) -> bool:
     except Exception:
         return False
     return True
+
+
+def native_backend_missing() -> str | None:
+    """Why this process cannot open the native backend (a store opened with it would fail at its first
+    table, Spark started), or None: it needs a Databricks runtime or the delta-spark package."""
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION") or _delta_spark_importable():
+        return None
+    return (
+        "native needs Spark's own Delta (a Databricks runtime, or the delta-spark package, which is not "
+        "installed here); auto or delta-rs write the tables with delta-rs"
+    )
 
 
 def _delta_spark_importable() -> bool:
