@@ -13,10 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from pipelines.actions.arrow_rows import out_of_range, python_rows
 from pipelines.actions.summary import FINAL_ACTION_STATES
 from pipelines.actions.validation import check_action_row
+from sinks.arrow_conform import SchemaMismatch
+from sinks.spark_arrow import to_spark
 from sinks.store import TableStore
 
 OPERATOR_APP_ID = "operator"
@@ -124,11 +127,51 @@ class UnknownAction(ActionRefused):
     pass
 
 
-def action_row(store: TableStore, action_id: str) -> dict | None:
-    """The latest ``actions`` row of ``action_id``, or None."""
+def read_actions(store: TableStore) -> pa.Table | None:
+    """The ``actions`` table, or None while there is none. A table written by hand or by another tool may
+    lack columns (but ``id``) and struct fields (they read as null); one holding a value of another kind
+    than declared (an ``id`` of numbers, a ``target`` of text) is refused (``SchemaMismatch`` naming the
+    column) before a row of it is read, as the actions job refuses it."""
     if not store.exists("actions"):
         return None
-    actions = store.read_arrow("actions")
+    table = store.read_arrow("actions")
+    held = {f.name: f.dataType for f in to_spark(table.schema).fields}
+    for declared in store.spec("actions").schema.fields:
+        found = held.get(declared.name)
+        if found is None and declared.name == "id":
+            raise SchemaMismatch("actions.id: column missing (type string): no row can be named")
+        if found is not None and not _readable_as(found, declared.dataType):
+            raise SchemaMismatch(
+                f"actions.{declared.name}: table has {found.simpleString()}, "
+                f"spec says {declared.dataType.simpleString()}"
+            )
+    return table
+
+
+def _readable_as(found: DataType, declared: DataType) -> bool:
+    """Whether values of ``found`` read as ``declared`` ones: the same type, or a struct holding some of the
+    declared fields (each readable as its own), an array or map of readable items."""
+    if isinstance(declared, StructType):
+        fields = {f.name: f.dataType for f in declared.fields}
+        return isinstance(found, StructType) and all(
+            _readable_as(f.dataType, fields[f.name]) for f in found.fields if f.name in fields
+        )
+    if isinstance(declared, ArrayType):
+        return isinstance(found, ArrayType) and _readable_as(found.elementType, declared.elementType)
+    if isinstance(declared, MapType):
+        return (
+            isinstance(found, MapType)
+            and _readable_as(found.keyType, declared.keyType)
+            and _readable_as(found.valueType, declared.valueType)
+        )
+    return found.simpleString() == declared.simpleString()
+
+
+def action_row(store: TableStore, action_id: str) -> dict | None:
+    """The latest ``actions`` row of ``action_id``, or None."""
+    actions = read_actions(store)
+    if actions is None:
+        return None
     rows = python_rows(actions.filter(pc.equal(actions["id"], action_id)))
     return rows[-1] if rows else None
 

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from pipelines.actions.arrow_rows import OutOfRange, out_of_range, python_rows
 from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
+from pipelines.actions.operator import read_actions
 from pipelines.actions.schedule import Schedule
 from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
 from pipelines.actions.summary import FINAL_ACTION_STATES
@@ -91,7 +92,8 @@ def read_statuses(
 def _read(store: TableStore, name: str, key: str, value: str | None) -> dict[str, dict]:
     if not store.exists(name):
         return {}
-    table = store.read_arrow(name)
+    table = read_actions(store) if name == "actions" else store.read_arrow(name)
+    assert table is not None  # the table exists
     if value is not None:
         table = table.filter(pc.equal(table[key], value))
     return _latest_rows(table, key)

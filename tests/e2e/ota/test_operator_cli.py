@@ -221,6 +221,40 @@ def test_an_actions_table_written_by_hand_in_another_layout_is_refused_in_one_li
     assert DeltaTable(location).version() == 0  # nothing written
 
 
+@pytest.mark.parametrize(
+    ("columns", "named"),
+    [
+        (
+            {"id": pa.array([1], pa.int64()), "kind": ["ota"]},
+            "actions.id: table has bigint, spec says string",
+        ),
+        ({"id": ["as-text"], "target": ["all"]}, "actions.target: table has string, spec says struct<"),
+        ({"kind": ["ota"], "target": [{"all": True}]}, "actions.id: column missing"),
+    ],
+)
+def test_an_actions_table_whose_columns_hold_other_kinds_of_value_is_refused_by_every_verb(
+    tmp_path, capsys, columns, named
+):
+    """A table another tool made with ``write_deltalake`` whose ids are numbers, whose target is text, or
+    that has no id: ``status``, ``cancel``, ``end`` and ``create`` each say so in one line (exit 1), where
+    they ended in a traceback (ArrowNotImplementedError, AttributeError, KeyError); nothing is written."""
+    root = str(tmp_path / "tables")
+    location = open_table_store(None, root, backend="delta-rs").location("actions")
+    write_deltalake(location, pa.table(columns))
+    for argv in (
+        ["status"],
+        ["status", "1"],
+        ["cancel", "1"],
+        ["end", "1"],
+        ["create", "--id", "new", "--all", *FIRMWARE],
+    ):
+        assert ota(root, *argv) == 1, argv
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"timestone ota {argv[0]}: the actions table at "), err
+        assert named in err[0]
+    assert DeltaTable(location).version() == 0
+
+
 def test_status_reads_rows_written_by_hand_with_nulls_and_says_what_the_job_will_reject(tmp_path, capsys):
     """A table written with every column nullable (a writer's own schema): a row without an id, one without
     a kind; ``status`` lists them all and says, before any job ran, why one will be rejected."""
