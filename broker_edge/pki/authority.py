@@ -204,17 +204,20 @@ class Authority:
     def create(
         cls, directory: str | Path, name: str | None = None, days: int = 3650, key_type: KeyType = "ec"
     ) -> Authority:
-        """A new CA in ``directory`` (made 0711: not listed, its certificate read by path by the services
-        that trust it, its key 0600), named ``name`` (default: the directory's name); an existing one is
-        never overwritten, nor its directory's mode changed."""
+        """A new CA in ``directory`` (made 0711 when the command makes it: not listed, its certificate read
+        by path by the services that trust it; its key 0600), named ``name`` (default: the directory's
+        name); an existing CA is never overwritten, and a directory that existed keeps its mode (``/tmp``
+        stays 1777, a 0700 one is not opened to others)."""
         folder = Path(directory)
         _check_days(days)
         organization = _subject_value("--name", name or folder.resolve().name)
         _subject_value("--name", f"{organization} CA")  # its CN
+        made = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / "ca.key").exists() or (folder / "ca.pem").exists():
             raise PkiError(f"{folder} already holds a CA (ca.pem, ca.key): it is never replaced in place")
-        os.chmod(folder, CA_DIRECTORY_MODE)
+        if made:
+            os.chmod(folder, CA_DIRECTORY_MODE)
         key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))
         write_pair(folder / "ca.pem", folder / "ca.key", key, certificate)
         return cls(folder)

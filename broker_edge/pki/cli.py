@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ca = commands.add_parser("ca", help="make a CA in a directory (ca.pem, ca.key)", epilog=EXIT_STATUS)
     ca.add_argument(
-        "directory", metavar="DIR", help="where the CA is kept (made 0711, its key 0600; never overwritten)"
+        "directory",
+        metavar="DIR",
+        help="where the CA is kept (made 0711 unless it exists, its key 0600; never overwritten)",
     )
     ca.add_argument("--name", help="the CA's name (its O=; default: the directory's name)")
     ca.add_argument("--days", type=int, default=3650, help="validity in days (default 3650)")

@@ -236,3 +236,21 @@ def test_an_internationalized_host_name_is_named_by_its_a_label(tmp_path, capsys
     issued = x509.load_pem_x509_certificate((tmp_path / "ca" / "server-s.pem").read_bytes())
     names = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["xn--bcher-kva.example"]
+
+
+@pytest.mark.parametrize("existing", [0o1777, 0o700, 0o750])
+def test_a_ca_made_in_a_directory_that_exists_leaves_its_mode_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], existing: int
+) -> None:
+    """``timestone pki ca`` in a directory the operator made (a shared 1777 one like /tmp, a private 0700
+    one): its mode stays, where it was set to 0711 (/tmp lost its sticky bit and its write for everyone, a
+    private directory was opened for others to pass through); one the command makes is 0711."""
+    shared = tmp_path / "existing"
+    shared.mkdir()
+    shared.chmod(existing)
+    assert main(["pki", "ca", str(shared), "--name", "plant"]) == 0
+    assert (shared / "ca.key").stat().st_mode & 0o7777 == 0o600
+    assert shared.stat().st_mode & 0o7777 == existing
+    assert main(["pki", "ca", str(tmp_path / "made" / "ca")]) == 0
+    assert (tmp_path / "made" / "ca").stat().st_mode & 0o7777 == 0o711
+    capsys.readouterr()
