@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -74,6 +75,12 @@ HEARTBEAT_S = 15.0
 GAPS_FILE = "uplink-gaps.jsonl"
 DOWN_BATCH_BYTES = 256 * 1024
 DOWN_IDLE_S = 5.0
+REPLACED_TIMES = 5
+REPLACED_WINDOW_S = 60.0
+"""A site whose open connection is replaced ``REPLACED_TIMES`` times within this many seconds is said at
+ERROR: two brokers use its certificate (a site that reconnects after a cut replaces its connection once)."""
+REPLACED_NOTICE_S = 1.0
+"""How long a replaced connection's ERROR may take to send (one cut silently may never take it)."""
 DOWN_POLL_S = 0.5
 """How often a cluster member asks again for downlinked logs it holds no copy of (nothing wakes it)."""
 
@@ -93,6 +100,9 @@ class UplinkHub:
         self._sockets: dict[str, web.WebSocketResponse] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._downlinks: dict[str, asyncio.Task[None]] = {}
+        self._replaced: dict[str, collections.deque[float]] = {}
+        """When each site's open connection was last replaced by a new one (the last ``REPLACED_TIMES``)."""
+        self._replaced_said: dict[str, float] = {}
         self._gaps_path = Path(store.layout.meta) / GAPS_FILE
 
     async def start(self, logs: MirrorLogs | None = None, sock: socket.socket | None = None) -> None:
@@ -138,8 +148,7 @@ class UplinkHub:
         await ws.prepare(request)
         previous = self._sockets.get(site)
         if previous is not None:
-            log.info("site %s connected again: closing its previous connection", site)
-            await previous.close()
+            await self._replace(site, previous, request.remote)
         lock = self._locks.setdefault(site, asyncio.Lock())
         async with lock:
             if ws.closed:
@@ -162,6 +171,35 @@ class UplinkHub:
                     status.connected = False
                 await ws.close()
         return ws
+
+    async def _replace(self, site: str, previous: web.WebSocketResponse, remote: str | None) -> None:
+        """Close ``site``'s open connection for its new one (from ``remote``), telling it why first; an
+        ERROR (at most once per ``REPLACED_WINDOW_S``) when this keeps happening: two brokers using one
+        site's certificate take turns, and their records mix in its namespace at the same offsets."""
+        log.info("site %s connected again (from %s): closing its previous connection", site, remote)
+        message = f"site {site!r} connected again from {remote}: this connection is replaced"
+        notice = encode(ERROR, {"message": message})
+        with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):  # a dead one: no wait
+            await asyncio.wait_for(previous.send_bytes(notice), REPLACED_NOTICE_S)
+        await previous.close()
+        now = time.monotonic()
+        times = self._replaced.setdefault(site, collections.deque(maxlen=REPLACED_TIMES))
+        times.append(now)
+        said = self._replaced_said.get(site)
+        if len(times) < REPLACED_TIMES or now - times[0] > REPLACED_WINDOW_S:
+            return
+        if said is not None and now - said < REPLACED_WINDOW_S:
+            return
+        self._replaced_said[site] = now
+        log.error(
+            "site %s: a new connection replaced an open one %d times within %.0f s (the last from %s): "
+            "are two brokers using its certificate? Their records mix in %s at the same offsets",
+            site,
+            REPLACED_TIMES,
+            now - times[0],
+            remote,
+            site_topic(site, "#"),
+        )
 
     async def _converse(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
         try:
