@@ -3,7 +3,8 @@
 It starts an edge broker (a child process), a simulated fleet, the telemetry pipeline and the actions job on
 a local Spark session; waits until the telemetry pipeline has registered the devices; writes one OTA action
 row for the ``canary`` group; shows the rollout as a live bar; prints the outcome per state; and says where
-the Delta tables and notebooks are. SIGTERM, SIGINT and a normal exit all stop the broker it started.
+the Delta tables and notebooks are. SIGTERM, SIGINT and a normal exit all stop the broker it started; so
+does SIGKILL, which it cannot catch (the kernel tells the broker: ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -305,6 +306,7 @@ def demo_main(argv: list[str]) -> int:
                 "new_connections_burst_per_address": 2000,
             },
             logging={"level": "WARNING"},
+            dies_with_parent=True,  # SIGKILL gives the demo no chance to stop it
         )
     )
     broker.start()

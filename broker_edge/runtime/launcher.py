@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from broker_edge.process.parent_death import die_with_parent
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that was free a moment ago (for a child process that needs to know its port)."""
@@ -126,12 +128,22 @@ class BrokerProcess:
     wrapper: tuple[str, ...] = ()
 
     def __init__(
-        self, directory: Path, name: str = "edge1", descriptor_limit: int | None = None, **sections: Any
+        self,
+        directory: Path,
+        name: str = "edge1",
+        descriptor_limit: int | None = None,
+        *,
+        dies_with_parent: bool = False,
+        **sections: Any,
     ) -> None:
         self.directory = Path(directory)
         self.name = name
         self.descriptor_limit = descriptor_limit
         """The child's ``RLIMIT_NOFILE`` (soft and hard), as a host with a low ``ulimit -n`` gives it."""
+        self.dies_with_parent = dies_with_parent
+        """SIGTERM to the broker when this process ends, however it ends (SIGKILL too: Linux's
+        ``PR_SET_PDEATHSIG``). The kernel tells it when the thread that started it ends: start it from the
+        main thread."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_path = self.directory / "broker.yaml"
         self.log_path = self.directory / "broker.log"
@@ -199,7 +211,7 @@ class BrokerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=self._limit_descriptors if self.descriptor_limit is not None else None,
+                preexec_fn=self._in_child(os.getpid()),
             )
         try:
             for port in (self.port, self.offsets_port):
@@ -214,13 +226,20 @@ class BrokerProcess:
                     raise _PortTaken from None
             raise self._did_not_start() from None
 
-    def _limit_descriptors(self) -> None:
-        """In the child, before it runs the broker."""
-        import resource
+    def _in_child(self, parent: int) -> Callable[[], None] | None:
+        """What the child does before it runs the broker, if anything."""
+        if self.descriptor_limit is None and not self.dies_with_parent:
+            return None
 
-        limit = self.descriptor_limit
-        assert limit is not None
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+        def prepare() -> None:
+            import resource
+
+            if self.descriptor_limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (self.descriptor_limit, self.descriptor_limit))
+            if self.dies_with_parent:
+                die_with_parent(signal.SIGTERM, parent)
+
+        return prepare
 
     def _did_not_start(self) -> RuntimeError:
         return RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}")

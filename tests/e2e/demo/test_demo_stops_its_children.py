@@ -80,3 +80,48 @@ def test_a_signal_to_the_demo_stops_its_broker(tmp_path: Path, signum: int) -> N
         for pid in brokers:  # none may outlive the test, even when it fails
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_demo_killed_outright_takes_its_broker_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves the demo no chance to stop anything: the kernel tells its broker (PR_SET_PDEATHSIG),
+    which would otherwise serve on, an orphan holding its ports, under a working directory the next demo
+    deletes."""
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "demo",
+            "--devices",
+            "5",
+            "--workdir",
+            str(tmp_path / "demo"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        text=True,
+    )
+    brokers: list[int] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if re.search(r"broker\s+MQTT 127\.0\.0\.1:\d+", line):
+                break
+        brokers = [
+            pid for pid in children_of(demo.pid) if "broker" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        assert len(brokers) == 1, brokers
+        demo.kill()
+        demo.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while running(brokers[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(brokers[0]), "the broker outlived the demo killed with SIGKILL"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        for pid in brokers:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
