@@ -52,7 +52,7 @@ from pipelines.actions.publisher import Publisher
 from pipelines.actions.release import Release, due, lost_gate
 from pipelines.actions.report_scope import in_scope
 from pipelines.actions.retries import retry
-from pipelines.actions.rollback import rollback_id, rollback_row
+from pipelines.actions.rollback import id_taken, rollback_id, rollback_row
 from pipelines.actions.schedule import END_CANCEL
 from pipelines.actions.states import (
     CANCELED,
@@ -676,7 +676,7 @@ class ActionsEngine:
             return {"reason": f"{reason}; no device had installed it: nothing to roll back"}
         assert action.rollback is not None
         row = rollback_row(action.id, action.rollback, installed, action.in_progress_timeout_s, _ts(now))
-        invalid = problems(row)
+        invalid = [*problems(row), *id_taken(self.tables.read(ACTIONS), row)]
         if invalid:
             log.error("action %s: its rollback is not a valid action, not written: %s", action.id, invalid[0])
             return {"reason": f"{reason}; rollback not written: {invalid[0]}"}

@@ -5,7 +5,9 @@ rules gets, when it is aborted, a second row in ``actions``: the same kind of ac
 whose execution had SUCCEEDED, sent to them at once. It is an action like any other: checked by
 ``validation.py``, fanned out by the job from the table's change feed, followed with ``timestone ota
 status``. Its id is the aborted action's with ``-rollback`` (shortened with a hash when that is too long),
-so writing it again (a replayed batch, a restarted job) finds it there and writes nothing.
+so writing it again (a replayed batch, a restarted job) finds it there and writes nothing. An id another
+action holds (an operator's own ``<id>-rollback``) is never taken for a rollback: the abort's reason says
+that none was written.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from pipelines.actions.checks import MAX_DEVICE_IDS, MAX_ID_LENGTH
 
-__all__ = ["rollback_id", "rollback_row"]
+__all__ = ["id_taken", "rollback_id", "rollback_row"]
 
 SUFFIX = "-rollback"
 
@@ -59,3 +64,16 @@ def rollback_row(
         "cancel": False,
         "updated_at": now,
     }
+
+
+def id_taken(actions: pa.Table, row: Mapping[str, Any]) -> list[str]:
+    """Why ``row`` (a rollback) cannot be written under its id: another writer's action holds it (empty when
+    the id is free, or holds this job's rollback, written before a replay or restart)."""
+    held = actions.filter(pc.equal(actions["id"], row["id"]))
+    others = [by for by in held["created_by"].to_pylist() if by != row["created_by"]]
+    if not others:
+        return []
+    return [
+        f"id: {row['id']} is the id of another action (created by {others[0]}): write the rollback under "
+        "another id"
+    ]

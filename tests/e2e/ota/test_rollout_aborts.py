@@ -129,3 +129,38 @@ def test_any_failure_kind_counts_failures_rejections_and_timeouts_together(tmp_p
         summary = run.summary("k-any")
         assert (summary["action_state"], summary["aborted_by"]) == ("ABORTED", "abort_rules[2]")
         assert f"{bad} of 8 finished devices failed, rejected it or timed out" in summary["reason"]
+
+
+def test_a_rollback_whose_id_another_action_holds_is_not_said_to_be_written(tmp_path):
+    """An operator's own action already holds ``<id>-rollback`` (a command to other devices): the abort writes
+    no rollback under that id and says so, where the summary named that action as the rollback, 'written
+    for' the devices that installed the build, and none of them was sent the previous version."""
+    behaviour = quiet_devices(version_failure_rates={BAD_BUILD: 0.5})
+    with rollout_run(tmp_path, behaviour, count=8) as run:
+        devices = sorted(d.device_id for d in run.fleet.devices)
+        failing = {d for d in devices if behaviour.fails_version(d, BAD_BUILD)}
+        assert 0 < len(failing) < len(devices)
+        reboot = {
+            "version": None,
+            "url": None,
+            "sha256": None,
+            "size": None,
+            "command": "reboot",
+            "args": None,
+        }
+        run.create(action_row("ab-3-rollback", kind="command", device_ids=["elsewhere-1"], payload=reboot))
+        run.create(
+            action_row(
+                "ab-3", group="g", version=BAD_BUILD, abort_rules=[rule("failed", 10.0, 8)], rollback=ROLLBACK
+            )
+        )
+        run.feed(lambda reports: finals(reports, "ab-3") == len(devices))
+        summary = run.summary("ab-3")
+        assert summary["action_state"] == "ABORTED" and summary["rollback_action_id"] is None
+        assert summary["reason"].endswith(
+            "; rollback not written: id: ab-3-rollback is the id of another action (created by tests): "
+            "write the rollback under another id"
+        )
+        actions = run.store.read_arrow("actions")
+        taken = actions.filter(pc.equal(actions["id"], "ab-3-rollback")).to_pylist()
+        assert [row["kind"] for row in taken] == ["command"]
