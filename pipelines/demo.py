@@ -278,6 +278,19 @@ def fresh_workdir(workdir: Path) -> None:
     (workdir / WORKDIR_MARK).write_text("a working directory of timestone demo, deleted by the next one\n")
 
 
+def timestone_command() -> str:
+    """``timestone`` as a shell here runs this installation's: its name where PATH finds it, else its path
+    (relative under the working directory: ``.venv/bin/timestone`` after ``make demo``)."""
+    script = Path(sys.executable).parent / "timestone"
+    found = shutil.which("timestone")
+    if not script.exists() or (found is not None and Path(found).resolve() == script.resolve()):
+        return "timestone"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
+
+
 def demo_main(argv: list[str]) -> int:
     """Entry point of ``timestone demo``."""
     parser = build_parser()
@@ -412,7 +425,7 @@ def _run_pipelines(
         print(notebooks_hint(str(tables)))
         if workdir == DEMO_WORKDIR.resolve():
             print("               (their default when run from this directory or below: no setting needed)")
-        print(f"Follow-up:     timestone ota status --tables-root {tables}")
+        print(f"Follow-up:     {timestone_command()} ota status --tables-root {tables}")
     finally:
         if not children.stopping:  # after a signal the broker is gone: nothing left to drain
             fleet.run(fleet.fleet.stop())  # no new data: the queries finish their batch and go idle
