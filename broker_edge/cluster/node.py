@@ -52,6 +52,7 @@ from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.partition_health import register_partition_metrics
 from broker_edge.cluster.view import ClusterView
+from broker_edge.config import ConfigError
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
 from broker_edge.placement import Member
 
@@ -525,6 +526,8 @@ class ClusterNode:
                 await self.controller.start()
                 if self.sessions is not None:
                     self.sessions.start()
+            except ConfigError:  # said once, as a configuration error (exit 2)
+                raise
             except Exception:
                 log.exception("joining the cluster failed")
                 raise

@@ -216,7 +216,8 @@ class ClusterConfig:
     publishes are refused."""
     partitions: int = 16
     """Partitions of the topic space (each with one leader); fixed when the cluster is created, and the
-    same on every broker: a stored count that differs from this one is logged and ignored."""
+    same on every broker: a broker configured with another count than the one its cluster was created with
+    refuses to start (exit 2)."""
     lease_ttl_s: int = 3
     """Seconds of this node's etcd lease: a node that stops renewing it leaves the cluster after this long,
     and fences itself (acknowledges nothing) a little before (at least 2)."""

@@ -42,6 +42,7 @@ from broker_edge.cluster.coordination.etcd_values import (
 from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView
+from broker_edge.config import ConfigError
 from broker_edge.placement import PartitionState
 
 __all__ = ["Coordinator"]
@@ -86,13 +87,31 @@ class Coordinator:
 
     async def start(self) -> None:
         """Read the cluster's keys, then follow them (if etcd cannot be reached now, keep trying in the
-        background: the view stays empty meanwhile)."""
+        background: the view stays empty meanwhile). ``ConfigError`` when the cluster was created with
+        another partition count than this broker's: it would place topics on other partitions."""
         try:
             revision = await self._load()
+            await self._check_partitions()
         except EtcdError as exc:
             log.warning("cannot read the cluster state yet: %s", exc)
             revision = -1
         self._start_watch(revision)
+
+    async def _check_partitions(self) -> None:
+        found = await self.etcd.get(self.keys.config)
+        if found is None:  # not created yet: the controller creates it with this broker's count
+            return
+        try:
+            stored = parse_config(found.value, None)
+        except BadValue:  # not a config record at all: reported by the read, as every bad value is
+            return
+        if stored != self.view.partitions:
+            raise ConfigError(
+                "cluster.partitions",
+                f"the cluster under {self.keys.prefix} was created with {stored} partitions, this broker is "
+                f"configured with {self.view.partitions} (every broker of a cluster has the count it was "
+                "created with)",
+            )
 
     async def stop(self) -> None:
         if self._task is not None:
