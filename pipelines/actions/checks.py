@@ -57,6 +57,12 @@ def topic_level(value: Any) -> str | None:
     return problem
 
 
+def usable_as_topic_level(value: Any) -> bool:
+    """Whether a name read from elsewhere (the ``devices`` table) can be one topic level at all: a non-blank
+    string without ``/``, ``+``, ``#`` or control characters, of any length."""
+    return isinstance(value, str) and bool(value.strip()) and not _TOPIC_UNSAFE.search(value)
+
+
 def integer(minimum: int, maximum: int) -> Check:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):

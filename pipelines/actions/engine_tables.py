@@ -13,12 +13,14 @@ few thousand rows of an action that may have a hundred thousand.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.checks import usable_as_topic_level
 from pipelines.actions.states import Execution
 from pipelines.actions.summary import state_counts
 from sinks.store import Matching, TableStore
@@ -40,6 +42,7 @@ ACTIONS = "actions"
 DEVICES = "devices"
 COMPLIANCE = "fleet_compliance"
 _INT64 = pa.int64()
+log = logging.getLogger(__name__)
 TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at", "retry_at")
 
 
@@ -54,6 +57,8 @@ class EngineTables:
         self._held: set[str] = set()
         """The actions whose executions ``_cached`` holds, each with all its rows."""
         self._cached_version = -1
+        self._unusable: set[str | None] = set()
+        """Device ids of ``devices`` that are no topic level, warned about."""
         self._snapshots: dict[str, tuple[int, pa.Table]] = {}
         """The small tables (a row per action, or per group and version) as last read, by name: (Delta
         version, rows)."""
@@ -74,10 +79,21 @@ class EngineTables:
 
     def targets(self, group: str | None) -> list[str]:
         """The ids of ``group``'s devices (None: every device), read with the group pushed down to the
-        table and only the id column."""
+        table and only the id column. An id that cannot be one topic level (a row another tool wrote) is
+        no target: sent on its own topic, it would make the broker close the job's connection; each such id
+        is named in a WARNING once."""
         where = () if group is None else (Matching("group", (group,)),)
         devices = self.store.read_arrow(DEVICES, where=where, columns=["device_id"])
-        return sorted(set(devices["device_id"].to_pylist()))
+        ids = set(devices["device_id"].to_pylist())
+        unusable = sorted((i for i in ids if not usable_as_topic_level(i)), key=repr)
+        new = [i for i in unusable if i not in self._unusable]
+        if new:
+            self._unusable.update(new)
+            shown = ", ".join(repr(i) for i in new[:5]) + (
+                f" and {len(new) - 5} more" if len(new) > 5 else ""
+            )
+            log.warning("devices: ids that are no topic level left out of every target: %s", shown)
+        return sorted(ids.difference(unusable))
 
     def version(self, name: str) -> int:
         return self.store.version(name)

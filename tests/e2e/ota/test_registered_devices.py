@@ -3,9 +3,25 @@ to their group: the devices table holds what was registered, and the group's rol
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
+from broker_edge.runtime.launcher import BrokerProcess
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.publisher import MqttPublisher
 from pipelines.cli import main
-from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
-from tests.fleet_harness import quiet_devices
+from tests.e2e.ota.conftest import (
+    SHA256,
+    action_row,
+    actions_stack,
+    register_devices,
+    summary,
+    wait_for,
+    write_actions,
+)
+from tests.e2e.ota.rollout_harness import BROKER_LIMITS, ManualClock, finals
+from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
 
@@ -82,3 +98,42 @@ def test_a_file_of_device_ids_saved_by_an_editor_registers_the_ids_it_shows(tmp_
     assert len(err) == 1 and err[0].startswith(
         f"timestone devices register: --from-file: {listed}: not UTF-8 text"
     )
+
+
+def test_device_ids_another_tool_registered_that_are_no_topic_level_are_left_out_of_a_group(
+    tmp_path, table_store, caplog: pytest.LogCaptureFixture
+):
+    """Rows of ``devices`` written by hand with ids that cannot be one topic level (``+``, ``/``, blank):
+    sent on their own topics (``device_buckets: 0``) they made the broker close the job's connection at every
+    tick, which stopped every action's pacing, timeouts and aborts. They are left out of the group, named
+    once in a WARNING, and the group's other devices get the rollout."""
+    with BrokerProcess(tmp_path / "broker", limits=BROKER_LIMITS) as broker:
+        spec = FleetSpec(brokers=[broker.address], count=3, groups=["g"])
+        with FleetHarness(broker.address, spec, quiet_devices()) as harness:
+            store = table_store
+            fleet = [d.device_id for d in harness.fleet.devices]
+            register_devices(store, {**dict.fromkeys(fleet, "g"), "bad+id": "g", "bad/id": "g", " ": "g"})
+            clock = ManualClock()
+            publisher = MqttPublisher([broker.address], client_id="actions-test")
+            engine = ActionsEngine(store, publisher, clock=clock, device_buckets=0)
+            try:
+                row = action_row("paced", group="g", max_per_minute=60)
+                write_actions(store, [row], 0)
+                with caplog.at_level(logging.WARNING):
+                    engine.on_action_rows([row], "fanout", 0)
+                    for second in range(1, 4):
+                        clock.now = clock.at(second)
+                        engine.tick()
+                warned = [r.getMessage() for r in caplog.records if "no topic level" in r.getMessage()]
+                assert len(warned) == 1 and "'bad+id'" in warned[0] and "'bad/id'" in warned[0], warned
+                harness.wait_until(lambda: finals(list(harness.reports), "paced") == 3)
+                engine.on_reports(harness.take_reports(), "reports", 0)
+                final = summary(store, "paced")
+                assert final is not None
+                assert (final["action_state"], final["succeeded_count"], final["total_count"]) == (
+                    "COMPLETED",
+                    3,
+                    3,
+                )
+            finally:
+                publisher.close()
