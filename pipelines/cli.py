@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "pki": (
         "broker_edge.pki.cli",
         "pki_main",
-        "certificates: a CA, then listeners', members', etcd's, sites': timestone pki ca | issue | renew",
+        "a CA, certificates of listeners, members, etcd, sites: timestone pki ca | issue | renew | show",
         (),
     ),
     "cluster": (
@@ -64,7 +64,7 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "ota": (
         "pipelines.actions.cli",
         "ota_main",
-        "OTA / command actions: timestone ota create | cancel | status [--watch]",
+        "OTA / command actions: timestone ota create | cancel | end | status [--watch]",
         ("pipelines",),
     ),
     "demo": (
@@ -109,7 +109,8 @@ def missing_extras_message(command: str, module: str) -> str | None:
 
 def _usage() -> str:
     lines = ["usage: timestone [--version] <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {entry[2]}" for name, entry in COMMANDS.items()]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}} {entry[2]}" for name, entry in COMMANDS.items()]
     lines.append("\nRun 'timestone <command> --help' for the options of a command.")
     lines.append(
         "\nexit status: 0 done; 2 an unknown command or a wrong command line; "

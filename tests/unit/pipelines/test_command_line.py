@@ -23,7 +23,26 @@ def test_help_lists_every_command_and_the_ota_verbs(capsys):
     out = capsys.readouterr().out
     for command in ("broker", "passwd", "cluster", "pipeline", "devices", "ota", "demo"):
         assert f"\n  {command} " in out
-    assert "timestone ota create | cancel | status [--watch]" in out and "--version" in out
+    assert "timestone ota create | cancel | end | status [--watch]" in out and "--version" in out
+
+
+def test_the_help_lists_a_commands_subcommands_as_its_own_help_does_in_one_column(capsys):
+    """A line of ``timestone --help`` that names its command's subcommands (``timestone ota create | ...``)
+    names every one its own help has, in that order; each line's description starts in the same column."""
+    assert main(["--help"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    columns = {len(row) - len(row.split(None, 1)[1]) for row in rows}
+    assert len(columns) == 1, rows
+    listed = {}
+    for row in rows:
+        name = row.split()[0]
+        verbs = re.search(rf"timestone {name} ((?:[\w-]+ \| )+[\w-]+)", row)
+        if verbs:
+            listed[name] = verbs.group(1).split(" | ")
+    assert {"ota", "pki"} <= set(listed)
+    for name, verbs in listed.items():
+        choices = re.search(r"\{([\w,-]+)\}", help_of(capsys, [name]).split("\n\n")[0])
+        assert choices and verbs == choices.group(1).split(","), (name, verbs)
 
 
 @pytest.mark.parametrize(
