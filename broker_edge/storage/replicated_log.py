@@ -8,7 +8,9 @@ what readers see, once its in-sync replicas hold the records (``commit_to``). Wh
 the cluster's decision (``cluster.partition``); the store keeps the committed ends and saves them to a
 checkpoint (``hw_checkpoint``), so that a restart does not show readers more than was committed. Once
 enabled (``enable``), readers see each log up to its committed end instead of its durable end. The leader
-epochs of each partition are a journal file the store keeps for the cluster (``epochs_path``).
+epochs of each partition are a journal file the store keeps for the cluster (``epochs_path``). A site whose
+hub holds more of its logs than it does (its data directory was lost) moves them on to the hub's ends
+(``continue_at``).
 """
 
 from __future__ import annotations
@@ -301,6 +303,51 @@ class ReplicatedLog:
             table.committed[topic_id] = offset
         self._store._read_cache.drop_topic(topic_id)
         log.warning("%r restarted empty at offset %d", topic, offset)
+
+    def continue_at(self, ends: dict[str, int]) -> dict[str, int]:
+        """Make each topic's log (created if absent) go on at its offset in `ends` where it ends below it,
+        durably before this returns (one flush for all): a log that holds nothing restarts there, any other
+        keeps its records and the offsets between its end and the new one are a gap, never served (as a
+        mirror's). A site whose log was lost this way stops giving offsets its hub already holds. Returns
+        the end each log moved had (the others, ending at or past theirs, are left as they are)."""
+        store = self._store
+        table = store._table
+        moved: dict[str, int] = {}
+        for topic, offset in ends.items():
+            _check_offset(topic, offset)
+            topic_id = store._ids.get(topic)
+            if topic_id is None or table.next[topic_id] < offset:
+                moved[topic] = 0 if topic_id is None else table.next[topic_id]
+        if not moved:
+            return moved
+        store._committer.flush()  # what is being written goes first: the markers follow it
+        store._settle_seals()
+        for topic in moved:
+            offset = ends[topic]
+            topic_id = store._ids.get(topic)
+            if topic_id is None:
+                topic_id = store._create(topic, "")
+            store._check_settled(topic_id, topic, "continue")
+            part = store._partitions[table.partition[topic_id]]
+            if table.start[topic_id] >= table.next[topic_id]:  # it holds nothing: it starts there
+                part.append_marker(topic_id, RESTART, offset, 0)
+                active = part.active
+                assert active is not None
+                part.restart_live(topic_id, offset, active.number)
+                table.start[topic_id] = offset
+            else:
+                part.leave_active_segment(topic_id)
+                part.append_marker(topic_id, TRUNCATE, offset, 0)
+            store._committer.touched(part)
+        store._committer.flush()
+        for topic in moved:
+            topic_id = store._ids.get(topic)
+            assert topic_id is not None
+            table.next[topic_id] = table.durable[topic_id] = ends[topic]
+            if table.committed is not None:
+                table.committed[topic_id] = ends[topic]
+            store._read_cache.drop_topic(topic_id)
+        return moved
 
     def epochs_path(self, partition: int) -> str:
         """The leader-epoch journal of a partition (`epoch_journal`), for a cluster's replicas."""

@@ -33,6 +33,7 @@ from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
+from broker_edge.uplink.hub_ends import follow_hub_ends
 from broker_edge.uplink.mirror import Gap, apply_batch, mirror_batch
 from broker_edge.uplink.throttle import Throttle
 from broker_edge.uplink.wire import (
@@ -408,7 +409,7 @@ class SiteLink:
         if answer.kind != ENDS:
             raise WireError("the hub did not answer HELLO with its ends")
         self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")
-        self._check_hub_ends()
+        follow_hub_ends(self.store, self.hub_ends, member=self.logs is not None)
         self.connected = True
         self.last_contact = time.time()
         self._reported = {}
@@ -419,28 +420,6 @@ class SiteLink:
             await self._send(ws, window, reader)
         finally:
             reader.cancel()
-
-    def _check_hub_ends(self) -> None:
-        """An ERROR for each topic the hub holds further than this site, whose records below the hub's end
-        are never sent: a log lost or replaced, or on a broker alone none here at all (a data directory
-        started empty; a cluster member may hold no copy of a log another member holds)."""
-        store = self.store
-        for topic, end in self.hub_ends.items():
-            if topic in store:
-                held = store.committed_end(topic)
-            elif self.logs is None:
-                held = 0
-            else:
-                continue
-            if held < end:
-                log.error(
-                    "uplink: the hub holds %r up to %d, this site only to %d: this site's log was lost or "
-                    "replaced; its records below %d are not sent again",
-                    topic,
-                    end,
-                    held,
-                    end,
-                )
 
     async def _read_acks(self, ws: ClientWebSocketResponse, window: _Window) -> None:
         import aiohttp

@@ -1,5 +1,7 @@
-"""A site whose data directory was lost or replaced: the hub already holds its topics, the site's new logs
-start again at 0, and the site says which of its records the hub will never hold."""
+"""A site whose data directory was lost or replaced: the hub already holds its topics up to an end the new
+logs are below. The site moves each such log on to the hub's end at connection, so what its devices
+publish from then on reaches the hub (where everything below the hub's end was dropped there as already
+held); records taken before it could connect stay in its log and are named, never sent."""
 
 from __future__ import annotations
 
@@ -18,37 +20,84 @@ from tests.e2e.uplink.uplink_harness import hub_port, hub_section, log_frames, p
 pytestmark = pytest.mark.timeout(60)
 
 Brokers = Callable[..., RunningBroker]
+TOPIC = "telemetry/w"
+HELD = site_topic("plant-w", TOPIC)
 
 
-def publish(site: RunningBroker, topic: str, count: int, label: str) -> None:
+def publish(site: RunningBroker, count: int, label: str) -> None:
     def send() -> None:
         for n in range(count):
-            site.broker.publish(topic, f"{label} {n}".encode(), qos=1)
+            site.broker.publish(TOPIC, f"{label} {n}".encode(), qos=1)
 
     site.call(send)
 
 
-def hub_end(hub: RunningBroker, topic: str) -> int:
+def hub_end(hub: RunningBroker) -> int:
     store = hub.broker.store
     assert store is not None
-    return hub.call(lambda: log_frames(store, topic))[1]
+    return hub.call(lambda: log_frames(store, HELD))[1]
 
 
-def test_a_site_started_on_an_empty_data_directory_says_which_records_the_hub_will_not_hold(
-    brokers: Brokers, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def payloads(broker: RunningBroker, topic: str, offset: int, end: int) -> list[bytes]:
+    store = broker.broker.store
+    assert store is not None
+    return [record.payload for record in broker.call(lambda: store.read(topic, offset, end - offset))]
+
+
+def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level and r.name.startswith("broker_edge")]
+
+
+def site_that_lost_its_disk(brokers: Brokers, tmp_path: Path) -> tuple[RunningBroker, LocalPki]:
+    """A hub holding 10 records of plant-w's telemetry/w, sent by a site broker now gone."""
     pki: LocalPki = pki_in(tmp_path)
     hub = brokers("hub", uplink_hub=hub_section(pki))
     first = brokers("site-disk-1", uplink=site_section(pki, "plant-w", hub_port(hub)))
-    publish(first, "telemetry/w", 10, "before")
-    held = site_topic("plant-w", "telemetry/w")
-    assert wait_for(lambda: hub_end(hub, held) == 10, timeout=20)
+    publish(first, 10, "before")
+    assert wait_for(lambda: hub_end(hub) == 10, timeout=20)
     first.stop()
+    return hub, pki
 
-    caplog.set_level(logging.ERROR, logger="broker_edge.uplink")
+
+def test_a_site_started_on_an_empty_data_directory_goes_on_at_the_hubs_end_and_loses_nothing(
+    brokers: Brokers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub, pki = site_that_lost_its_disk(brokers, tmp_path)
+    caplog.set_level(logging.WARNING, logger="broker_edge")
     second = brokers("site-disk-2", uplink=site_section(pki, "plant-w", hub_port(hub)))
     assert wait_for(lambda: second.call(lambda: second.broker.site_link.connected), timeout=20)
-    publish(second, "telemetry/w", 15, "after")
-    assert wait_for(lambda: hub_end(hub, held) == 15, timeout=20)
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert any("'telemetry/w' up to 10, this site only to 0" in text for text in errors), errors
+    publish(second, 15, "after")
+    assert wait_for(lambda: hub_end(hub) == 25, timeout=20), hub_end(hub)
+    assert payloads(hub, HELD, 0, 25) == [f"before {n}".encode() for n in range(10)] + [
+        f"after {n}".encode() for n in range(15)
+    ]
+    assert payloads(second, TOPIC, 10, 25) == [f"after {n}".encode() for n in range(15)]
+    warnings = messages(caplog, logging.WARNING)
+    assert any("the hub holds 'telemetry/w' up to 10, this site none of it" in text for text in warnings)
+    assert any("goes on at 10" in text for text in warnings), warnings
+    assert messages(caplog, logging.ERROR) == []
+
+
+def test_records_a_site_took_before_it_reached_the_hub_stay_in_its_log_and_are_named(
+    brokers: Brokers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub, pki = site_that_lost_its_disk(brokers, tmp_path)
+    port = hub_port(hub)
+    hub.stop()
+    second = brokers("site-disk-2", uplink=site_section(pki, "plant-w", port))
+    publish(second, 5, "offline")  # the hub is down: offsets 0 to 4 here, which the hub holds already
+    caplog.set_level(logging.WARNING, logger="broker_edge")
+    hub = brokers("hub", uplink_hub=hub_section(pki, port=port))
+    assert wait_for(lambda: second.call(lambda: second.broker.site_link.connected), timeout=20)
+    publish(second, 7, "after")
+    assert wait_for(lambda: hub_end(hub) == 17, timeout=20), hub_end(hub)
+    assert payloads(hub, HELD, 10, 17) == [f"after {n}".encode() for n in range(7)]
+    assert payloads(second, TOPIC, 0, 5) == [f"offline {n}".encode() for n in range(5)]
+    assert payloads(second, TOPIC, 10, 17) == [f"after {n}".encode() for n in range(7)]
+    errors = messages(caplog, logging.ERROR)
+    assert any(
+        "the hub holds 'telemetry/w' up to 10, this site only to 5" in text
+        and "its records 0 to 4 stay here, never sent" in text
+        and "the log goes on at 10" in text
+        for text in errors
+    ), errors

@@ -268,3 +268,31 @@ def test_a_gap_costs_its_sealed_index_nothing_however_long(tmp_path: Path, small
     )
     reopened.close()
     source.close()
+
+
+def test_continue_at_moves_logs_below_their_offset_on_in_one_flush_durably(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    """A log holding records goes on past a gap (they stay readable), one holding nothing restarts at the
+    offset, one at or past it is left alone; appends then take offsets from there, after a crash too."""
+    store = _store(tmp_path, small_segments)
+    for number in range(3):
+        store.append("held", make_record(number))
+        store.append("ahead", make_record(number))
+    moved = store.replicated_log.continue_at({"held": 10, "ahead": 2, "absent": 7})
+    assert moved == {"held": 3, "absent": 0}
+    assert (store.start_offset("absent"), store.durable_end("absent")) == (7, 7)
+    assert store.durable_end("held") == 10
+    # crash right here: nothing written since
+
+    reopened = _store(tmp_path, small_segments)
+    assert reopened.append("held", make_record(10)) == 10
+    assert reopened.append("absent", make_record(7)) == 7
+    assert reopened.append("ahead", make_record(3)) == 3
+    reopened.flush()
+    assert [r.payload for r in reopened.read("held", 0)] == [make_record(n).payload for n in range(3)]
+    assert [r.offset for r in reopened.read("held", 10)] == [10]
+    with pytest.raises(CorruptRecord):
+        reopened.read("held", 5)
+    assert reopened.start_offset("absent") == 7
+    reopened.close()
