@@ -32,7 +32,7 @@ from broker_edge.storage.errors import StoreDamaged
 if TYPE_CHECKING:
     from broker_edge.runtime.broker import Broker
 
-__all__ = ["reload_files", "run_broker", "serve"]
+__all__ = ["check_config", "reload_files", "run_broker", "serve"]
 
 log = logging.getLogger("broker_edge.main")
 
@@ -247,6 +247,26 @@ def _ignore(_: str | None) -> None:
     pass
 
 
+def check_config(config_path: str | None) -> int:
+    """``timestone broker --check``: load the config and read every file it names, as a start does before
+    anything is opened; say the result and return the exit status (0, or 2 for a configuration error).
+    Nothing is bound, opened or written."""
+    where = config_path if config_path is not None else "the embedded defaults"
+    try:
+        config = load_broker_config(config_path)
+    except (ConfigError, OSError) as exc:
+        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    listeners = ", ".join(
+        f"{listener.name} ({listener.type} {listener.host}:{listener.port})" for listener in config.listeners
+    )
+    print(
+        f"timestone broker: {where}: configuration OK (every file it names read): listeners {listeners}; "
+        f"data directory {config.storage.directory}"
+    )
+    return 0
+
+
 async def _serve_telling(config: BrokerConfig, tell: Report) -> None:
     """``serve``, and ``tell(None)`` once the broker serves."""
     ready = asyncio.Event()
@@ -289,7 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         help="member processes serving the same listeners as one broker, a cluster on this host (default 1: "
         "one broker process); see docs/broker.md",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="read the configuration and every file it names (passwords, ACL, tokens, certificates), say "
+        "whether a broker would start with them and exit (0 it would, 2 a configuration error naming the "
+        "key); nothing is bound, opened or written",
+    )
     args = parser.parse_args(argv)
+    if args.check:
+        return check_config(args.config)
     most = MEMBERS_PER_CPU * (os.cpu_count() or 1)
     if not 1 <= args.workers <= most:
         parser.error(

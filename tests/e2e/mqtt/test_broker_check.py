@@ -1,0 +1,67 @@
+"""``timestone broker --check``: the configuration and every file it names are read, the answer is said,
+and nothing is bound, opened or written; what a service's ``ExecReload`` and config management run before
+they hand a broker new files."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import free_port
+from tests.e2e.mqtt.test_run_broker import TIMESTONE
+
+
+def check(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TIMESTONE, "broker", "--check", *args], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_good_configuration_is_said_ok_with_what_it_would_serve_and_nothing_is_touched(tmp_path: Path):
+    port = free_port()
+    data = tmp_path / "data"
+    passwd = tmp_path / "passwd"
+    passwd.write_text("")
+    config = tmp_path / "edge.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listeners": [{"name": "devices", "host": "127.0.0.1", "port": port}],
+                "storage": {"directory": str(data)},
+                "auth": {"password_file": str(passwd)},
+            }
+        )
+    )
+    with socket.create_server(("127.0.0.1", port)):  # taken: --check binds nothing, so it does not care
+        done = check("--config", str(config), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"timestone broker: {config}: configuration OK (every file it names read): listeners devices "
+        f"(tcp 127.0.0.1:{port}); data directory {data}"
+    ]
+    assert not data.exists(), "nothing is created"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["edge.yaml", "passwd"]
+
+
+def test_a_wrong_key_or_a_file_it_names_that_does_not_read_is_status_2_naming_the_key(tmp_path: Path):
+    config = tmp_path / "edge.yaml"
+    config.write_text("limits:\n  max_conections: 5\n")
+    done = check("--config", str(config), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "limits.max_conections" in done.stderr and done.stdout == ""
+    (tmp_path / "acl").write_text("topic readwrite #\nnot a rule at all\n")
+    config.write_text(f"auth:\n  acl_file: {tmp_path / 'acl'}\n")
+    done = check("--config", str(config), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "auth.acl_file" in done.stderr, done.stderr
+
+
+def test_without_a_file_the_embedded_defaults_are_checked(tmp_path: Path):
+    done = check(cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("timestone broker: the embedded defaults: configuration OK")
+    assert "listeners default (tcp 127.0.0.1:1883)" in done.stdout
+    assert list(tmp_path.iterdir()) == []
