@@ -10,16 +10,21 @@ log stays a few bytes per broker whatever the number of topics.
 ``#e<n>``, next to ``#p<n>`` until the query has read past it, is the partition's end when the query began:
 records there below their topic's start were already removed by retention when the query started (an
 ``earliest`` or time start), so they are not data loss; later records are.
+
+``#t<filter>`` (value 0) names each topic filter the positions were read with: a query restarted with a
+filter they do not cover would skip that filter's records below the positions (``uncovered``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 __all__ = [
     "describe",
     "drop_passed_marks",
+    "filter_keys",
+    "filters_of",
     "is_partition_key",
     "mark_key",
     "marks_of",
@@ -27,10 +32,12 @@ __all__ = [
     "position_key",
     "query_start_marks",
     "reads_partitions",
+    "uncovered",
 ]
 
 POSITION_PREFIX = "#p"
 MARK_PREFIX = "#e"
+FILTER_PREFIX = "#t"
 
 
 def position_key(partition: int) -> str:
@@ -46,6 +53,37 @@ def is_partition_key(key: str) -> bool:
     return key.startswith((POSITION_PREFIX, MARK_PREFIX))
 
 
+def filter_keys(filters: Iterable[str]) -> dict[str, int]:
+    """The keys naming the topic filters a broker's positions are read with."""
+    return {FILTER_PREFIX + topic_filter: 0 for topic_filter in filters}
+
+
+def filters_of(offsets: Mapping[str, int]) -> set[str] | None:
+    """The filters a broker's positions were read with (None: not recorded, a checkpoint written before)."""
+    found = {key[len(FILTER_PREFIX) :] for key in offsets if key.startswith(FILTER_PREFIX)}
+    return found or None
+
+
+def uncovered(filters: Iterable[str], read: set[str]) -> list[str]:
+    """The ``filters`` that match a topic none of ``read`` matches."""
+    return [wanted for wanted in filters if not any(_covers(done, wanted) for done in read)]
+
+
+def _covers(wide: str, narrow: str) -> bool:
+    """Whether every topic ``narrow`` matches, ``wide`` matches too."""
+    wide_levels, narrow_levels = wide.split("/"), narrow.split("/")
+    if wide_levels[0] in ("+", "#") and narrow_levels[0].startswith("$"):
+        return False
+    for index, level in enumerate(wide_levels):
+        if level == "#":
+            return True
+        if index >= len(narrow_levels) or narrow_levels[index] == "#":
+            return False
+        if level != "+" and (narrow_levels[index] == "+" or level != narrow_levels[index]):
+            return False
+    return len(wide_levels) == len(narrow_levels)
+
+
 def partition_of(key: str) -> int:
     return int(key[len(POSITION_PREFIX) :])
 
@@ -54,7 +92,7 @@ def reads_partitions(offsets: Mapping[str, int]) -> bool | None:
     """How a broker's checkpointed offsets read it: by partition (True), by topic (False), unknown (None:
     nothing checkpointed for it yet)."""
     for key in offsets:
-        return is_partition_key(key)
+        return is_partition_key(key) or key.startswith(FILTER_PREFIX)
     return None
 
 

@@ -53,16 +53,20 @@ from .offsets_planner import (
     plan_partitions,
     starting_offsets,
 )
-from .options import SourceOptions, StartKind, parse_options
+from .options import SourceOptionError, SourceOptions, StartKind, parse_options
 from .partition_offsets import (
+    FILTER_PREFIX,
     describe,
     drop_passed_marks,
+    filter_keys,
+    filters_of,
     is_partition_key,
     marks_of,
     partition_of,
     position_key,
     query_start_marks,
     reads_partitions,
+    uncovered,
 )
 from .partition_reader import read_positions
 from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
@@ -231,7 +235,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         for broker, keys in offsets.items():
             if self._by_partition.get(broker):
                 keys.update(query_start_marks(keys, listings[broker]))
-        return canonical(offsets)
+        return self._with_filters(offsets)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
@@ -251,6 +255,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self.prepareForTriggerAvailableNow()
         self._check_checkpoint(start)
         self._note_how_read(start)
+        self._check_filters(start)
         listings, down = self._list_all()
         for broker, error in down.items():
             log.warning(
@@ -269,7 +274,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             target=self._target,
             end_may_lag=self.options.reads_cluster,
         )
-        end = {broker: drop_passed_marks(keys) for broker, keys in end.items()}
+        end = self._with_filters({broker: drop_passed_marks(keys) for broker, keys in end.items()})
         self._starts.ended(end)
         return end
 
@@ -355,6 +360,41 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 f"the cluster {self.options.cluster_name!r} (option clusterName): a query reading a cluster "
                 "through bootstrapServers needs its own checkpoint, or the clusterName it was started with"
             )
+
+    def _check_filters(self, start: dict) -> None:
+        """A broker read by partition cannot read a filter its checkpoint did not below its positions: fail
+        (``failOnDataLoss``) or say so and read that filter from there on."""
+        for broker, keys in start.items():
+            read = filters_of(keys) if self._by_partition.get(broker) else None
+            added = uncovered(self.options.topics, read) if read is not None else []
+            if not added:
+                continue
+            problem = (
+                f"reads {', '.join(added)}, which broker {broker!r}'s checkpoint (read by storage partition "
+                f"with {', '.join(sorted(read or ()))}) did not: its records below the checkpoint's "
+                "positions cannot be read by partition"
+            )
+            if self.options.fail_on_data_loss:
+                raise SourceOptionError(
+                    "topics",
+                    f"{problem}. Start the query on a new checkpoint to read them, or set "
+                    "failOnDataLoss=false to read the added filters from the checkpoint's positions on",
+                )
+            log.warning("option 'topics' %s; they are skipped (failOnDataLoss=false)", problem)
+
+    def _with_filters(self, offsets: dict) -> dict:
+        """``offsets`` with each broker read by partition naming the filters it is read with (sorted)."""
+        named = filter_keys(self.options.topics)
+        kept = {
+            broker: {key: value for key, value in keys.items() if not key.startswith(FILTER_PREFIX)}
+            for broker, keys in offsets.items()
+        }
+        return canonical(
+            {
+                broker: kept[broker] | named if self._by_partition.get(broker) else keys
+                for broker, keys in offsets.items()
+            }
+        )
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: brokers keep no reader state (and Spark calls this late)."""

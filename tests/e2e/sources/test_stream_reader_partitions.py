@@ -19,6 +19,8 @@ from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
 
+READ = {"#tplant/+/temp": 0}  # the filter the positions are read with
+
 
 def reader(*brokers: EdgeBroker, **options: str) -> TimestoneStreamReader:
     urls = ",".join(f"e{number}={broker.url}" for number, broker in enumerate(brokers, 1))
@@ -49,9 +51,9 @@ def test_offsets_are_a_position_per_partition_whatever_the_number_of_topics(edge
     start = roundtrip(source.initialOffset())
     end = roundtrip(source.latestOffset(start, ReadAllAvailable()))
 
-    assert start == {"e1": {"#e0": 2005, "#p0": 0}}  # the partition's end when the query began
-    assert end == {"e1": {"#p0": 2005}}  # the mark is dropped once read past
-    assert len(json.dumps(end)) < 30
+    assert start == {"e1": {"#e0": 2005, "#p0": 0, **READ}}  # the partition's end when the query began
+    assert end == {"e1": {"#p0": 2005, **READ}}  # the mark is dropped once read past
+    assert len(json.dumps(end)) < 30 + len(json.dumps(READ))
     rows = read_batch(source, start, end)
     assert sorted(rows) == sorted((f"plant/{n}/temp", 0) for n in range(2000))
     assert json.dumps(source.latestOffset(end, ReadAllAvailable())) == json.dumps(end)  # idle: same JSON
@@ -60,9 +62,9 @@ def test_offsets_are_a_position_per_partition_whatever_the_number_of_topics(edge
 def test_starting_offsets_latest_and_time(edge: EdgeBroker) -> None:
     edge.append("plant/1/temp", [telemetry(n, timestamp_ms=BASE_TIME_MS + n * 1000) for n in range(10)])
 
-    assert reader(edge).initialOffset() == {"e1": {"#p0": 10}}
+    assert reader(edge).initialOffset() == {"e1": {"#p0": 10, **READ}}
     at_four_and_a_half_s = reader(edge, startingOffsets=f"time:{BASE_TIME_MS + 4500}").initialOffset()
-    assert at_four_and_a_half_s == {"e1": {"#e0": 10, "#p0": 5}}
+    assert at_four_and_a_half_s == {"e1": {"#e0": 10, "#p0": 5, **READ}}
 
 
 def test_max_records_per_trigger_counts_entries_and_batches_follow_each_other(edge: EdgeBroker) -> None:
@@ -198,7 +200,7 @@ def test_available_now_stops_at_the_partitions_ends_when_the_run_began(edge: Edg
 
     end = source.latestOffset(start, ReadAllAvailable())
 
-    assert end == {"e1": {"#p0": 10}}
+    assert end == {"e1": {"#p0": 10, **READ}}
     assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == end
 
 

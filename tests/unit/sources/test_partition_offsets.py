@@ -9,9 +9,12 @@ from sources.offsets_planner import DataLossError, LogExtent, plan_end_offsets, 
 from sources.partition_offsets import (
     describe,
     drop_passed_marks,
+    filter_keys,
+    filters_of,
     marks_of,
     query_start_marks,
     reads_partitions,
+    uncovered,
 )
 
 
@@ -58,3 +61,20 @@ def test_a_partition_start_past_the_checkpoint_is_loss_named_by_partition() -> N
         {"b": {"#p0": 100}}, end, listings, max_records_per_partition=1000, fail_on_data_loss=False
     )
     assert [(gap.topic, gap.start, gap.end) for gap in plan.lost] == [("#p0", 100, 120)]
+
+
+def test_the_filters_read_are_kept_and_a_filter_they_do_not_cover_is_told() -> None:
+    keys = {"#p0": 7, **filter_keys(["plant/+/temp", "alarms/#"])}
+    assert reads_partitions({"#tplant/+/temp": 0}) is True
+    assert filters_of(keys) == {"plant/+/temp", "alarms/#"}
+    assert filters_of({"#p0": 7}) is None  # written before filters were kept
+    read = {"plant/+/temp", "alarms/#"}
+    assert uncovered(["plant/1/temp", "alarms", "alarms/+/x", "plant/+/temp"], read) == []
+    assert uncovered(["plant/+/alarm", "plant/#", "plant/+", "+/1/temp", "#"], read) == [
+        "plant/+/alarm",
+        "plant/#",
+        "plant/+",
+        "+/1/temp",
+        "#",
+    ]
+    assert uncovered(["$SYS/x"], {"#"}) == ["$SYS/x"]  # a filter starting with a wildcard skips $ topics
