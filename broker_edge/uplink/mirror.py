@@ -88,8 +88,15 @@ async def mirror_batch(
 
 
 async def mirrored_ends(logs: MirrorLogs, prefix: str) -> dict[str, int]:
-    """Where each log under ``prefix`` ends, acknowledged, by its name without ``prefix``."""
-    return {topic[len(prefix) :]: end for topic, end in (await logs.ends(prefix)).items()}
+    """Where each log under ``prefix`` ends, acknowledged, by its name without ``prefix``.
+
+    Raises ``WireError`` when the store cannot say (it refuses appends: a full disk), ``MirrorRefused``
+    when no leader answers."""
+    try:
+        ends = await logs.ends(prefix)
+    except StorageError as error:  # appends in flight cannot become durable now
+        raise WireError(str(error)) from None
+    return {topic[len(prefix) :]: end for topic, end in ends.items()}
 
 
 def _parts(batch: Batch) -> list[tuple[BatchTopic, memoryview]]:
