@@ -118,6 +118,18 @@ class PropertySpec:
     """Packet types where it may appear more than once; such a property is a list attribute."""
 
 
+def payload_format_holds(props: Properties | None, payload: bytes | memoryview) -> bool:
+    """Whether ``payload`` is what its Payload Format Indicator says: with 1, UTF-8 (MQTT 3.3.2.3.2 and
+    3.1.3.2.3), which a receiver may check and answer 0x99 for (Payload format invalid); anything without."""
+    if props is None or props.payload_format_indicator != 1:
+        return True
+    try:
+        str(payload, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _spec(
     identifier: int,
     name: str,

@@ -35,7 +35,7 @@ from broker_edge.engine.message import wants_log_offsets
 from broker_edge.engine.ports import SessionClaim
 from broker_edge.protocol.codec import encode, shared_decoder
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
-from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.properties import Properties, payload_format_holds
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
@@ -167,6 +167,11 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         "bad user name or password",
     ),
     "not_authorized": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "will topic not allowed"),
+    "payload_format_invalid": (  # (a v3 will has no Payload Format Indicator)
+        _RC.PAYLOAD_FORMAT_INVALID,
+        _V3.NOT_AUTHORIZED,
+        "the will's payload is not UTF-8, as its Payload Format Indicator says",
+    ),
     "login_backoff": (
         _RC.CONNECTION_RATE_EXCEEDED,
         _V3.SERVER_UNAVAILABLE,
@@ -339,6 +344,9 @@ def _accept(
             return
         if will.retain and not config.retain.enabled:
             _refuse(ctx, conn, "retain_not_supported", client_id)
+            return
+        if not payload_format_holds(will.properties, will.payload):
+            _refuse(ctx, conn, "payload_format_invalid", client_id, username, topic=will.topic)
             return
 
     max_expiry = config.sessions.max_session_expiry_s

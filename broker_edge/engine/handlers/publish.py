@@ -21,6 +21,7 @@ from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.publish_run import PublishRun
 from broker_edge.protocol.errors import ProtocolError
 from broker_edge.protocol.packets import Publish
+from broker_edge.protocol.properties import payload_format_holds
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.security.limits import topic_over_limits
 from broker_edge.security.topic_quota import identity_of
@@ -35,6 +36,7 @@ __all__ = ["handle_publish", "handle_publish_run"]
 
 _NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
 _QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
+_PAYLOAD_FORMAT_INVALID = ReasonCode.PAYLOAD_FORMAT_INVALID
 
 
 def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: Publish) -> None:
@@ -81,6 +83,9 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
         or (reserved is not None and reserved(topic))  # another writer's here (a site's hub): only it writes
     ):
         _refuse(ctx, conn, session, packet, _NOT_AUTHORIZED, "acl_denied")
+        return
+    if props is not None and not payload_format_holds(props, packet.payload):
+        _refuse(ctx, conn, session, packet, _PAYLOAD_FORMAT_INVALID, "payload_format_invalid")
         return
     persisted = path.persist_as(topic, qos)
     if persisted == CREATES_LOG and not _may_create_log(ctx, conn, session, topic):

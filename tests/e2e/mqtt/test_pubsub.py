@@ -280,3 +280,39 @@ def test_a_message_expiry_interval_of_0_is_forwarded_as_0(broker):
     pub.send_packet(Publish("now/a", b"x", 1, packet_id=1, properties=Properties(message_expiry_interval=0)))
     message = sub.recv()
     assert (message.payload, message.properties.message_expiry_interval) == (b"x", 0)
+
+
+def test_a_payload_said_to_be_utf8_that_is_not_is_refused_with_0x99_and_counted(broker):
+    """Payload Format Indicator 1 says the payload is UTF-8 (MQTT 3.3.2.3.2): the receiver may check it and
+    answer 0x99 (Payload format invalid). A payload that is not is neither routed nor logged, where
+    subscribers and the commitlog's readers (the telemetry pipeline) were handed it as text; the client's
+    connection and its next messages go on. QoS 0: dropped, counted and logged as the refusals are."""
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("text/#", 1)
+    pub = RawClient(broker.port, 5)
+    pub.connect("pub")
+    said_utf8 = Properties(payload_format_indicator=1)
+    for packet_id, payload in [(1, b"\xff\xfe"), (2, b"caf\xc3"), (3, "café ✓".encode())]:
+        pub.send_packet(Publish("text/a", payload, 1, packet_id=packet_id, properties=said_utf8))
+        ack = pub.recv()
+        assert (ack.packet_id, ack.reason_code) == (packet_id, 0x99 if packet_id < 3 else 0)
+    pub.send_packet(Publish("text/a", b"\xed\xa0\x80", 0, properties=said_utf8))  # a surrogate: not UTF-8
+    pub.send_packet(Publish("text/b", b"\xff", 1, packet_id=4))  # not said to be UTF-8: bytes, passed on
+    assert pub.recv().reason_code == 0
+    delivered = [(m.topic, m.payload) for m in sub.expect(2)]
+    assert delivered == [("text/a", "café ✓".encode()), ("text/b", b"\xff")]
+    sub.expect_none(0.3)
+    assert broker.call(lambda: broker.broker.counters.drops("payload_format_invalid")) == 3
+
+
+def test_a_will_said_to_be_utf8_that_is_not_is_refused_with_connack_0x99(broker):
+    """The same check of a will's payload (MQTT 3.1.3.2.3): CONNACK 0x99 and the reason, where the will was
+    taken and published as text when the client went."""
+    raw = RawClient(broker.port, 5)
+    will = Will("wills/a", b"\xc0\xaf", 1, properties=Properties(payload_format_indicator=1))
+    connack = raw.connect("dying", will=will)
+    assert connack.reason_code == 0x99 and "Payload Format Indicator" in connack.properties.reason_string
+    assert raw.recv() is None
+    fine = RawClient(broker.port, 5)
+    good = Will("wills/a", "bye ✓".encode(), 1, properties=Properties(payload_format_indicator=1))
+    assert fine.connect("dying", will=good).reason_code == 0
