@@ -45,8 +45,9 @@ from pipelines.actions.engine_tables import (
     EngineTables,
     counts_after,
 )
+from pipelines.actions.feed_rows import latest_rows
 from pipelines.actions.model import Action, device_topic
-from pipelines.actions.operator import action_content, differences
+from pipelines.actions.operator import action_content
 from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.release import Release, due, lost_gate
@@ -108,45 +109,6 @@ def _retry_message(action: Action, now: int, attempt: int) -> Callable[[list[str
     return lambda listed: action.message(now, listed, attempt)
 
 
-def _latest_rows(rows: Iterable[dict]) -> tuple[dict[str, dict], dict[str, str], set[str]]:
-    """Each action's latest row (rows in commit order); the actions whose latest commit holds rows of
-    different content, with why none of them is taken; the actions whose latest row was appended (a change
-    feed ``insert``, not an update in place). ``_commit_version`` and ``_change_type`` are taken off."""
-    latest: dict[str, dict] = {}
-    commits: dict[str, object] = {}
-    differing: dict[str, tuple[int, set[str]]] = {}
-    inserted: set[str] = set()
-    for given in rows:
-        row = dict(given)
-        commit = row.pop("_commit_version", None)
-        key = row["id"]
-        if key is None:  # a table made by hand may allow it: no summary can name such an action
-            log.warning("an actions row without an id is ignored: nothing can name its action")
-            continue
-        if row.pop("_change_type", None) == "insert":
-            inserted.add(key)
-        else:
-            inserted.discard(key)
-        if key in latest and commit is not None and commits[key] == commit:
-            changed = differences(action_content(latest[key]), action_content(row))
-            fields = {line.split(":")[0] for line in changed}
-            if row.get("cancel") != latest[key].get("cancel"):
-                fields.add("cancel")
-            if fields or key in differing:
-                count, before = differing.get(key, (1, set()))
-                differing[key] = (count + 1, before | fields)
-        else:
-            differing.pop(key, None)  # a later commit says which row is meant
-        latest[key], commits[key] = row, commit
-    conflicts = {
-        key: f"id: {count} rows with different content ({', '.join(sorted(fields))}) in one commit, "
-        "none taken: which one is meant is unknown (write one row per action)"
-        for key, (count, fields) in differing.items()
-        if fields
-    }
-    return latest, conflicts, inserted
-
-
 def _reached_and_open(row: Execution) -> bool:
     """The device has (or may have) the action message and has not reported a final state."""
     sent = row.state == QUEUED and row.published_at is not None and row.retry_at is None
@@ -193,6 +155,8 @@ class ActionsEngine:
         """Actions whose ``schedule.end_at`` this engine has acted on (the cancel messages went out)."""
         self._other_rows: set[str] = set()
         """Actions with rows of other content under their id, warned about once."""
+        self._failing: dict[str, str] = {}
+        """Actions whose last tick failed, with the error said about it."""
         self._compliance_inputs: tuple[int, ...] | None = None
         self._compliance_at = 0.0
 
@@ -208,7 +172,7 @@ class ActionsEngine:
         commit (``_commit_version``, when the rows carry it) cannot say which is meant: a new action is
         rejected, and for one already sent they are ignored, each with a WARNING.
         """
-        latest, conflicts, inserted = _latest_rows(rows)
+        latest, conflicts, inserted = latest_rows(rows)
         if not latest:
             return
         with self.lock:
@@ -345,7 +309,12 @@ class ActionsEngine:
         for action_id in open_ids:
             action = actions[action_id]
             rows = dict(known.get(action_id, {}))
-            moved = self._advance(action, rows, now)
+            try:
+                moved = self._advance(action, rows, now)
+            except Exception as error:  # one action a broker refuses holds no other back
+                self._held_back(action_id, error)
+                continue
+            self._failing.pop(action_id, None)
             changed += moved
             gate = lost_gate(action, rows, now)
             if gate is not None:
@@ -365,6 +334,14 @@ class ActionsEngine:
             counts_after(counts, known, changed),
             lost=lost,
         )
+
+    def _held_back(self, action_id: str, error: Exception) -> None:
+        """Say (once per different error) that nothing of an action was recorded this tick: what it sent
+        goes again at the next, as after a restart, while the other actions go on."""
+        said = f"{type(error).__name__}: {error}"
+        if self._failing.get(action_id) != said:
+            self._failing[action_id] = said
+            log.warning("action %s held back this tick, tried again at the next: %s", action_id, said)
 
     def _advance(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
         """One tick of one action: joiners queued, timeouts (and their retries), the schedule's end, what is
