@@ -57,6 +57,13 @@ def _time_axis(ax: Axes, *times: pd.Series) -> None:
     ax.set_xlim(max(low - margin, FIRST_DRAWN), min(high + margin, LAST_DRAWN))
 
 
+def _legend(ax: Axes, **where: Any) -> None:
+    """The axes' legend, when something drawn has a label: none for a table with no rows yet (matplotlib
+    would warn, a red box under the notebook's cell)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**where)
+
+
 def fleet_metric_chart(metric: str, fleet: pd.DataFrame) -> Figure:
     """One metric across the fleet, minute by minute: the median of the devices' minute averages as a line,
     the band from the 10th to the 90th percentile around it, and how many devices reported each minute."""
@@ -74,7 +81,7 @@ def fleet_metric_chart(metric: str, fleet: pd.DataFrame) -> Figure:
     reporting = int(fleet["devices"].max()) if not fleet.empty else 0
     ax.set_title(f"Fleet: {metric} of up to {reporting} devices over {len(fleet)} minutes")
     ax.set_ylabel(f"{metric} (minute average)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     count_ax.set_ylabel("devices")
     count_ax.set_xlabel("event time (UTC)")
     fig.autofmt_xdate()
@@ -120,7 +127,7 @@ def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: p
     ax.set_title(f"{device_id}: {metric}, {len(readings)} readings in {len(minutes)} minutes")
     ax.set_xlabel("event time (UTC)")
     ax.set_ylabel(metric)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the plot: never over the readings
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the plot: never over the readings
     fig.autofmt_xdate()
     fig.tight_layout()
     return fig
@@ -138,7 +145,7 @@ def fleet_chart(counts: pd.DataFrame) -> Figure:
     ax.set_title(f"Fleet: {total} devices by firmware version and group")
     ax.set_xlabel("firmware version")
     ax.set_ylabel("devices")
-    ax.legend()
+    _legend(ax)
     return fig
 
 
