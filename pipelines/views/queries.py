@@ -81,9 +81,12 @@ def _checked(table: pa.Table, name: str) -> pa.Table:
     return table.append_column(OUT_OF_RANGE, pa.array(reasons, pa.string()))
 
 
-def busiest_device(store: TableStore) -> str | None:
-    """The device with the most rows in ``device_minute`` (messages counted per minute), or None."""
+def busiest_device(store: TableStore, metric: str | None = None) -> str | None:
+    """The device with the most messages in ``device_minute`` (counted per minute), with ``metric`` those of
+    the minutes it has a value of the metric in (a device sending none of it has nothing to plot), or None."""
     minutes = read_frame(store, "device_minute")
+    if metric is not None and f"{metric}_avg" in minutes:
+        minutes = minutes[minutes[f"{metric}_avg"].notna()]
     if minutes.empty:
         return None
     return str(minutes.groupby("device_id")["count"].sum().idxmax())

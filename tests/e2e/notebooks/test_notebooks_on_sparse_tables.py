@@ -1,8 +1,9 @@
-"""The notebooks on sparse tables written with delta-rs (not the pipelines): tables with no rows yet."""
+"""The notebooks on sparse tables written with delta-rs (``write_deltalake``, not the pipelines): tables with
+no rows yet, and a fleet whose busiest device sends no reading of the metric the notebook plots."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,32 @@ def test_tables_with_no_rows_yet_show_empty_charts_and_no_warning(root, tmp_path
     assert warnings_shown(run) == []
     assert all(chart.drawn == 0 for chart in run.charts.values())
     assert "No readings in these tables yet." in run.printed or "No action in these tables yet" in run.printed
+
+
+def test_the_device_plotted_by_default_is_the_one_with_the_most_readings_of_the_metric(root, tmp_path):
+    """dev-chatty sends humidity alone, more often than dev-warm sends its temperature: the temperature chart
+    plots dev-warm, not a device with nothing to draw."""
+
+    def reading(device: str, seconds: int, **values: float) -> dict[str, Any]:
+        at = NOW + timedelta(seconds=seconds)
+        row = {"device_id": device, "event_time": at, "event_date": at.date(), "topic": f"devices/{device}"}
+        return row | {"broker": "edge1", "offset": seconds, "ingested_at": at, **values}
+
+    readings = [reading("dev-chatty", s, humidity=40.0) for s in range(0, 50, 10)]
+    readings += [reading("dev-warm", s, temperature=21.0 + s / 10) for s in (5, 25)]
+    write(root, "silver_telemetry", readings)
+    minute = {"minute": NOW, "event_date": NOW.date()}
+    write(
+        root,
+        "device_minute",
+        [
+            minute | {"device_id": "dev-chatty", "count": 5, "humidity_avg": 40.0, "humidity_count": 5},
+            minute
+            | {"device_id": "dev-warm", "count": 2, "temperature_count": 2}
+            | {"temperature_min": 21.5, "temperature_max": 23.5, "temperature_avg": 22.5},
+        ],
+    )
+    run = run_notebook("telemetry.ipynb", tmp_path, tmp_path)
+    device = run.charts["device_chart"]
+    assert device.title == "dev-warm: temperature, 2 readings in 1 minutes"
+    assert (device.points, device.bars, device.segments) == (2, 1, 1)
