@@ -35,7 +35,7 @@ import aiohttp
 
 from broker_edge import bounds
 from broker_edge.engine.ports import AppendedRun, MirrorPart, MirrorRefused
-from broker_edge.storage import InvalidRecord
+from broker_edge.storage import InvalidRecord, StorageError
 from broker_edge.storage.mirrored import MirrorAppend, append_mirrored
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 NOT_LEADER = 409
 INVALID_FRAMES = 400
+STORE_REFUSED = 507
+"""The leader's store refused the append (out of disk space, too many topics): said to the site at once."""
 
 
 class _NotHere(Exception):
@@ -126,7 +128,7 @@ class ClusterMirrorLogs:
                     waiting += group
                     reason = str(outcome) or f"{leader} did not answer ({type(outcome).__name__})"
                 elif isinstance(outcome, BaseException):
-                    raise outcome  # InvalidRecord: the sender's frames are bad
+                    raise outcome  # InvalidRecord: the frames are bad; MirrorRefused: a store refused
                 else:
                     for index, appended in zip(group, outcome, strict=True):
                         results[index] = appended
@@ -250,6 +252,8 @@ class ClusterMirrorLogs:
             raise _NotHere(f"{node}: {body.get('message')}")
         if answer.status == INVALID_FRAMES:
             raise InvalidRecord(str(body.get("message")))
+        if answer.status == STORE_REFUSED:  # not a leader to look for again: said to the site now
+            raise MirrorRefused(f"{node}: {body.get('message')}")
         if answer.status != 200:
             raise aiohttp.ClientResponseError(
                 answer.request_info, (), status=answer.status, message=str(body.get("message", body))
@@ -316,6 +320,8 @@ class ClusterMirrorLogs:
                 raise ApiError(NOT_LEADER, "not_leader", str(refused)) from None
             except InvalidRecord as error:
                 raise ApiError(INVALID_FRAMES, "invalid_frames", str(error)) from None
+            except StorageError as error:  # a full disk: its writer says it once, not a traceback each time
+                raise ApiError(STORE_REFUSED, "store_refused", str(error)) from None
             return web.json_response({"appended": [_json_of(result) for result in appended]})
 
         async def ends(request: web.Request) -> web.Response:
