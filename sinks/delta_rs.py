@@ -211,12 +211,16 @@ class DeltaRsTableStore(TableStore):
     def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
         check_batch(app_id, batch_id)
         if _is_spark_frame(data):
-            return self._append_from_executors(name, data, self.file_location(name), app_id, batch_id)
+            if not _writer_rules(self._open_for_write(name)):
+                return self._append_from_executors(name, data, self.file_location(name), app_id, batch_id)
+            data = data.toArrow()  # delta-rs's writer keeps the table's rules, the tasks' would not
         rows = to_arrow_table(data)
         written: list[AppendReport] = []
 
         def attempt(table: DeltaTable) -> bool:
             batch = self._clustered(name, conform(rows, _arrow_schema(table), name))
+            computed = [column for column in _generated(table) if column not in rows.column_names]
+            batch = batch.drop_columns(computed)  # delta-rs computes a generated column the rows lack
             if batch.num_rows == 0:
                 return True
             began = time.perf_counter()
@@ -674,6 +678,19 @@ def _is_spark_frame(data: TableData) -> bool:
 
 def _as_arrow(data: TableData) -> pa.Table:
     return data.toArrow() if _is_spark_frame(data) else to_arrow_table(data)
+
+
+def _writer_rules(table: DeltaTable) -> list[str]:
+    """What the table asks of its writers that the tasks' file writer does not do (another tool's table):
+    CHECK constraints, generated columns, column invariants."""
+    rules = [key for key in table.metadata().configuration if key.startswith("delta.constraints.")]
+    rules += [f.name for f in table.schema().fields if "delta.invariants" in f.metadata]
+    return rules + _generated(table)
+
+
+def _generated(table: DeltaTable) -> list[str]:
+    """The table's generated columns."""
+    return [f.name for f in table.schema().fields if "delta.generationExpression" in f.metadata]
 
 
 def _unreadable_as_parquet(table: DeltaTable) -> list[str]:
