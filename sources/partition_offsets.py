@@ -17,7 +17,7 @@ filter they do not cover would skip that filter's records below the positions (`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 __all__ = [
@@ -53,8 +53,15 @@ def is_partition_key(key: str) -> bool:
     return key.startswith((POSITION_PREFIX, MARK_PREFIX))
 
 
-def filter_keys(filters: Iterable[str]) -> dict[str, int]:
-    """The keys naming the topic filters a broker's positions are read with."""
+#: Filters named in the offsets at most: a longer list (a topic per device, each named) is not kept, so
+#: that the offsets stay small whatever the number of topics; it is then not checked.
+MAX_KEPT_FILTERS = 64
+
+
+def filter_keys(filters: Sequence[str]) -> dict[str, int]:
+    """The keys naming the topic filters a broker's positions are read with (none past MAX_KEPT_FILTERS)."""
+    if len(filters) > MAX_KEPT_FILTERS:
+        return {}
     return {FILTER_PREFIX + topic_filter: 0 for topic_filter in filters}
 
 

@@ -68,6 +68,7 @@ def test_the_filters_read_are_kept_and_a_filter_they_do_not_cover_is_told() -> N
     assert reads_partitions({"#tplant/+/temp": 0}) is True
     assert filters_of(keys) == {"plant/+/temp", "alarms/#"}
     assert filters_of({"#p0": 7}) is None  # written before filters were kept
+    assert filter_keys([f"devices/{n}/telemetry" for n in range(65)]) == {}  # too many to keep
     read = {"plant/+/temp", "alarms/#"}
     assert uncovered(["plant/1/temp", "alarms", "alarms/+/x", "plant/+/temp"], read) == []
     assert uncovered(["plant/+/alarm", "plant/#", "plant/+", "+/1/temp", "#"], read) == [
