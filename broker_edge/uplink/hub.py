@@ -225,7 +225,8 @@ class UplinkHub:
                     raise WireError(f"expected HELLO version {VERSION} first")
                 down = _downlink_request(decoded.header, self.config.downlink_of(site))
                 ends = await mirrored_ends(self.logs, prefix)  # a previous connection's appends count
-                await ws.send_bytes(encode(ENDS, {"ends": ends}))
+                limit = self.config.max_message_bytes
+                await ws.send_bytes(encode(ENDS, {"ends": ends, "max_message_bytes": limit}))
                 log.info("site %s connected (%d topics held)", site, len(ends))
                 first = False
                 if down is not None:

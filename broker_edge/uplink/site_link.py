@@ -52,7 +52,9 @@ from broker_edge.uplink.wire import (
     encode,
     encode_batch,
     ends_of,
+    message_limit_of,
     seq_of,
+    too_large,
 )
 
 if TYPE_CHECKING:
@@ -114,6 +116,8 @@ class SiteLink:
         """Records the hub sent down (appended here)."""
         self.config = config
         self.hub_ends: dict[str, int] = {}
+        self.hub_limit: int | None = None
+        """The largest message the hub takes, as its ``ENDS`` says (None: a hub that does not say)."""
         """What the hub holds of each topic, durable (its last answer)."""
         self.connected = False
         self.hub: str | None = None
@@ -409,6 +413,7 @@ class SiteLink:
         if answer.kind != ENDS:
             raise WireError("the hub did not answer HELLO with its ends")
         self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")
+        self.hub_limit = message_limit_of(answer.header.get("max_message_bytes"))
         follow_hub_ends(self.store, self.hub_ends, member=self.logs is not None)
         self.connected = True
         self.last_contact = time.time()
@@ -522,6 +527,8 @@ class SiteLink:
                 batch.site_ends = self._changed_ends()
                 next_state = loop.time() + config.heartbeat_s
             data = encode_batch(batch, config.compression)
+            if self.hub_limit is not None and len(data) > self.hub_limit:
+                raise WireError(too_large(batch, len(data), self.hub_limit))
             pause = throttle.delay(len(data), loop.time())
             if pause:
                 await _until(asyncio.sleep(pause), reader)
@@ -531,6 +538,12 @@ class SiteLink:
             self.sent_bytes += len(data)
             self.stored_bytes += len(batch.frames)
             self.sent_records += sum(part.count for part in batch.topics)
+
+    def _budget(self) -> int:
+        """Stored bytes of one batch: ``batch_bytes``, and at most half of what the hub takes in a message
+        (the rest is its header's)."""
+        limit = self.hub_limit
+        return self.config.batch_bytes if limit is None else max(1, min(self.config.batch_bytes, limit // 2))
 
     def _carries(self, topic: str) -> bool:
         return (
@@ -545,13 +558,13 @@ class SiteLink:
         """The next batch: from this store, and on a cluster taking turns with the logs held elsewhere, so
         a backlog of either never holds back the other."""
         if self.logs is None:
-            return next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+            return next_batch(self.store, seq, positions, pending, self._budget(), self._gap)
         self._turn_elsewhere = not self._turn_elsewhere
         if self._turn_elsewhere:
             batch = await self._build_elsewhere(self.logs, seq, positions)
             if batch is not None:
                 return batch
-        here = next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+        here = next_batch(self.store, seq, positions, pending, self._budget(), self._gap)
         if here is not None or self._turn_elsewhere:
             return here
         return await self._build_elsewhere(self.logs, seq, positions)
@@ -559,7 +572,7 @@ class SiteLink:
     async def _build_elsewhere(self, logs: MirrorLogs, seq: int, positions: dict[str, int]) -> Batch | None:
         """A batch of the logs this member holds no copy of, read from their leaders (committed only)."""
         batch, bounds = await batch_elsewhere(
-            logs, seq, self.config.topics, positions, self.config.batch_bytes, self._gap, self._carries
+            logs, seq, self.config.topics, positions, self._budget(), self._gap, self._carries
         )
         self.elsewhere_ends = {topic: end for topic, (_start, end) in bounds.items()}
         return batch

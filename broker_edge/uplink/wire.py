@@ -7,8 +7,9 @@ verbatim, so its copy holds the site's bytes at the site's offsets.
 
 The conversation (docs/uplink.md):
 
-- site → hub ``HELLO`` {version, site}; hub → site ``ENDS`` {ends: {topic: end}}: where each of the site's
-  topics ends on the hub, durable. The site sends every record from there: nothing twice, nothing skipped.
+- site → hub ``HELLO`` {version, site}; hub → site ``ENDS`` {ends: {topic: end}, max_message_bytes}: where
+  each of the site's topics ends on the hub, durable, and the largest message it takes. The site sends
+  every record from there: nothing twice, nothing skipped; its batches fit the hub's largest message.
 - site → hub ``BATCH`` {seq, codec, topics: [[topic, first, count, size]], site_ends}; hub → site ``ACK``
   {seq, ends} once the batch is durable on the hub (or ``ERROR`` {message}, then the hub closes).
 - site → hub ``STATE`` {site_ends} when idle: the site's log ends, so the hub knows its lag.
@@ -54,8 +55,10 @@ __all__ = [
     "encode_batch",
     "ends_of",
     "join_frames",
+    "message_limit_of",
     "seq_of",
     "site_ends_of",
+    "too_large",
 ]
 
 VERSION = 1
@@ -250,6 +253,27 @@ def seq_of(value: object) -> int:
         return bounds.integer(value, "seq", 0, MAX_SEQ)
     except bounds.OutOfBounds as error:
         raise WireError(str(error)) from None
+
+
+def message_limit_of(value: object) -> int | None:
+    """An ``ENDS``' ``max_message_bytes`` (the hub's ``uplink_hub.max_message_bytes``), checked; None when
+    the hub does not say (``WireError`` for what no limit is)."""
+    if value is None:
+        return None
+    try:
+        return bounds.size(value, "max_message_bytes", 1)
+    except bounds.OutOfBounds as error:
+        raise WireError(str(error)) from None
+
+
+def too_large(batch: Batch, size: int, limit: int) -> str:
+    """Why ``batch``, ``size`` bytes as a message, is not sent to a hub that takes ``limit``."""
+    first = batch.topics[0]
+    return (
+        f"a batch of {size} bytes ({first.topic!r} from offset {first.first}, {first.count} records) is more "
+        f"than the hub takes in one message (its uplink_hub.max_message_bytes, {limit}): a record of it is "
+        "too large for the hub"
+    )
 
 
 def join_frames(parts: Sequence[bytes]) -> bytes:
