@@ -157,6 +157,8 @@ class ActionsEngine:
         """Actions with rows of other content under their id, warned about once."""
         self._failing: dict[str, str] = {}
         """Actions whose last tick failed, with the error said about it."""
+        self._unsent: set[str] | None = None
+        """Actions whose fan-out was refused, sent by the ticker (None until the first tick: every action)."""
         self._compliance_inputs: tuple[int, ...] | None = None
         self._compliance_at = 0.0
 
@@ -297,7 +299,9 @@ class ActionsEngine:
 
     def _tick(self, now: int) -> None:
         actions = {a.id: a for a in self._actions() if not a.cancel}
-        clocked = {a for a, action in actions.items() if action.clocked}
+        if self._unsent is None:  # a job's first tick: any action may hold rows its fan-out did not send
+            self._unsent = set(actions)
+        clocked = {a for a, action in actions.items() if action.clocked or a in self._unsent}
         previous = self._summary_states(sorted(clocked))
         open_ids = [a for a in sorted(clocked) if previous.get(a, (None,))[0] not in FINAL_ACTION_STATES]
         if not open_ids:
@@ -315,6 +319,8 @@ class ActionsEngine:
                 self._held_back(action_id, error)
                 continue
             self._failing.pop(action_id, None)
+            if not any(row.state == QUEUED and row.published_at is None for row in rows.values()):
+                self._unsent.discard(action_id)
             changed += moved
             gate = lost_gate(action, rows, now)
             if gate is not None:
@@ -336,12 +342,12 @@ class ActionsEngine:
         )
 
     def _held_back(self, action_id: str, error: Exception) -> None:
-        """Say (once per different error) that nothing of an action was recorded this tick: what it sent
-        goes again at the next, as after a restart, while the other actions go on."""
+        """Say (once per different error) that an action's send failed (at its fan-out or a tick): what it
+        sent is not recorded and goes again at the next tick, as after a restart; the others go on."""
         said = f"{type(error).__name__}: {error}"
         if self._failing.get(action_id) != said:
             self._failing[action_id] = said
-            log.warning("action %s held back this tick, tried again at the next: %s", action_id, said)
+            log.warning("action %s held back, tried again at the next tick: %s", action_id, said)
 
     def _advance(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
         """One tick of one action: joiners queued, timeouts (and their retries), the schedule's end, what is
@@ -378,7 +384,13 @@ class ActionsEngine:
             self.publisher.publish(topic, action.message(now))  # for devices that join the group later
             log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
             return []
-        sent = {row.device_id: row for row in self._send(action, rows, now)}
+        try:
+            sent = {row.device_id: row for row in self._send(action, rows, now)}
+        except Exception as error:  # refused (a topic quota): queued, unsent, for the ticker to send
+            self._held_back(action.id, error)
+            if self._unsent is not None:  # else the first tick looks at every action
+                self._unsent.add(action.id)
+            return list(rows.values())
         log.info(
             "action %s queued for %d devices, %d sent now%s",
             action.id,

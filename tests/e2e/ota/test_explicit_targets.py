@@ -10,6 +10,8 @@ reports. With buckets off, the same holds for one message per device on its own 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 from functools import partial
 from typing import Any
@@ -19,7 +21,7 @@ import pytest
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.buckets import DEFAULT_BUCKETS, by_bucket
 from pipelines.actions.engine import ActionsEngine
-from pipelines.actions.publisher import MqttPublisher, PublishRefused
+from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import SUCCEEDED
 from tests.e2e.ota.conftest import action_row, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
@@ -147,14 +149,20 @@ def test_offline_and_late_devices_take_the_action_from_the_log_and_outsiders_nev
                 assert {r.device_id for r in harness.reports} == set(listed)  # none from the outsiders
 
 
-def test_per_device_topics_beyond_the_brokers_topic_quota_fail_with_a_clear_error(table_store, tmp_path):
+def test_per_device_topics_beyond_the_brokers_topic_quota_are_held_back_with_a_clear_warning(
+    table_store, tmp_path, caplog: pytest.LogCaptureFixture
+):
+    """The action refused is queued unsent for the ticker (docs/ota.md), its WARNING naming the limit."""
     with BrokerProcess(tmp_path / "broker", limits={"max_topics_per_client": 5}) as broker:
         fan_out(table_store, broker, action_row("act-five", device_ids=absent_ids(5)), 0, buckets=0)
         row = action_row("act-more", device_ids=[f"more-{i}" for i in range(10)])
-        with pytest.raises(PublishRefused, match=r"10 publishes refused.*0x97.*max_topics_per_client"):
+        with caplog.at_level(logging.WARNING):
             fan_out(table_store, broker, row, 1, buckets=0)
-        executions = table_store.read_arrow("action_executions")
-        assert executions["action_id"].to_pylist() == ["act-five"] * 5
+        warned = [r.getMessage() for r in caplog.records if "act-more held back" in r.getMessage()]
+        assert len(warned) == 1 and re.search(r"10 publishes refused.*0x97.*max_topics_per_client", warned[0])
+        executions = table_store.read_arrow("action_executions").to_pylist()
+        sent = {(r["action_id"], r["published_at"] is not None) for r in executions}
+        assert sent == {("act-five", True), ("act-more", False)} and len(executions) == 15
 
 
 def test_bucket_topics_stay_within_the_topic_quota_whatever_the_list(table_store, tmp_path):
