@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import fcntl
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -259,10 +261,12 @@ WORKDIR_ENTRIES = frozenset({WORKDIR_MARK, "broker", "tables", "checkpoints"})
 """What a demo keeps in its working directory."""
 
 
-def fresh_workdir(workdir: Path) -> None:
-    """Make ``workdir`` an empty working directory, marked as the demo's. An earlier demo's (its mark, or
-    nothing but what a demo keeps) is deleted first; any other directory that is not empty is refused
-    (``ValueError`` naming it): ``--workdir`` given a directory of one's own must not delete it."""
+def fresh_workdir(workdir: Path) -> int:
+    """Make ``workdir`` an empty working directory, marked as the demo's, and return the descriptor of its
+    mark, locked (``flock``) while this process runs. An earlier demo's (its mark, or nothing but what a demo
+    keeps) is deleted first; one whose mark a running demo still locks is refused, and so is any other
+    directory that is not empty (``ValueError`` naming it): ``--workdir`` given a directory of one's own
+    must not delete it, nor a second demo the first one's broker log, checkpoints and tables."""
     if workdir.is_dir():
         entries = {entry.name for entry in workdir.iterdir()}
         if entries and WORKDIR_MARK not in entries and not entries <= WORKDIR_ENTRIES:
@@ -271,11 +275,39 @@ def fresh_workdir(workdir: Path) -> None:
                 f"--workdir {workdir} is not empty and not a demo's working directory (it holds {shown}); "
                 "the demo starts afresh in it, deleting what it holds: give it a new or empty directory"
             )
+        running = _running_demo(workdir / WORKDIR_MARK)
+        if running is not None:
+            raise ValueError(
+                f"--workdir {workdir} is in use by a demo still running ({running}): stop it, or give this "
+                "one another --workdir"
+            )
         shutil.rmtree(workdir)
     elif workdir.exists():
         raise ValueError(f"--workdir {workdir} is not a directory")
     workdir.mkdir(parents=True)
-    (workdir / WORKDIR_MARK).write_text("a working directory of timestone demo, deleted by the next one\n")
+    mark = os.open(workdir / WORKDIR_MARK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(mark, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no other process has it yet
+    os.write(
+        mark, f"a working directory of timestone demo (pid {os.getpid()}), deleted by the next one\n".encode()
+    )
+    return mark
+
+
+def _running_demo(mark: Path) -> str | None:
+    """``pid N`` of the demo whose lock ``mark`` still holds (the kernel's: gone with the process, even
+    after SIGKILL), or None."""
+    try:
+        descriptor = os.open(mark, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        found = re.search(r"pid \d+", os.pread(descriptor, 512, 0).decode("utf-8", "replace"))
+        return found.group(0) if found else "pid unknown"
+    finally:
+        os.close(descriptor)
+    return None
 
 
 def timestone_command() -> str:
@@ -299,7 +331,7 @@ def demo_main(argv: list[str]) -> int:
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     workdir = Path(args.workdir).resolve()
     try:
-        fresh_workdir(workdir)
+        fresh_workdir(workdir)  # its mark stays locked until this process ends
     except ValueError as error:
         parser.error(str(error))
     tables = workdir / "tables"
