@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker_edge import bounds
 from broker_edge.engine.ports import MirrorRefused
@@ -217,6 +217,9 @@ class UplinkHub:
             if message.type != WSMsgType.BINARY:
                 if message.type == WSMsgType.TEXT:
                     raise WireError("text message on the uplink")
+                if message.type == WSMsgType.ERROR:  # a broken frame, or past max_message_bytes (1009)
+                    too_big = getattr(message.data, "code", None) == WSCloseCode.MESSAGE_TOO_BIG
+                    raise WireError(f"{message.data}{' (uplink_hub.max_message_bytes)' if too_big else ''}")
                 break
             self.status.contact(status)
             decoded = decode(message.data)

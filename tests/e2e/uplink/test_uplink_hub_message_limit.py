@@ -15,7 +15,16 @@ import pytest
 from broker_edge.settings.uplink import site_topic
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.uplink.uplink_harness import hub_port, hub_section, log_frames, pki_in, site_section
+from tests.e2e.uplink.uplink_harness import (
+    batch_message,
+    converse_as_site,
+    frames_at,
+    hub_port,
+    hub_section,
+    log_frames,
+    pki_in,
+    site_section,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,3 +69,22 @@ def test_a_record_larger_than_the_hub_takes_is_said_naming_the_hubs_setting(
 
     assert wait_for(lambda: bool(said()), timeout=10)
     assert "'t/huge'" in said()[0] and "100000" in said()[0]
+
+
+def test_a_message_past_the_hubs_limit_is_said_by_the_hub_naming_the_site_and_the_setting(
+    brokers: Brokers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A site of an earlier version does not know the hub's limit: the hub closes its connection (1009)
+    and says why, where it said nothing."""
+    pki = pki_in(tmp_path)
+    hub = brokers("hub", uplink_hub=hub_section(pki, max_message_bytes=10_000))
+    frames = frames_at(0, [os.urandom(20_000)])
+    answers = converse_as_site(pki, "plant-o", hub_port(hub), [batch_message("t/o", 0, frames)])
+    assert answers[1] is None  # closed
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "broker_edge.uplink.hub"]
+
+    assert wait_for(lambda: any("uplink_hub.max_message_bytes" in text for text in said()), timeout=10)
+    text = next(text for text in said() if "uplink_hub.max_message_bytes" in text)
+    assert "site plant-o" in text and "10000" in text
