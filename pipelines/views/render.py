@@ -4,8 +4,9 @@
 
 Each notebook runs top to bottom (nbclient) with its kernel in ``notebooks/``, as Jupyter runs it, and with
 whatever ``TIMESTONE_*`` settings the environment has (none: the demo's tables). The PNGs it displays are
-written under the given directory with the names of :data:`CHARTS`. Needs the ``dev`` extra (nbclient,
-ipykernel, matplotlib).
+written under the given directory with the names of :data:`CHARTS`. A notebook that fails (no tables yet)
+is said in one line, its name and its error, exit status 1. Needs the ``dev`` extra (nbclient, ipykernel,
+matplotlib).
 """
 
 from __future__ import annotations
@@ -77,9 +78,15 @@ def main(argv: list[str]) -> int:
     if notebooks is None:
         print("no notebooks/ directory here or above: run from the repository", file=sys.stderr)
         return 2
+    from nbclient.exceptions import CellExecutionError
+
     out.mkdir(parents=True, exist_ok=True)
     for name, charts in CHARTS.items():
-        notebook = execute(nbformat.read(notebooks / name, as_version=4), notebooks)
+        try:
+            notebook = execute(nbformat.read(notebooks / name, as_version=4), notebooks)
+        except CellExecutionError as error:  # the notebook's own error (no tables yet...): one line, no stack
+            print(f"{name}: {error.ename}: {error.evalue}", file=sys.stderr)
+            return 1
         images = displayed_pngs(notebook)
         if len(images) != len(charts):
             print(f"{name} displayed {len(images)} charts, expected {len(charts)}", file=sys.stderr)

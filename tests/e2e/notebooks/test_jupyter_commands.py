@@ -3,6 +3,7 @@ top to bottom in the `.venv`'s kernel and its HTML holds what it printed and the
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -50,3 +51,24 @@ def test_the_documented_nbconvert_command_runs_a_notebook_on_the_demo_tables(dem
     assert "Traceback" not in html
     if notebook == "ota_rollout":
         assert demo_run.phased_action_id in html
+
+
+def test_rendering_the_charts_without_tables_says_why_in_one_line(tmp_path):
+    """``python -m pipelines.views.render docs/img`` before any ``make demo``: the notebook's own error, in
+    one line naming the notebook, where its cell and the runner's stack were printed (60 lines)."""
+    shutil.copytree(REPO / "notebooks", tmp_path / "notebooks")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMESTONE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.views.render", str(tmp_path / "img")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "------" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "telemetry.ipynb: FileNotFoundError: no tables at .timestone/demo/tables: run `make demo` in the "
+        "repository, or set TIMESTONE_TABLES to a tables root"
+    )
