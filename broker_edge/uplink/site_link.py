@@ -587,14 +587,25 @@ class SiteLink:
         self.gap_records += start - position
 
     def _changed_ends(self) -> dict[str, list[int]]:
+        """The ends of the logs changed since they were last reported, as many as fit a quarter of the hub's
+        largest message (the others go in the next report)."""
         store = self.store
+        room = None if self.hub_limit is None else self.hub_limit // 4
         changed: dict[str, list[int]] = {}
         for topic in self.topics():
             end = store.committed_end(topic)
             if self._reported.get(topic) != end:
+                if room is not None:
+                    room -= len(topic.encode()) + _END_JSON_BYTES
+                    if room < 0 and changed:
+                        break
                 self._reported[topic] = end
                 changed[topic] = [end, store.log_info(topic).last_append_ms or 0]
         return changed
+
+
+_END_JSON_BYTES = 48
+"""Bytes of one log's ``site_ends`` entry in JSON, its topic apart (quotes, numbers of 16 and 13 digits)."""
 
 
 class _Window:

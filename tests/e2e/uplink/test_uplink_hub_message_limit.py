@@ -88,3 +88,28 @@ def test_a_message_past_the_hubs_limit_is_said_by_the_hub_naming_the_site_and_th
     assert wait_for(lambda: any("uplink_hub.max_message_bytes" in text for text in said()), timeout=10)
     text = next(text for text in said() if "uplink_hub.max_message_bytes" in text)
     assert "site plant-o" in text and "10000" in text
+
+
+def test_a_report_of_many_logs_is_cut_to_fit_the_hubs_limit_and_every_record_arrives(
+    brokers: Brokers, tmp_path: Path
+) -> None:
+    """The site's log ends ride in a batch's header (every log's, after each connection): 1,500 logs' ends
+    are more than the hub's limit, and go in reports that fit it, where the batch carrying them was not
+    sent and the site dialled again, forever."""
+    pki = pki_in(tmp_path)
+    hub = brokers("hub", uplink_hub=hub_section(pki, max_message_bytes=20_000))
+    site = brokers("site", uplink=site_section(pki, "plant-m", hub_port(hub), compression="none"))
+    topics = [f"telemetry/device-{n:05d}" for n in range(1500)]
+
+    def send() -> None:
+        for topic in topics:
+            site.broker.publish(topic, b"r", qos=1)
+
+    site.call(send)
+    store = hub.broker.store
+    assert store is not None
+
+    def held_logs() -> int:
+        return hub.call(lambda: len(store.logs(site_topic("plant-m", "#"))))
+
+    assert wait_for(lambda: held_logs() == len(topics), timeout=30)
