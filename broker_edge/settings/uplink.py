@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from broker_edge.config.loader import ConfigError, expand_home
 from broker_edge.protocol.errors import InvalidTopic
@@ -105,7 +105,8 @@ class UplinkConfig:
     """Seconds the link may stay silent before the site pings the hub; a hub that does not answer within
     half of that is taken for gone and the site dials again, so a silent cut is noticed within 1.5 x this."""
     proxy: str | None = None
-    """An HTTP proxy the connection goes through (``http://proxy:3128``); null = direct."""
+    """An HTTP proxy the connection goes through (``http://proxy:3128``; another scheme, or none, is refused
+    at start); null = direct."""
     retention_warning_ratio: float = 0.8
     """Warn (and count in ``uplink_unsent_at_risk_records``) before retention would delete unsent records:
     when a log's unsent records are older than this share of its ``retention_ms``, or lie in the oldest
@@ -119,6 +120,12 @@ class UplinkConfig:
             parts = urlsplit(hub) if isinstance(hub, str) else None
             if parts is None or parts.scheme != "wss" or not parts.hostname:
                 raise ConfigError(f"hubs[{index}]", f"expected wss://host:port/path, got {hub!r}")
+            _check_port(parts, f"hubs[{index}]")
+        if self.proxy is not None:
+            parts = urlsplit(self.proxy) if isinstance(self.proxy, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError("proxy", f"expected http://host:port, got {self.proxy!r}")
+            _check_port(parts, "proxy")
         if not isinstance(self.site_id, str) or not SITE_ID.match(self.site_id):
             raise ConfigError("site_id", f"letters, digits, '_', '.', '-' (at most 63), got {self.site_id!r}")
         if not self.topics:
@@ -231,6 +238,14 @@ def _check_downlink(filters: object, name: str) -> None:
             raise ConfigError(f"{name}[{index}]", str(error)) from None
         if topic_filter.startswith("$"):
             raise ConfigError(f"{name}[{index}]", f"the hub's '$' topics are its own: {topic_filter!r}")
+
+
+def _check_port(parts: SplitResult, key: str) -> None:
+    """``ConfigError`` naming ``key`` when the URL's port is no TCP port."""
+    try:
+        _ = parts.port  # urllib checks the port when asked for it
+    except ValueError as error:
+        raise ConfigError(key, f"{str(error).lower()}, got {parts.geturl()!r}") from None
 
 
 def _positive_int(value: object) -> bool:
