@@ -49,17 +49,27 @@ def read_frame(store: TableStore, name: str, where: Mapping[str, Any] | None = N
     if spark is not None:
         from pyspark.sql import functions as F
 
-        from sinks.arrow_conform import conform
-
         frame = store.read(name)
         for column, value in (where or {}).items():
             frame = frame.where(F.col(f"`{column}`") == F.lit(value))
-        table = conform(frame.toArrow(), spec.arrow_schema, name)
+        table = _declared(frame.toArrow(), spec.arrow_schema)
     else:
-        table = store.read_arrow(name)
+        table = _declared(store.read_arrow(name), spec.arrow_schema)
         for column, value in (where or {}).items():
             table = table.filter(pc.equal(table[column], pa.scalar(value, table.schema.field(column).type)))
     return _checked(table, name).to_pandas()
+
+
+def _declared(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with the declared columns, in their order and types: one the table lacks is null (a table
+    another tool wrote), one it holds besides is left out (a payload field this catalog does not declare)."""
+    columns = [
+        table.column(field.name).cast(field.type)
+        if field.name in table.column_names
+        else pa.nulls(table.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=pa.schema([field.with_nullable(True) for field in schema]))
 
 
 def _checked(table: pa.Table, name: str) -> pa.Table:
