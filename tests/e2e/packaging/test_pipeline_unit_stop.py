@@ -1,0 +1,78 @@
+"""``systemctl stop timestone-pipeline@actions`` as systemd delivers it: SIGTERM to the processes its
+``KillMode`` names (the default, ``control-group``, signals every process of the unit: the driver and the
+Spark JVM it started; ``mixed`` the driver alone, the rest SIGKILLed once it has exited). The job must stop
+cleanly, between batches, well within ``TimeoutStopSec``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from broker_edge.runtime.launcher import BrokerProcess
+
+UNIT = Path(__file__).resolve().parents[3] / "conf" / "systemd" / "timestone-pipeline@.service"
+STARTED = "actions job started"
+
+
+def setting(key: str, default: str) -> str:
+    """The unit's value of ``key`` (systemd's default when it sets none)."""
+    found = re.search(rf"^{key}=(\S+)", UNIT.read_text(), re.MULTILINE)
+    return found.group(1) if found else default
+
+
+def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_path: Path) -> None:
+    """With ``control-group`` the JVM died of the SIGTERM while the driver asked it to stop its queries: the
+    driver logged py4j tracebacks and never exited, so every stop waited the 180 s of ``TimeoutStopSec`` and
+    ended in SIGKILL."""
+    timeout_stop_s = int(setting("TimeoutStopSec", "90"))
+    with BrokerProcess(tmp_path / "broker") as broker:
+        config = tmp_path / "actions.yaml"
+        config.write_text(
+            f"tables_root: {tmp_path}/tables\ncheckpoint_root: {tmp_path}/checkpoints\ncluster: false\n"
+            "brokers:\n"
+            f"  - {{name: e1, mqtt_host: 127.0.0.1, mqtt_port: {broker.port}, "
+            f'offsets_api: "{broker.offsets_url}"}}\n'
+        )
+        log = tmp_path / "job.log"
+        command = [
+            str(Path(sys.executable).parent / "timestone"),
+            "pipeline",
+            "actions",
+            "--config",
+            str(config),
+        ]
+        with log.open("w") as output:
+            job = subprocess.Popen(
+                [*command, "--spark-master", "local[1]"],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            deadline = time.monotonic() + 120
+            while STARTED not in log.read_text() and job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert STARTED in log.read_text(), log.read_text()[-3000:]
+            mode = setting("KillMode", "control-group")
+            assert mode in ("control-group", "mixed", "process")
+            if mode == "control-group":
+                os.killpg(job.pid, signal.SIGTERM)
+            else:
+                os.kill(job.pid, signal.SIGTERM)
+            stopped = time.monotonic()
+            status = job.wait(timeout=min(45, timeout_stop_s))
+            assert status == 0 and time.monotonic() - stopped < 45, log.read_text()[-3000:]
+            assert "Traceback" not in log.read_text()
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+            else:
+                with contextlib.suppress(ProcessLookupError):  # systemd: the rest, once the main has exited
+                    os.killpg(job.pid, signal.SIGKILL)
