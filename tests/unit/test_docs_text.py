@@ -34,3 +34,16 @@ def test_no_line_of_prose_starts_with_a_colon() -> None:
 def test_the_check_reads_prose_and_skips_code() -> None:
     text = "- **Offsets API**: on loopback\n: a listener's rule\n```yaml\n: not prose\n```\n"
     assert [number for number, line in prose_lines(text) if re.match(r"\s*:", line)] == [2]
+
+
+def test_every_test_a_doc_names_is_there() -> None:
+    """``tests/....py`` (and ``::test_name``) named as where a behaviour is tested: the file, and the test
+    in it; a moved test leaves the doc pointing at nothing."""
+    missing = []
+    for path in DOCS:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name, test in re.findall(r"\b(tests/[\w/.-]+\.py)(?:::(\w+))?", line):
+                target = ROOT / name
+                if not target.is_file() or (test and not re.search(rf"def {test}\b", target.read_text())):
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {name}{'::' + test if test else ''}")
+    assert missing == []
