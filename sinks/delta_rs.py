@@ -61,6 +61,7 @@ from sinks.store import (
     target_condition,
 )
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
+from sinks.writer_rules import BROKEN, rules_of, with_rules
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -211,15 +212,13 @@ class DeltaRsTableStore(TableStore):
     def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
         check_batch(app_id, batch_id)
         if _is_spark_frame(data):
-            if not _writer_rules(self._open_for_write(name)):
-                return self._append_from_executors(name, data, self.file_location(name), app_id, batch_id)
-            data = data.toArrow()  # delta-rs's writer keeps the table's rules, the tasks' would not
+            return self._append_from_executors(name, data, self.file_location(name), app_id, batch_id)
         rows = to_arrow_table(data)
         written: list[AppendReport] = []
 
         def attempt(table: DeltaTable) -> bool:
             batch = self._clustered(name, conform(rows, _arrow_schema(table), name))
-            computed = [column for column in _generated(table) if column not in rows.column_names]
+            computed = [column for column, _ in rules_of(table).generated if column not in rows.column_names]
             batch = batch.drop_columns(computed)  # delta-rs computes a generated column the rows lack
             if batch.num_rows == 0:
                 return True
@@ -262,10 +261,13 @@ class DeltaRsTableStore(TableStore):
             began = time.perf_counter()
             if writer is None:
                 schema = _arrow_schema(table)
-                conform(to_arrow(frame.schema).empty_table(), schema, name)
+                rules = rules_of(table)
+                checked = with_rules(frame, rules) if rules else frame  # evaluated by Spark in the tasks
+                conform(to_arrow(checked.drop(BROKEN).schema).empty_table(), schema, name)
                 writer = FileWriter(location, schema, tuple(table.metadata().partition_columns), name)
                 column = self.spec(name).cluster_by
-                written = write_files(frame if column is None else frame.sortWithinPartitions(column), writer)
+                sorted_rows = checked if column is None else checked.sortWithinPartitions(column)
+                written = write_files(sorted_rows, writer)
                 timing[0] = time.perf_counter() - began
                 began = time.perf_counter()
             if written:
@@ -678,19 +680,6 @@ def _is_spark_frame(data: TableData) -> bool:
 
 def _as_arrow(data: TableData) -> pa.Table:
     return data.toArrow() if _is_spark_frame(data) else to_arrow_table(data)
-
-
-def _writer_rules(table: DeltaTable) -> list[str]:
-    """What the table asks of its writers that the tasks' file writer does not do (another tool's table):
-    CHECK constraints, generated columns, column invariants."""
-    rules = [key for key in table.metadata().configuration if key.startswith("delta.constraints.")]
-    rules += [f.name for f in table.schema().fields if "delta.invariants" in f.metadata]
-    return rules + _generated(table)
-
-
-def _generated(table: DeltaTable) -> list[str]:
-    """The table's generated columns."""
-    return [f.name for f in table.schema().fields if "delta.generationExpression" in f.metadata]
 
 
 def _unreadable_as_parquet(table: DeltaTable) -> list[str]:

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from sinks.arrow_conform import conform
 from sinks.delta_encoding import FileStats, partition_path, partition_value
 from sinks.object_store import FileLocation, local_directory
+from sinks.writer_rules import check_rules
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -93,6 +94,7 @@ class FileWriter:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
+                batch = check_rules(batch, self.table)  # (a table with rules for its writers)
                 rows = conform(pa.Table.from_batches([batch]), self.schema, self.table)
                 for key, part in split_by_partition(rows, self.partition_by):
                     if key not in files:

@@ -1,0 +1,97 @@
+"""What a Delta table asks of its writers, kept by the Spark tasks that write its files.
+
+A table another tool made may carry rules for every writer: CHECK constraints
+(``delta.constraints.<name>``), column invariants (``delta.invariants``) and generated columns
+(``delta.generationExpression``). The tasks' Parquet writer (``parquet_files``) does not evaluate SQL, so
+before it runs, Spark does, in the same tasks: :func:`with_rules` computes each generated column the rows
+lack and adds :data:`BROKEN` naming, per row, the first rule it breaks (null: none). The writer
+(:func:`check_rules`) fails its task on any such row, naming the rule, and drops the column: a batch that
+breaks a rule writes nothing, as delta-rs's own writer refuses it, and the rows never leave the tasks.
+
+As in delta-rs, a rule whose expression is null for a row (a null column in it) does not fail it. A
+generated column the rows carry must equal its expression.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame
+
+__all__ = ["BROKEN", "RuleBroken", "WriterRules", "check_rules", "rules_of", "with_rules"]
+
+BROKEN = "__timestone_broken_rule"
+"""The column naming the first rule a row breaks, from :func:`with_rules` to the writer."""
+
+
+class RuleBroken(ValueError):
+    """Rows break a rule of the table: nothing of the batch is written."""
+
+
+@dataclass(frozen=True)
+class WriterRules:
+    """A table's rules for its writers, each a Spark SQL expression."""
+
+    checks: tuple[tuple[str, str], ...]
+    """(what the rule is, the expression every row must make true), CHECK constraints and invariants."""
+    generated: tuple[tuple[str, str], ...]
+    """(column, its generation expression)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.checks or self.generated)
+
+
+def rules_of(table: DeltaTable) -> WriterRules:
+    """The rules ``table`` sets its writers."""
+    checks = [
+        (f"CHECK constraint {key.removeprefix('delta.constraints.')} ({expression})", expression)
+        for key, expression in sorted(table.metadata().configuration.items())
+        if key.startswith("delta.constraints.") and expression
+    ]
+    generated = []
+    for field in table.schema().fields:
+        metadata = field.metadata
+        if "delta.invariants" in metadata:
+            invariant = json.loads(str(metadata["delta.invariants"]))
+            expression = invariant["expression"]["expression"]
+            checks.append((f"invariant of {field.name} ({expression})", expression))
+        if "delta.generationExpression" in metadata:
+            generated.append((field.name, str(metadata["delta.generationExpression"])))
+    return WriterRules(tuple(checks), tuple(generated))
+
+
+def with_rules(frame: DataFrame, rules: WriterRules) -> DataFrame:
+    """``frame`` with the generated columns it lacks computed and :data:`BROKEN` added, both by Spark in
+    the tasks (nothing is evaluated here)."""
+    from pyspark.sql import functions as F
+
+    checks = list(rules.checks)
+    for column, expression in rules.generated:
+        if column in frame.columns:
+            checks.append((f"generated column {column} ({expression})", f"`{column}` <=> ({expression})"))
+        else:
+            frame = frame.withColumn(column, F.expr(expression))
+    broken = [F.when(~F.expr(f"({expression})"), F.lit(label)) for label, expression in checks]
+    return frame.withColumn(BROKEN, F.coalesce(*broken) if broken else F.lit(None).cast("string"))
+
+
+def check_rules(batch: pa.RecordBatch, table: str) -> pa.RecordBatch:
+    """``batch`` without :data:`BROKEN`; :class:`RuleBroken` naming the rule when a row breaks one."""
+    index = batch.schema.get_field_index(BROKEN)
+    if index < 0:
+        return batch
+    broken = batch.column(index)
+    if broken.null_count < len(broken):
+        rules = pc.drop_null(broken)
+        raise RuleBroken(
+            f"{table}: {len(rules)} rows failed validation check of its {rules[0].as_py()} (a rule of the "
+            "table for its writers): nothing of the batch is written"
+        )
+    return batch.remove_column(index)
