@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="timestone pki",
         description="Make a CA and issue the certificates of listeners, cluster members, etcd, uplink hubs "
         "and sites, and devices. New keys are written readable by their owner only (0600); a file replaced "
-        "keeps its owner, group and mode.",
+        "keeps its owner, group and mode, never giving others access to a key.",
         epilog=EXIT_STATUS,
     )
     commands = parser.add_subparsers(dest="command", required=True)

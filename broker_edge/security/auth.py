@@ -409,7 +409,7 @@ class PasswordFile:
         algorithm: str = "scrypt",
     ) -> bool:
         """Add ``username`` or replace their hash, rewriting the file atomically (a new file gets mode 0600,
-        one that exists keeps its owner, group and mode).
+        one that exists keeps its owner, group and mode, less others' permissions).
 
         Returns True if the user was added, False if updated. Other lines (comments included) are kept.
         The file must exist unless ``create`` is true, so that a mistyped path does not silently start a

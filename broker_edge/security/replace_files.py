@@ -8,7 +8,9 @@ never half of one.
 
 A file that exists keeps its owner, group and mode (an operator's ``chgrp timestone`` and ``chmod 0640``, so
 that a service running as ``User=timestone`` reads its key or password file, outlive ``timestone pki renew``
-and ``timestone passwd``); a new file gets the mode it is written with, owned by whoever writes it. A process
+and ``timestone passwd``), but for others' permissions a new file would not get: a key or password file left
+readable by every user (0644) is replaced by one they cannot read (0640); a new file gets the mode it is
+written with, owned by whoever writes it. A process
 that may not give the old owner (not root) keeps the group where it may; where it may not, the new file's
 group gets none of the old group's permissions (they were meant for another group).
 """
@@ -52,7 +54,8 @@ def _stage(path: Path, data: bytes, mode: int) -> str:
         old = None
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(descriptor, _keep_owner(descriptor, old) if old is not None else mode)
+        kept = _keep_owner(descriptor, old) & (mode | 0o770) if old is not None else mode
+        os.fchmod(descriptor, kept)
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
             file.flush()
@@ -67,7 +70,8 @@ def _stage(path: Path, data: bytes, mode: int) -> str:
 def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
     """Replace each ``(path, data, mode)`` whole; every temporary is written before any is renamed.
 
-    ``mode`` is that of a new file; a file that exists keeps its own, and its owner and group. ``NotReplaced``
+    ``mode`` is that of a new file; a file that exists keeps its own (less others' permissions ``mode``
+    does not give), and its owner and group. ``NotReplaced``
     (an ``OSError`` naming the target) when writing a temporary failed, and so every file is as it was.
     """
     staged: list[tuple[str, Path]] = []

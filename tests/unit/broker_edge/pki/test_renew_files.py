@@ -158,3 +158,25 @@ def test_a_writer_that_may_not_give_the_owner_keeps_the_group_where_it_may(
     assert renew(ca, cert, key) == 0
     assert (key.stat().st_uid, key.stat().st_gid, stat.S_IMODE(key.stat().st_mode)) == (0, group, mode)
     assert matches(cert, key)
+
+
+@pytest.mark.parametrize("verb", ["renew", "issue --force"])
+def test_a_new_key_is_never_readable_by_others_whatever_the_old_one_was(
+    tmp_path: Path, issued: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str], verb: str
+) -> None:
+    """A key left readable and writable by everyone (0666) is replaced by one others cannot read (0660): its
+    owner's and group's permissions are kept, where the new key took 0644 from the old and every user of
+    the machine could read it; the certificate keeps its mode but others' write."""
+    ca, cert, key = issued
+    key.chmod(0o666)
+    cert.chmod(0o666)
+    if verb == "renew":
+        assert renew(ca, cert, key) == 0
+    else:
+        os.replace(key, cert.with_suffix(".key"))
+        key = cert.with_suffix(".key")
+        argv = ["pki", "issue", "server", "s", "--ca", str(ca), "--dns", "s.local", "--force"]
+        assert main([*argv, "--out", str(cert.with_suffix(""))]) == 0
+    assert f"({0o660:04o})" in capsys.readouterr().out
+    assert stat.S_IMODE(key.stat().st_mode) == 0o660 and matches(cert, key)
+    assert stat.S_IMODE(cert.stat().st_mode) == 0o664
