@@ -114,7 +114,15 @@ class SecureClient(aetcd.Client):
         try:
             answer = await rpc.AuthStub(self.channel).Authenticate(request, timeout=self._timeout)
         except rpc.AioRpcError as error:
-            aetcd.exceptions._handle_exception(error)
+            try:
+                aetcd.exceptions._handle_exception(error)
+            except aetcd.exceptions.ClientError as refused:
+                if "authentication failed" not in str(refused):
+                    raise
+                raise type(refused)(  # a wrong user or password: say which setting holds them
+                    f"{refused} (user {auth.username!r} (cluster.etcd_auth), its password the first line of "
+                    f"{auth.password_file})"
+                ) from error
         self.metadata = (("token", answer.token),)
         if self._watcher is not None:
             self._watcher._metadata = self.metadata  # a watch stream made from now on carries it
