@@ -31,6 +31,7 @@ from pipelines.fleet.background import BackgroundFleet
 from pipelines.fleet.cli import at_least_one, probability
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import FleetSpec
+from pipelines.pipeline_logs import quiet_libraries
 from pipelines.views.location import DEMO_WORKDIR, notebooks_hint
 
 if TYPE_CHECKING:
@@ -328,7 +329,8 @@ def demo_main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:  # not the loggers' levels: Great Expectations sets its own
+        quiet_libraries(handler)
     workdir = Path(args.workdir).resolve()
     try:
         fresh_workdir(workdir)  # its mark stays locked until this process ends

@@ -20,7 +20,13 @@ from broker_edge.observe.logs import LoggingConfig, configure_logging
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["LIBRARY_LOGGERS", "configure_pipeline_logging", "failure_summary", "quiet_spark"]
+__all__ = [
+    "LIBRARY_LOGGERS",
+    "configure_pipeline_logging",
+    "failure_summary",
+    "quiet_libraries",
+    "quiet_spark",
+]
 
 LIBRARY_LOGGERS = ("py4j", "great_expectations")
 """Python loggers kept to WARNING and above unless the level is DEBUG."""
@@ -56,7 +62,12 @@ def configure_pipeline_logging(level: str = "INFO", log_format: str = "text") ->
     """The pipeline's handler on the root logger (broker_edge.observe.logs formats), libraries quietened."""
     config = LoggingConfig(level=level, format="json" if log_format == "json" else "text")
     handler = configure_logging(config, stream=cast(TextIO, _StandardError()))  # it only writes and flushes
-    handler.addFilter(_LibraryFilter(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING))
+    quiet_libraries(handler, logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING)
+
+
+def quiet_libraries(handler: logging.Handler, minimum: int = logging.WARNING) -> None:
+    """``handler`` writes the records of :data:`LIBRARY_LOGGERS` from ``minimum`` up only."""
+    handler.addFilter(_LibraryFilter(minimum))
 
 
 def quiet_spark(spark: SparkSession, level: str = "INFO") -> None:

@@ -85,3 +85,10 @@ def test_the_follow_up_the_demo_prints_shows_its_rollout(demo_run):
     row = next(line for line in result.stdout.splitlines() if line.startswith(action_id))
     assert row.split()[1:3] == ["ota", "COMPLETED"]
     assert "group canary" in row and "actions job: stopped on " in result.stdout
+
+
+def test_the_demo_logs_no_librarys_chatter(demo_run):
+    """The demo's log is its warnings: Great Expectations' INFO records (its ephemeral docs site, a temporary
+    directory per validation) stay out, though it sets its own loggers to INFO when first imported."""
+    chatter = [line for line in demo_run.stderr.splitlines() if re.match(r"(DEBUG|INFO) \S+: ", line)]
+    assert chatter == []

@@ -120,6 +120,7 @@ class DemoRun:
 
     repository: Path
     stdout: str
+    stderr: str = ""
 
     @property
     def action_id(self) -> str:
@@ -151,4 +152,4 @@ def run_demo(repository: Path, devices: int, timeout_s: float = 400) -> DemoRun:
         timeout=timeout_s,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return DemoRun(repository, result.stdout)
+    return DemoRun(repository, result.stdout, result.stderr)
