@@ -338,8 +338,11 @@ def _progress(summary: dict, row: dict) -> str | None:
 
 
 def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:
-    """Every action, one line each (newest first), then whether the job runs."""
-    header = f"{'action':<22} {'kind':<8} {'state':<12} {'done':>11}  {'created':<23} target"
+    """Every action, one line each (newest first), then whether the job runs; the action column as wide as
+    its longest id (a rollback's is its action's and ``-rollback``)."""
+    statuses = list(statuses)
+    width = max([22, *(len(status.action_id or "-") for status in statuses)])
+    header = f"{'action':<{width}} {'kind':<8} {'state':<12} {'done':>11}  {'created':<23} target"
     lines = [header]
     for status in statuses:
         row = status.row or {}
@@ -350,9 +353,8 @@ def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:
         kind = str(row.get("kind", "-"))[:8]
         target = _target(row) if row else "-"
         created = _time(row.get("created_at"))
-        lines.append(
-            f"{status.action_id or '-':<22} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}"
-        )
+        action = status.action_id or "-"
+        lines.append(f"{action:<{width}} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}")
     lines.append(job)
     return "\n".join(lines)
 

@@ -346,3 +346,17 @@ def test_a_watch_interval_no_clock_can_wait_is_refused_in_one_line(tmp_path, cap
     assert capsys.readouterr().err.splitlines() == [
         "timestone ota status: --interval must be above 0 and at most 86400 seconds, and --show at least 0"
     ]
+
+
+def test_status_keeps_its_columns_under_an_id_longer_than_the_header(tmp_path, capsys):
+    """A rollback's id is its action's and ``-rollback`` (25 characters for the demo's): every row's kind,
+    state and count stay under their headings."""
+    root = str(tmp_path / "tables")
+    assert ota(root, "create", "--id", "act-6e5b2e922eb5-rollback", "--all", *FIRMWARE) == 0
+    assert ota(root, "create", "--id", "fw-2", "--all", *FIRMWARE) == 0
+    capsys.readouterr()
+    assert ota(root, "status") == 0
+    header, *rows = capsys.readouterr().out.splitlines()[:3]
+    for row in rows:
+        assert row.index(" ota ") + 1 == header.index("kind"), (header, row)
+        assert row.index("WAITING") == header.index("state"), (header, row)
