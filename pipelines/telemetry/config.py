@@ -86,7 +86,7 @@ class TopicTemplate:
         parts = []
         for level in self.levels:
             if _PLACEHOLDER.match(level):
-                parts.append("([^/]+)")
+                parts.append("([^/]*)")  # an empty level too, as the filter's + matches it
             else:
                 parts.append("".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in level))
         return "^" + "/".join(parts) + "$"

@@ -22,6 +22,8 @@ from .config import DevicesConfig, PayloadConfig
 #: Why a row went to quarantine (``telemetry_quarantine.reason``).
 REASON_UNPARSEABLE = "unparseable_payload"
 REASON_EXPECTATIONS = "failed_expectations"
+#: The detail of a telemetry row whose topic's {device_id} level is empty.
+NO_DEVICE = "topic: its {device_id} level is empty"
 
 _RECORD_COLUMNS = (
     "broker",
@@ -138,8 +140,12 @@ def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
         no_time = times[1] & ~F.coalesce(error, F.lit(False))
         error = error | no_time
         detail = F.when(no_time, _time_detail(payload)).otherwise(detail)
+    device = formats.device_id(payload)
+    no_device = device == ""  # devices//telemetry: read by the template's filter, naming no device
+    error = error | no_device
+    detail = F.when(no_device, F.lit(NO_DEVICE)).otherwise(detail)
     parsed = [
-        ("device_id", formats.device_id(payload)),
+        ("device_id", device),
         ("topic_tags", formats.topic_tags(payload)),
         ("event_time", _event_time(None if times is None else times[0])),
         *[(name, F.col(name)) for name in payload.fields],
@@ -314,8 +320,9 @@ def parse_status(bronze: DataFrame, devices: DevicesConfig) -> DataFrame:
     if template is None:
         raise ValueError("parse_status needs gold.devices.status_topic_template")
     firmware = F.get_json_object(F.col("payload").cast("string"), f"$.{devices.status_firmware_field}")
-    return bronze.where(formats.matches(template)).select(
-        formats.placeholder(template, "device_id").alias("device_id"),
+    device = formats.placeholder(template, "device_id")
+    return bronze.where(formats.matches(template) & (device != "")).select(
+        device.alias("device_id"),
         "timestamp",
         "broker",
         firmware.alias("firmware_version"),

@@ -137,7 +137,7 @@ def test_topic_template_filter_and_regex():
     template = TopicTemplate("sites/{site}/devices/{device_id}/tele.metry")
     assert template.topic_filter == "sites/+/devices/+/tele.metry"
     assert template.placeholders == ["site", "device_id"]
-    assert template.regex == r"^sites/([^/]+)/devices/([^/]+)/tele\.metry$"
+    assert template.regex == r"^sites/([^/]*)/devices/([^/]*)/tele\.metry$"  # + matches an empty level
     for bad in ("devices/{id}/telemetry", "devices/x{device_id}/t", "devices/#", "a/{device_id}/{device_id}"):
         with pytest.raises(ValueError):
             TopicTemplate(bad)

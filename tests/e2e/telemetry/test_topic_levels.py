@@ -1,0 +1,50 @@
+"""Telemetry published by MQTT clients to topics the job's own filter reads but whose levels say little: an
+empty {device_id} level is quarantined saying so, never left in bronze alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.telemetry.config import load_telemetry_config
+from tests.e2e.telemetry.telemetry_harness import MqttPublisher, reading, run_available_now
+
+pytestmark = pytest.mark.spark
+
+
+def test_an_empty_device_level_is_quarantined_naming_it(spark, tmp_path) -> None:
+    """devices//telemetry matches the job's filter devices/+/telemetry (+ matches an empty level), so the
+    record came into bronze, but not the template's expression: it reached neither silver nor quarantine."""
+    from tests.e2e.conftest import RunningBroker, broker_config
+
+    config = broker_config(tmp_path, storage={"durability": "group"}, offsets_api={"port": 0})
+    running = RunningBroker(config).start()
+    publisher = MqttPublisher("edge1", running.port)
+    try:
+        publisher.publish("devices//telemetry", reading("x", 1, 20))
+        publisher.publish("devices/d1/telemetry", reading("d1", 1, 20))
+        publisher.publish("devices//status", b'{"firmware": "2.0.0"}')
+        publisher.flush()
+        pipeline = load_telemetry_config(
+            {
+                "source": {
+                    "brokers": [f"edge1=http://127.0.0.1:{running.broker.offsets_port}"],
+                    "options": {"fetchRetries": "1"},
+                },
+                "tables": {"root": str(tmp_path / "tables")},
+                "stream": {"checkpoint": str(tmp_path / "checkpoint")},
+                "quality": {"gx": {"schedule": "never"}},
+                "gold": {"devices": {"status_topic_template": "devices/{device_id}/status"}},
+            }
+        )
+        store = run_available_now(spark, pipeline, timeout_s=240).store
+    finally:
+        publisher.close()
+        running.stop()
+    assert [row.device_id for row in store.read("silver_telemetry").collect()] == ["d1"]
+    quarantined = [
+        tuple(row) for row in store.read("telemetry_quarantine").select("topic", "reason", "detail").collect()
+    ]
+    assert quarantined == [
+        ("devices//telemetry", "unparseable_payload", "topic: its {device_id} level is empty")
+    ]
+    assert [row.device_id for row in store.read("devices").collect()] == ["d1"]
