@@ -8,6 +8,7 @@ with this reader).
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -16,8 +17,10 @@ from .fields import PayloadError
 
 def read_json(payload: bytes) -> dict[str, Any]:
     """The object a JSON payload holds (a ``fields.Reader``)."""
+    if payload.startswith(codecs.BOM_UTF8):  # json.loads skips it, Spark's from_json does not
+        raise PayloadError("json: byte 0: a UTF-8 byte order mark before the JSON text")
     try:
-        value = json.loads(payload)
+        value = json.loads(payload.decode("utf-8"))  # UTF-8 only, as from_json (no UTF-16 or -32 guessed)
     except UnicodeDecodeError as exc:
         raise PayloadError(f"json: byte {exc.start}: not UTF-8") from None
     except json.JSONDecodeError as exc:

@@ -48,3 +48,37 @@ def test_an_empty_device_level_is_quarantined_naming_it(spark, tmp_path) -> None
         ("devices//telemetry", "unparseable_payload", "topic: its {device_id} level is empty")
     ]
     assert [row.device_id for row in store.read("devices").collect()] == ["d1"]
+
+
+def test_a_json_payload_after_a_byte_order_mark_is_quarantined_saying_so(spark, tmp_path) -> None:
+    """Python's reader skips a UTF-8 byte order mark that Spark's from_json refuses: the detail was the
+    catch-all 'json: not an object of the declared fields and types'."""
+    from tests.e2e.conftest import RunningBroker, broker_config
+
+    config = broker_config(tmp_path, storage={"durability": "group"}, offsets_api={"port": 0})
+    running = RunningBroker(config).start()
+    publisher = MqttPublisher("edge1", running.port)
+    try:
+        publisher.publish("devices/d1/telemetry", b"\xef\xbb\xbf" + reading("d1", 1, 20))
+        publisher.flush()
+        pipeline = load_telemetry_config(
+            {
+                "source": {
+                    "brokers": [f"edge1=http://127.0.0.1:{running.broker.offsets_port}"],
+                    "options": {"fetchRetries": "1"},
+                },
+                "tables": {"root": str(tmp_path / "tables")},
+                "stream": {"checkpoint": str(tmp_path / "checkpoint")},
+                "quality": {"gx": {"schedule": "never"}},
+            }
+        )
+        store = run_available_now(spark, pipeline, timeout_s=240).store
+    finally:
+        publisher.close()
+        running.stop()
+    quarantined = [
+        tuple(row) for row in store.read("telemetry_quarantine").select("reason", "detail").collect()
+    ]
+    assert quarantined == [
+        ("unparseable_payload", "json: byte 0: a UTF-8 byte order mark before the JSON text")
+    ]
