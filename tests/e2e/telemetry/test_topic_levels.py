@@ -1,5 +1,6 @@
-"""Telemetry published by MQTT clients to topics the job's own filter reads but whose levels say little: an
-empty {device_id} level is quarantined saying so, never left in bronze alone."""
+"""Telemetry published by MQTT clients in shapes other tools write, through a real broker and the job: a
+topic whose {device_id} level is empty (the job's own filter reads it), a JSON payload after a byte order
+mark. Each is quarantined saying why, never left in bronze alone."""
 
 from __future__ import annotations
 
