@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
-from pipelines.fleet.cli import at_least_one, probability
+from pipelines.fleet.cli import at_least_one, more_than_zero, probability
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import FleetSpec
 from pipelines.pipeline_logs import quiet_libraries
@@ -51,12 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workdir", default=str(DEMO_WORKDIR), help=f"where the demo keeps its data (default {DEMO_WORKDIR})"
     )
-    parser.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
     parser.add_argument(
-        "--failure-rate", type=probability, default=0.05, help="share of devices whose OTA fails"
+        "--timeout", type=more_than_zero, default=240.0, help="give up after this many seconds (default 240)"
     )
     parser.add_argument(
-        "--reject-rate", type=probability, default=0.02, help="share of devices that reject OTA"
+        "--failure-rate",
+        type=probability,
+        default=0.05,
+        help="share of devices whose OTA fails (default 0.05)",
+    )
+    parser.add_argument(
+        "--reject-rate",
+        type=probability,
+        default=0.02,
+        help="share of devices that reject OTA (default 0.02)",
     )
     return parser
 

@@ -209,3 +209,15 @@ def test_more_devices_than_a_process_can_connect_are_a_wrong_command_line_not_a_
         f"--count {count}: {count // 2} devices in each of --procs 2 processes, where a process may have "
         f"{limit} files open (ulimit -n), a connection each: run more --procs"
     ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_demo_timeout_no_step_can_wait_is_a_wrong_command_line(capsys, tmp_path, value):
+    """``timestone demo --timeout nan`` (or -1, 0): refused before the broker and Spark start, where the demo
+    started them and ended 'timed out waiting for devices', exit status 1, half a minute later."""
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--timeout", value, "--workdir", str(tmp_path / "demo")])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"timestone demo: error: argument --timeout: expected more than 0, got {value!r}"
+    )
