@@ -293,8 +293,13 @@ def fresh_workdir(workdir: Path) -> int:
         shutil.rmtree(workdir)
     elif workdir.exists():
         raise ValueError(f"--workdir {workdir} is not a directory")
-    workdir.mkdir(parents=True)
-    mark = os.open(workdir / WORKDIR_MARK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        workdir.mkdir(parents=True)
+        mark = os.open(workdir / WORKDIR_MARK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as error:  # under a file, or where this user may not write
+        raise ValueError(
+            f"--workdir {workdir}: cannot make it the demo's working directory: {error.strerror}"
+        ) from None
     fcntl.flock(mark, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no other process has it yet
     os.write(
         mark, f"a working directory of timestone demo (pid {os.getpid()}), deleted by the next one\n".encode()

@@ -54,3 +54,16 @@ def test_a_new_or_empty_directory_is_made_the_demos(tmp_path: Path):
     (tmp_path / "empty").mkdir()
     fresh_workdir(tmp_path / "empty")
     assert [path.name for path in (tmp_path / "empty").iterdir()] == [WORKDIR_MARK]
+
+
+def test_a_directory_that_cannot_be_made_is_a_wrong_command_line(tmp_path: Path, capsys):
+    """``--workdir`` under a file (or where this user may not write): one line naming it, exit status 2,
+    where the demo ended in a NotADirectoryError (PermissionError) traceback."""
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--workdir", str(tmp_path / "file" / "demo")])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"timestone demo: error: --workdir {tmp_path / 'file' / 'demo'}: cannot make it the demo's working "
+        "directory: Not a directory"
+    )
