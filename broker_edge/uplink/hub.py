@@ -81,6 +81,8 @@ REPLACED_WINDOW_S = 60.0
 ERROR: two brokers use its certificate (a site that reconnects after a cut replaces its connection once)."""
 REPLACED_NOTICE_S = 1.0
 """How long a replaced connection's ERROR may take to send (one cut silently may never take it)."""
+SAID_TOPICS = 20
+"""Topics named one line each when a site's copies end past this hub's logs (the rest are counted)."""
 DOWN_POLL_S = 0.5
 """How often a cluster member asks again for downlinked logs it holds no copy of (nothing wakes it)."""
 
@@ -233,6 +235,7 @@ class UplinkHub:
                 log.info("site %s connected (%d topics held)", site, len(ends))
                 first = False
                 if down is not None:
+                    self._check_down_ends(site, down)
                     self._downlinks[site] = asyncio.get_running_loop().create_task(
                         self._send_down(ws, down), name=f"downlink-{site}"
                     )
@@ -252,6 +255,32 @@ class UplinkHub:
                 status.site_ends.update(site_ends_of(decoded.header.get("site_ends", {})))
             else:
                 raise WireError(f"unexpected message kind {decoded.kind}")
+
+    def _check_down_ends(self, site: str, down: Downlink) -> None:
+        """An ERROR for each topic sent down whose copy on ``site`` ends past this hub's log (the hub's data
+        lost or replaced): the records it takes below that end never reach the site. The logs another member
+        holds are not looked at; ``SAID_TOPICS`` are named, the rest counted."""
+        store, logs = self.store, self.logs
+        behind = [
+            (topic, position, store.durable_end(topic) if topic in store else 0)
+            for topic, position in down.positions.items()
+            if down.sends(topic) and any(topic_matches(f, topic) for f in down.served) and logs.holds(topic)
+        ]
+        behind = [(topic, position, held) for topic, position, held in behind if position > held]
+        for topic, position, held in behind[:SAID_TOPICS]:
+            log.error(
+                "site %s holds %r up to %d, this hub only to %d: this hub's log was lost or replaced; the "
+                "records it takes below %d never reach the site",
+                site,
+                topic,
+                position,
+                held,
+                position,
+            )
+        if len(behind) > SAID_TOPICS:
+            log.error(
+                "site %s: %d more topics sent down end past this hub's logs", site, len(behind) - SAID_TOPICS
+            )
 
     async def _send_down(self, ws: web.WebSocketResponse, down: Downlink) -> None:
         """The hub's topics the site is served (``down``) to the site, from where its copies end, until the
