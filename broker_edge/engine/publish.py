@@ -188,6 +188,8 @@ class PublishPath:
         """Each publisher's answers in the order of its publishes."""
         self._held_readers: list[HeldReader] = []
         """Publishers not read until enough of their publishes are answered (``wait_for_answers``)."""
+        self._creating: dict[str, set[str]] = {}
+        """The logs each client's publishes queued this turn create (``will_create_log``)."""
 
     def attach_store(self, store: PublishStore, replays: ReplayManager | None) -> None:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
@@ -206,9 +208,23 @@ class PublishPath:
     # -- 1. accept ----------------------------------------------------------------------------------------
 
     def logs_created_by(self, client_id: str) -> int:
-        """Logs ``client_id`` created (its topic quota counts them)."""
+        """Logs ``client_id`` created, and those its publishes queued this turn will create (its topic quota
+        counts them all: a pipelined run of publishes to new topics is read before any of them is made)."""
         store = self.store
-        return store.logs_created_by(client_id) if store is not None else 0
+        made = store.logs_created_by(client_id) if store is not None else 0
+        creating = self._creating.get(client_id)
+        return made if creating is None else made + len(creating)
+
+    def creates_log(self, client_id: str, topic: str) -> bool:
+        """Whether a publish of ``client_id`` queued this turn creates ``topic``'s log (another one to the
+        same topic takes nothing more of its quota)."""
+        creating = self._creating.get(client_id)
+        return creating is not None and topic in creating
+
+    def will_create_log(self, client_id: str, topic: str) -> None:
+        """A publish of ``client_id`` to ``topic``, whose log does not exist, is taken: the append at the end
+        of this turn creates it (``logs_created_by`` counts it meanwhile)."""
+        self._creating.setdefault(client_id, set()).add(topic)
 
     def accept(self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool) -> None:
         """Take a client's publish: logged, it waits for the log; otherwise it is routed and acknowledged now.
@@ -232,7 +248,11 @@ class PublishPath:
             self.counters.drop("no_subscribers")
         if packet_id is not None:
             note = retained_not_kept(self.router, message) if message.retain else None
-            acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING, note)
+            code = 0 if matched else _NO_MATCHING
+            if publisher.incoming_pending:  # its earlier publishes wait for the log: answered behind them
+                self.acknowledge_in_turn(publisher, packet_id, message.qos, code, note)
+            else:
+                acknowledge(publisher, message.qos, packet_id, code, note)
 
     def accept_run(self, publisher: Publisher, run: PublishRun) -> None:
         """Take a client's run of plain QoS 0 publishes of one unlogged topic (``engine.publish_run``): routed
@@ -296,14 +316,21 @@ class PublishPath:
             if forwarding is not None and not message.topic.startswith("$"):
                 forwarding.broadcast(message)
 
-    def acknowledge_in_turn(self, publisher: Publisher, packet_id: int, qos: int, reason_code: int) -> None:
+    def acknowledge_in_turn(
+        self,
+        publisher: Publisher,
+        packet_id: int,
+        qos: int,
+        reason_code: int,
+        reason_string: str | None = None,
+    ) -> None:
         """Acknowledge behind every publish still waiting for the log, so acks keep the publishes' order."""
         if self.store is None:
-            acknowledge(publisher, qos, packet_id, reason_code)
+            acknowledge(publisher, qos, packet_id, reason_code, reason_string)
             return
         if qos == 1 or not publisher.v5:  # waits for its answer as a publish does
             publisher.incoming_pending += 1
-        self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code))
+        self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code, reason_string))
 
     def wait_for_answers(self, reader: HeldReader) -> None:
         """``reader`` is not read until enough of its publishes are answered: it is told after every batch
@@ -343,6 +370,8 @@ class PublishPath:
         self._scheduled = False
         batch, self._pending = self._pending, []
         topics, self._by_topic = self._by_topic, {}
+        if self._creating:  # made by this append, or refused by it: the store counts what it made
+            self._creating = {}
         store = self.store
         assert store is not None, "only logged publishes are queued"
         if not batch:

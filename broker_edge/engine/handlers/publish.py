@@ -159,17 +159,24 @@ def _may_create_log(ctx: BrokerContext, conn: Client, session: Session, topic: s
     limits = ctx.config.limits
     if limits.is_exempt(session.username):
         return True
+    path, client_id = ctx.publish_path, session.client_id
+    if path.creates_log(client_id, topic):
+        return True  # another publish of this turn creates it: counted once
     quota = limits.max_topics_per_client
-    if quota and ctx.publish_path.logs_created_by(session.client_id) >= quota:
+    if quota and path.logs_created_by(client_id) >= quota:
         return False
-    return ctx.topic_shares.take(identity_of(session.username, conn.peer_host()), topic)
+    if not ctx.topic_shares.take(identity_of(session.username, conn.peer_host()), topic):
+        return False
+    path.will_create_log(client_id, topic)
+    return True
 
 
 def _refuse(
     ctx: BrokerContext, conn: Client, session: Session, packet: Publish, reason_code: int, drop_reason: str
 ) -> None:
     """Drop a PUBLISH the client may not make: v5 learns why from PUBACK / PUBREC; v3 sees a normal ack, so
-    the log line (rate-limited, naming client, user and topic) is where its owner learns of it."""
+    the log line (rate-limited, naming client, user and topic) is where its owner learns of it. The answer
+    keeps its turn behind the client's publishes still waiting for the log [MQTT-4.6.0-2]."""
     ctx.counters.drop(drop_reason)
     qos, packet_id = packet.qos, packet.packet_id
     ctx.counters.refusal_log.write(
@@ -184,12 +191,10 @@ def _refuse(
     )
     if packet_id is None:
         return
-    if qos == 1:
-        conn.send_puback(packet_id, reason_code)
-    elif qos == 2:
-        if not conn.terms.v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
-            _hold_qos2(conn, session, packet_id)
-        conn.send_pubrec(packet_id, reason_code)
+    v5 = conn.terms.v5
+    if qos == 2 and not v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
+        _hold_qos2(conn, session, packet_id)
+    ctx.publish_path.acknowledge_in_turn(conn, packet_id, qos, reason_code if v5 else 0)
 
 
 def _hold_qos2(conn: Client, session: Session, packet_id: int) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import (
@@ -136,6 +138,18 @@ def test_persistence_rules_pick_topics_and_qos_levels(brokers):
     assert offset_of(got["state/door", "state/door at qos 1"]) == 0
     unlogged = [got["state/door", "state/door at qos 0"], got["debug/trace", "never logged"]]
     assert all("offset" not in dict(getattr(m.properties, "UserProperty", [])) for m in unlogged)
+
+
+def test_an_unlogged_qos1_publish_is_acknowledged_behind_the_logged_ones_read_before_it(brokers):
+    """[MQTT-4.6.0-2] as the server keeps it: a topic the rules do not log is routed at once, but its PUBACK
+    waits for the logged publishes the client sent before it, where it was written ahead of them."""
+    rules = [{"pattern": "debug/#", "qos": []}, {"pattern": "#", "qos": [1, 2]}]
+    broker = brokers(storage={"persist": rules})
+    raw = RawClient(broker.port, 5)
+    raw.connect("mixed")
+    sent = ["state/a", "state/b", "debug/trace", "state/c", "debug/more"]
+    raw.send(b"".join(encode(Publish(t, b"x", 1, packet_id=n + 1), 5) for n, t in enumerate(sent)))
+    assert [raw.recv().packet_id for _ in sent] == [1, 2, 3, 4, 5]
 
 
 def test_retention_per_pattern_by_bytes_and_by_age_in_segments_the_topics_share(brokers):

@@ -42,6 +42,30 @@ def test_a_client_over_its_topic_quota_gets_0x97_and_creates_no_log(brokers):
     assert _logs(broker) == ["junk/0", "junk/1", "junk/2"]
 
 
+def test_new_topics_pipelined_in_one_read_are_held_to_the_quota_too(brokers):
+    """Publishes read together are taken before the turn's append makes their logs: each new topic counts
+    from the moment its publish is taken, where a client sending six at once with a quota of one had all
+    six logs made. A second publish to a topic the same read creates takes nothing more."""
+    broker = brokers(limits={"max_topics_per_client": 2})
+    runaway = RawClient(broker.port, 5)
+    runaway.connect("runaway")
+    topics = ["junk/0", "junk/0", "junk/1", "junk/2", "junk/3", "junk/1"]
+    publishes = [Publish(topic, b"reading", 1, packet_id=n + 1) for n, topic in enumerate(topics)]
+    runaway.send(b"".join(encode(publish, 5) for publish in publishes))
+    acks = [runaway.recv() for _ in topics]  # in the order of the publishes [MQTT-4.6.0-2]
+
+    assert [(ack.packet_id, ack.reason_code) for ack in acks] == [
+        (1, 0x10),
+        (2, 0x10),
+        (3, 0x10),
+        (4, QUOTA_EXCEEDED),
+        (5, QUOTA_EXCEEDED),
+        (6, 0x10),
+    ]
+    assert _logs(broker) == ["junk/0", "junk/1"]
+    assert _publish(runaway, "junk/4", 7).reason_code == QUOTA_EXCEEDED  # counted by the store from now on
+
+
 def test_reconnecting_does_not_reset_a_clients_topic_quota(brokers):
     broker = brokers(limits={"max_topics_per_client": 2})
     for attempt in range(3):

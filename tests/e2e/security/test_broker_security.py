@@ -127,6 +127,29 @@ def test_acl_publish_denied_v5_0x87_v3_acked_and_dropped(start_broker, password_
     assert broker.drops("acl_denied") == 3
 
 
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_refused_publish_is_answered_in_its_turn_behind_the_publishes_before_it(
+    start_broker, password_file, version
+):
+    """[MQTT-4.6.0-2] [MQTT-4.6.0-3] as the server keeps them (a client's rules): publishes read together, a
+    denied one among them, are answered in the order of the publishes, where the refusal was answered at
+    once, ahead of the logged publishes read before it."""
+    broker = secured(start_broker, password_file, acl=ACL)
+    raw = RawClient(broker.port, version)
+    raw.connect("alice-pipelined", username="alice", password=b"s3cret")
+    sent = [("devices/alice/a", 1), ("devices/alice/b", 1), ("devices/bob/cmd", 1), ("devices/alice/c", 2)]
+    raw.send(b"".join(encode(Publish(t, b"x", q, packet_id=n + 1), version) for n, (t, q) in enumerate(sent)))
+    answers = [raw.recv() for _ in sent]
+    assert [(type(a).__name__, a.packet_id) for a in answers] == [
+        ("PubAck", 1),
+        ("PubAck", 2),
+        ("PubAck", 3),
+        ("PubRec", 4),
+    ]
+    if version == 5:
+        assert [a.reason_code for a in answers] == [0x10, 0x10, 0x87, 0x10]
+
+
 def test_acl_client_id_pattern(start_broker, password_file):
     broker = secured(start_broker, password_file, acl=ACL)
     watcher = PahoClient(broker.port, "w", username="bob", password="hunter2")
