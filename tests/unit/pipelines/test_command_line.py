@@ -36,9 +36,9 @@ def test_the_help_lists_a_commands_subcommands_as_its_own_help_does_in_one_colum
     listed = {}
     for row in rows:
         name = row.split()[0]
-        verbs = re.search(rf"timestone {name} ((?:[\w-]+ \| )+[\w-]+)", row)
-        if verbs:
-            listed[name] = verbs.group(1).split(" | ")
+        found = re.search(rf"timestone {name} ((?:[\w-]+ \| )+[\w-]+)", row)
+        if found:
+            listed[name] = found.group(1).split(" | ")
     assert {"ota", "pki"} <= set(listed)
     for name, verbs in listed.items():
         choices = re.search(r"\{([\w,-]+)\}", help_of(capsys, [name]).split("\n\n")[0])
