@@ -48,6 +48,7 @@ from .sealer import Sealer
 from .segment import ROLLED, fsync_directory
 from .store_admin import Admin
 from .store_appends import Appends
+from .store_identity import ensure_store_id
 from .store_reads import PartitionInfo, PartitionRecords, Reads
 from .store_state import _Catalogue
 from .topic_order import TopicOrder
@@ -98,6 +99,8 @@ class LogStore(Appends, Reads, Admin):
         super().__init__(directory, config)
         self.replicated_log = ReplicatedLog(self)
         """The replicated-log interface (a cluster's replicas, the uplink): see ``replicated_log``."""
+        self.store_id: str | None = None
+        """The data directory's identity, set by `open` (``store_identity``): it never changes."""
 
     def open(self) -> RecoveryReport:
         """Load the catalog and the partition logs (repairing torn tails, applying unsealed segments)."""
@@ -109,6 +112,7 @@ class LogStore(Appends, Reads, Admin):
             upgrade_layout_2(self.layout, self.config, LogStore)
         else:
             finish_upgrade(self.layout)
+        self.store_id = ensure_store_id(self.layout.meta)
         marker = self.layout.meta_file(CLEAN_SHUTDOWN_MARKER)
         report = RecoveryReport(clean_shutdown=os.path.exists(marker))
         opened = open_partitions(

@@ -27,7 +27,7 @@ def assert_moved_whole(root: Path) -> None:
     store = LogStore(root)
     report = store.open()
     assert sorted(path.name for path in root.iterdir()) == ["log", "meta"]
-    assert sorted(path.name for path in (root / "meta").iterdir()) == ["LAYOUT", "sessions.json"]
+    assert sorted(path.name for path in (root / "meta").iterdir()) == ["LAYOUT", "STORE_ID", "sessions.json"]
     assert (root / "meta" / "LAYOUT").read_text() == "3\n"
     assert (root / "meta" / "sessions.json").read_text() == SESSIONS
     assert report.clean_shutdown  # the marker was carried over (and read: an open removes it)
