@@ -46,6 +46,7 @@ from .formats import (
     PARTITION_METADATA_KEYS,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
+    STORE_HEADER,
     frames_records,
     topic_path_segment,
 )
@@ -104,6 +105,9 @@ class OffsetsClient:
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
         self._connection: http.client.HTTPConnection | None = None
+        self.store: str | None = None
+        """The identity of the broker's store its last answer told (``STORE_HEADER``; None: an older
+        broker, or no answer yet). Offsets of one store mean nothing in another."""
 
     def __enter__(self) -> OffsetsClient:
         return self
@@ -198,7 +202,8 @@ class OffsetsClient:
         self._raise_for(status, data)
         table = read_arrow_stream(data)
         raw_results = json.loads((table.schema.metadata or {})[RESULTS_METADATA_KEY])
-        return BatchFetch(table, {topic: _topic_result(topic, item) for topic, item in raw_results.items()})
+        results = {topic: _topic_result(topic, item) for topic, item in raw_results.items()}
+        return BatchFetch(table, results, self.store)
 
     def partitions(self) -> list[PartitionExtent]:
         """The broker's storage partitions and their extents in positions (`NotFound`-coded
@@ -243,6 +248,7 @@ class OffsetsClient:
             json.loads(value["lost"]),
             int(value["damaged"]),
             int(value["removed"]),
+            self.store,
         )
 
     # -- transport -----------------------------------------------------------------------------------
@@ -305,6 +311,7 @@ class OffsetsClient:
                 self.close()
                 last_error = error
                 continue
+            self.store = response.headers.get(STORE_HEADER)
             if response.status in _RETRIED_STATUSES:
                 last_error = OffsetsApiError(
                     response.status, "unavailable", data[:200].decode("utf-8", "replace")

@@ -26,6 +26,9 @@ NEXT_OFFSET_HEADER = "Timestone-Next-Offset"
 START_OFFSET_HEADER = "Timestone-Start-Offset"
 END_OFFSET_HEADER = "Timestone-End-Offset"
 RECORD_COUNT_HEADER = "Timestone-Record-Count"
+STORE_HEADER = "Timestone-Store"
+"""On every answer: the identity of the broker's store (``broker_edge.storage.store_identity``). Offsets
+taken under one identity mean nothing under another (the data directory was wiped or replaced)."""
 RESULTS_METADATA_KEY = b"timestone.results"
 """Arrow schema metadata of a batch fetch: JSON of the per-topic results."""
 POSITION_METADATA_KEYS = {

@@ -50,6 +50,8 @@ class BatchFetch:
 
     table: pa.Table
     results: dict[str, TopicResult]
+    store: str | None = None
+    """The identity of the store that answered (None: a broker older than store identities)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +77,5 @@ class PartitionFetch:
     """Entries passed over because they failed their checks on the broker."""
     removed: int
     """Positions passed over because retention deleted their segment."""
+    store: str | None = None
+    """The identity of the store that answered (None: a broker older than store identities)."""

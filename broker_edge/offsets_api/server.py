@@ -68,6 +68,7 @@ from .formats import (
     RECORD_COUNT_HEADER,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
+    STORE_HEADER,
     frames_body,
     jsonl_body,
     jsonl_record,
@@ -223,6 +224,7 @@ def create_app(
         authenticate = reader_authenticator(tokens)
     middlewares: list = [json_errors, authentication(authenticate), one_value_each]
     app = web.Application(middlewares=middlewares)
+    app.on_response_prepare.append(_store_header(store))
     handlers = _Handlers(store, limits or ApiLimits())
     app.router.add_get("/v1/logs", handlers.list_logs)
     app.router.add_get("/v1/logs/{topic}", handlers.log_info)
@@ -235,6 +237,16 @@ def create_app(
     for add_routes in routes:
         add_routes(app)
     return app
+
+
+def _store_header(store: LogStore) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """Adds the store's identity (``STORE_HEADER``) to every answer, errors and streamed ones included."""
+
+    async def add(_request: web.Request, response: web.StreamResponse) -> None:
+        if store.store_id is not None:
+            response.headers[STORE_HEADER] = store.store_id
+
+    return add
 
 
 async def serve(
