@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "pki": (
         "broker_edge.pki.cli",
         "pki_main",
-        "a CA, certificates of listeners, members, etcd, sites: timestone pki ca | issue | renew | show",
+        "a CA, its certificates and CRL: timestone pki ca | issue | renew | show | revoke | crl",
         (),
     ),
     "cluster": (

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -221,6 +221,10 @@ class Authority:
         key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))
         write_pair(folder / "ca.pem", folder / "ca.key", key, certificate)
         return cls(folder)
+
+    def sign_crl(self, builder: x509.CertificateRevocationListBuilder) -> x509.CertificateRevocationList:
+        """``builder`` signed by the CA's key, with SHA-256 (``revocation``)."""
+        return builder.sign(self._key, hashes.SHA256())
 
     def issue(
         self,

@@ -4,6 +4,8 @@ timestone pki ca DIR [--name NAME]                       a CA in DIR (ca.pem, ca
 timestone pki issue KIND NAME --ca DIR [--dns H] [--ip A] [--out PATH]
 timestone pki renew CERT --ca DIR                        the next certificate of one that exists
 timestone pki show FILE...                               what a certificate names, until when
+timestone pki revoke CERT --ca DIR                       revoke it: DIR/crl.pem written again
+timestone pki crl --ca DIR                               DIR/crl.pem written again (none revoked yet)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 from broker_edge.pki.authority import KINDS, Authority, PemPair, PkiError, describe
+from broker_edge.pki.revocation import revoke, revoked_of, write_crl
 
 __all__ = ["pki_main"]
 
@@ -78,6 +81,23 @@ def _parser() -> argparse.ArgumentParser:
         "show", help="what certificates name, for whom, until when", epilog=EXIT_STATUS
     )
     show.add_argument("files", nargs="+", metavar="FILE", help="PEM files")
+
+    revoke = commands.add_parser(
+        "revoke",
+        help="revoke a certificate the CA issued: DIR/crl.pem, which listeners check, written again",
+        description="Adds CERT to DIR/revoked.json and writes DIR/crl.pem again, signed by the CA and valid "
+        "as long as it; listeners whose tls.crlfile names it refuse CERT once they read it (SIGHUP).",
+        epilog=EXIT_STATUS,
+    )
+    revoke.add_argument("cert", metavar="CERT", help="the certificate (PEM) to revoke")
+    revoke.add_argument("--ca", required=True, metavar="DIR", help="the CA that issued it")
+
+    crl = commands.add_parser(
+        "crl",
+        help="write DIR/crl.pem again from the certificates revoked (the first one: none revoked)",
+        epilog=EXIT_STATUS,
+    )
+    crl.add_argument("--ca", required=True, metavar="DIR", help="the CA's directory")
     return parser
 
 
@@ -108,6 +128,16 @@ def pki_main(argv: list[str]) -> int:
             _wrote(pair)
         elif args.command == "renew":
             _wrote(Authority(args.ca).renew(args.cert, args.key_file, args.days))
+        elif args.command == "revoke":
+            certificate, crl, added = revoke(Authority(args.ca), args.cert)
+            subject = certificate.subject.rfc4514_string()
+            said = "revoked" if added else "was revoked already"
+            print(f"{args.cert} ({subject}, serial {certificate.serial_number:x}) {said}; wrote {crl}")
+            print("  send SIGHUP to the brokers whose listeners' tls.crlfile names it")
+        elif args.command == "crl":
+            authority = Authority(args.ca)
+            crl = write_crl(authority)
+            print(f"wrote {crl} ({len(revoked_of(authority))} certificates revoked)")
         else:
             for index, path in enumerate(args.files):
                 print(("\n" if index else "") + f"{Path(path)}:")

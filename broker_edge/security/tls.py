@@ -35,9 +35,13 @@ class TlsConfig:
     """Refuse clients without a certificate signed by ``cafile`` (mutual TLS); needs ``cafile``."""
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
     """Oldest TLS version accepted."""
+    crlfile: str | None = None
+    """PEM file of the CRLs of the CAs in ``cafile`` (``timestone pki revoke``): a client certificate revoked
+    there is refused; every CA issuing client certificates needs its CRL there, unexpired; re-read on SIGHUP;
+    needs ``cafile``."""
 
     def __post_init__(self) -> None:
-        expand_home(self, "certfile", "keyfile", "cafile")
+        expand_home(self, "certfile", "keyfile", "cafile", "crlfile")
         for name in ("certfile", "keyfile"):
             if not getattr(self, name):
                 raise ConfigError(name, "must name a PEM file")
@@ -49,6 +53,10 @@ class TlsConfig:
             raise ConfigError(
                 "cafile",
                 "required when require_client_cert is true (client certificates are checked against it)",
+            )
+        if self.crlfile and not self.cafile:
+            raise ConfigError(
+                "cafile", "required with crlfile (the CRLs are of the CAs client certificates chain to)"
             )
 
 
@@ -83,7 +91,7 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _VERSIONS[config.min_version]
     context.options |= ssl.OP_NO_COMPRESSION
-    for name in ("certfile", "keyfile", "cafile"):
+    for name in ("certfile", "keyfile", "cafile", "crlfile"):
         path = getattr(config, name)
         if path is not None and not Path(path).is_file():
             raise ConfigError(name, f"file not found: {path}")
@@ -99,9 +107,26 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
         except ssl.SSLError as exc:
             raise ConfigError("cafile", f"cannot load CA certificates from {config.cafile}: {exc}") from exc
         context.verify_mode = ssl.CERT_REQUIRED if config.require_client_cert else ssl.CERT_OPTIONAL
+        if config.crlfile:
+            _load_crls(context, config.crlfile)
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def _load_crls(context: ssl.SSLContext, crlfile: str) -> None:
+    """Check client certificates against the CRLs in ``crlfile`` (a ``ConfigError`` naming ``crlfile`` for a
+    file holding none)."""
+    text = Path(crlfile).read_bytes()
+    if b"-----BEGIN X509 CRL-----" not in text:
+        raise ConfigError(
+            "crlfile", f"{crlfile} holds no CRL (PEM 'X509 CRL'): make it with timestone pki crl"
+        )
+    try:
+        context.load_verify_locations(cafile=crlfile)
+    except ssl.SSLError as exc:
+        raise ConfigError("crlfile", f"cannot load the CRLs in {crlfile}: {exc}") from exc
+    context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
 
 
 def client_ssl_context(certfile: str, keyfile: str, cafile: str, key: str) -> ssl.SSLContext:

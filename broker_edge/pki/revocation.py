@@ -1,0 +1,103 @@
+"""Certificates a CA has revoked, and the CRL that tells TLS listeners about them.
+
+``timestone pki revoke CERT --ca DIR`` adds a certificate the CA issued (a device's whose key was stolen,
+a retired gateway's) to ``DIR/revoked.json`` (serial, subject, when) and writes ``DIR/crl.pem`` again: a
+CRL signed by the CA that lists every certificate it revoked. A listener whose ``tls.crlfile`` names it
+refuses those certificates at the handshake; SIGHUP reads it again. ``timestone pki crl --ca DIR`` writes
+it again from ``revoked.json`` (the first time, with none revoked).
+
+A listener checking CRLs refuses every client certificate of a CA whose CRL has expired, so the CRL is made
+valid until the CA itself ends: it needs writing again only when a certificate is revoked.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from broker_edge.pki.authority import Authority, PkiError
+from broker_edge.security.replace_files import replace_files
+
+__all__ = ["CRL_FILE", "REVOKED_FILE", "revoke", "revoked_of", "write_crl"]
+
+CRL_FILE = "crl.pem"
+REVOKED_FILE = "revoked.json"
+_PUBLIC = 0o644
+"""The CRL and the list are read by every service that checks certificates: nothing secret in them."""
+
+
+def revoked_of(authority: Authority) -> list[dict[str, str]]:
+    """The certificates ``authority`` revoked, oldest first: ``serial`` (hex), ``subject``, ``revoked_at``."""
+    path = authority.directory / REVOKED_FILE
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except ValueError as error:
+        raise PkiError(f"{path} does not read as the list of revoked certificates: {error}") from None
+    if not isinstance(entries, list) or not all(
+        isinstance(entry, dict) and isinstance(entry.get("serial"), str) for entry in entries
+    ):
+        raise PkiError(f"{path} does not read as the list of revoked certificates")
+    return entries
+
+
+def revoke(authority: Authority, cert: str | Path) -> tuple[x509.Certificate, Path, bool]:
+    """Revoke the certificate in ``cert`` (issued by ``authority``) and write the CRL again; returns the
+    certificate, the CRL's path and whether it was newly revoked (False: it was already)."""
+    try:
+        certificate = x509.load_pem_x509_certificate(Path(cert).read_bytes())
+    except FileNotFoundError:
+        raise PkiError(f"{cert}: no such file") from None
+    except ValueError as error:
+        raise PkiError(f"{cert} is not a PEM certificate: {error}") from None
+    try:
+        certificate.verify_directly_issued_by(authority.certificate)
+    except (ValueError, TypeError, InvalidSignature) as error:
+        raise PkiError(f"{cert} was not issued by the CA in {authority.directory} ({error})") from None
+    if certificate.serial_number == authority.certificate.serial_number:
+        raise PkiError(f"{cert} is the CA itself: a CA is replaced, not revoked (docs/security.md)")
+    entries = revoked_of(authority)
+    serial = format(certificate.serial_number, "x")
+    added = all(entry["serial"] != serial for entry in entries)
+    if added:
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        entries.append(
+            {"serial": serial, "subject": certificate.subject.rfc4514_string(), "revoked_at": now.isoformat()}
+        )
+    return certificate, _write(authority, entries), added
+
+
+def write_crl(authority: Authority) -> Path:
+    """Write ``authority``'s CRL again from its list of revoked certificates; returns its path."""
+    return _write(authority, revoked_of(authority))
+
+
+def _write(authority: Authority, entries: list[dict[str, str]]) -> Path:
+    """The list and the CRL made from it, both replaced together."""
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(authority.certificate.subject)
+        .last_update(now - datetime.timedelta(minutes=5))  # a listener's clock a little behind still takes it
+        .next_update(max(authority.certificate.not_valid_after_utc, now + datetime.timedelta(days=1)))
+    )
+    for entry in entries:
+        revoked_at = datetime.datetime.fromisoformat(entry.get("revoked_at") or now.isoformat())
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder()
+            .serial_number(int(entry["serial"], 16))
+            .revocation_date(revoked_at)
+            .build()
+        )
+    crl = authority.sign_crl(builder)
+    path = authority.directory / CRL_FILE
+    listing = (json.dumps(entries, indent=2) + "\n").encode()
+    pem = crl.public_bytes(Encoding.PEM)
+    replace_files([(authority.directory / REVOKED_FILE, listing, _PUBLIC), (path, pem, _PUBLIC)])
+    return path

@@ -1,0 +1,123 @@
+"""``timestone pki revoke`` and a listener's ``tls.crlfile``: a device certificate revoked by the command
+that issued it is refused at the TLS handshake, once the broker has read the CRL (at start, or SIGHUP),
+while the CA's other certificates go on working."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from broker_edge.config import ConfigError
+from broker_edge.runtime.main import reload_files
+from pipelines.cli import main
+from tests.e2e.broker_clients import TIMEOUT, PahoClient
+
+Certificates = dict[str, Path]
+
+
+def pki(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """``timestone pki ARGV``: its status and what it printed (standard output, then error)."""
+    status = main(["pki", *argv])
+    out, err = capsys.readouterr()
+    return status, out + err
+
+
+@pytest.fixture
+def certificates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Certificates:
+    ca = tmp_path / "ca"
+    assert pki(capsys, "ca", str(ca))[0] == 0
+    assert (
+        pki(capsys, "issue", "server", "broker", "--ca", str(ca), "--dns", "localhost", "--ip", "127.0.0.1")[
+            0
+        ]
+        == 0
+    )
+    for device in ("meter-1", "meter-2"):
+        assert pki(capsys, "issue", "client", device, "--ca", str(ca))[0] == 0
+    status, said = pki(capsys, "crl", "--ca", str(ca))
+    assert status == 0 and said == f"wrote {ca / 'crl.pem'} (0 certificates revoked)\n"
+    return {"ca": ca, "crl": ca / "crl.pem"}
+
+
+def device(certificates: Certificates, name: str) -> ssl.SSLContext:
+    ca = certificates["ca"]
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca / "ca.pem"))
+    context.load_cert_chain(str(ca / f"client-{name}.pem"), str(ca / f"client-{name}.key"))
+    return context
+
+
+def handshake_refused(port: int, context: ssl.SSLContext) -> bool:
+    """Whether the broker refuses this TLS client: during the handshake or (TLS 1.3) right after it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                tls.sendall(b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x00")  # a v5 CONNECT
+                return tls.recv(100) == b""
+        except (ssl.SSLError, ConnectionError):
+            return True
+
+
+def listener(certificates: Certificates) -> dict:
+    ca = certificates["ca"]
+    tls = {
+        "certfile": str(ca / "server-broker.pem"),
+        "keyfile": str(ca / "server-broker.key"),
+        "cafile": str(ca / "ca.pem"),
+        "require_client_cert": True,
+        "crlfile": str(certificates["crl"]),
+    }
+    return {"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}
+
+
+def test_a_revoked_device_is_refused_once_the_broker_reads_the_crl_and_the_others_go_on(
+    start_broker, certificates: Certificates, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broker = start_broker(listeners=[listener(certificates)])
+    assert PahoClient(broker.port, "m1", tls_context=device(certificates, "meter-1")).connack_result[1] == 0
+
+    ca = certificates["ca"]
+    status, said = pki(capsys, "revoke", str(ca / "client-meter-1.pem"), "--ca", str(ca))
+    assert status == 0 and "(CN=meter-1," in said and f"revoked; wrote {certificates['crl']}" in said
+    crl = x509.load_pem_x509_crl(certificates["crl"].read_bytes())
+    revoked = x509.load_pem_x509_certificate((ca / "client-meter-1.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(revoked.serial_number) is not None
+    assert not handshake_refused(broker.port, device(certificates, "meter-1")), "until the broker reads it"
+
+    broker.call(lambda: reload_files(broker.broker))  # what SIGHUP does
+    assert handshake_refused(broker.port, device(certificates, "meter-1"))
+    assert PahoClient(broker.port, "m2", tls_context=device(certificates, "meter-2")).connack_result[1] == 0
+
+    status, said = pki(capsys, "revoke", str(ca / "client-meter-1.pem"), "--ca", str(ca))
+    assert status == 0 and "was revoked already" in said
+    assert len(x509.load_pem_x509_crl(certificates["crl"].read_bytes())) == 1
+
+
+def test_revoke_refuses_the_ca_itself_and_a_certificate_another_ca_issued(
+    tmp_path: Path, certificates: Certificates, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = certificates["ca"]
+    status, said = pki(capsys, "revoke", str(ca / "ca.pem"), "--ca", str(ca))
+    assert status == 1 and "is the CA itself: a CA is replaced, not revoked" in said
+    other = tmp_path / "other"
+    assert pki(capsys, "ca", str(other))[0] == 0
+    assert pki(capsys, "issue", "client", "stranger", "--ca", str(other))[0] == 0
+    status, said = pki(capsys, "revoke", str(other / "client-stranger.pem"), "--ca", str(ca))
+    assert status == 1 and f"was not issued by the CA in {ca}" in said
+    assert len(x509.load_pem_x509_crl(certificates["crl"].read_bytes())) == 0
+
+
+def test_a_crlfile_that_holds_no_crl_or_without_a_cafile_is_a_configuration_error_naming_it(
+    start_broker, certificates: Certificates
+) -> None:
+    section = listener(certificates)
+    section["tls"]["crlfile"] = str(certificates["ca"] / "ca.pem")  # a certificate, not a CRL
+    with pytest.raises(ConfigError, match=r"crlfile.*holds no CRL"):
+        start_broker(listeners=[section])
+    section = listener(certificates)
+    del section["tls"]["cafile"], section["tls"]["require_client_cert"]
+    with pytest.raises(ConfigError, match=r"cafile.*required with crlfile"):
+        start_broker(listeners=[section])
