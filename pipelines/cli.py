@@ -8,6 +8,7 @@ routes, and says which optional dependencies (``pip install 'timestone[...]'``) 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help, extras it needs)
@@ -115,7 +116,8 @@ def _usage() -> str:
     lines.append(
         "\nexit status: 0 done; 2 an unknown command or a wrong command line; "
         f"{MISSING_EXTRA_STATUS} the command's optional dependencies are not installed (the message names "
-        "the extra); each command's others in its --help."
+        f"the extra); {BROKEN_PIPE_STATUS} the reader of its output went away (| head); each command's others "
+        "in its --help."
     )
     return "\n".join(lines)
 
@@ -131,9 +133,25 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+BROKEN_PIPE_STATUS = 141
+"""The status of a command whose reader went away (``timestone ota status | head``), as a shell gives a
+command SIGPIPE ended (128 + 13)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Route ``argv`` (default ``sys.argv[1:]``) to a subcommand and return its exit code."""
-    args = sys.argv[1:] if argv is None else argv
+    """Route ``argv`` (default ``sys.argv[1:]``) to a subcommand and return its exit code; a reader of its
+    output that went away ends it quietly (``BROKEN_PIPE_STATUS``), not in a traceback."""
+    try:
+        status = _route(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # what is left to write goes now, where a broken pipe is still caught
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more for the exit's flush
+        return BROKEN_PIPE_STATUS
+    return status
+
+
+def _route(args: list[str]) -> int:
+    """Run the subcommand ``args`` names; its exit code."""
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2

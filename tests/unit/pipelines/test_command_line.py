@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 from importlib.metadata import version
@@ -221,3 +222,19 @@ def test_a_demo_timeout_no_step_can_wait_is_a_wrong_command_line(capsys, tmp_pat
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"timestone demo: error: argument --timeout: expected more than 0, got {value!r}"
     )
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly_with_status_141(tmp_path):
+    """``timestone ... | head``: the reader closed its end before the command wrote, where the command ended
+    in a BrokenPipeError traceback (and Python's 'Exception ignored' at its exit)."""
+    import subprocess
+    import sys
+
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        command = [sys.executable, "-m", "pipelines.cli", "--help"]
+        done = subprocess.run(command, stdout=writer, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr.decode()) == (141, "")
