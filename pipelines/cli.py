@@ -116,8 +116,8 @@ def _usage() -> str:
     lines.append(
         "\nexit status: 0 done; 2 an unknown command or a wrong command line; "
         f"{MISSING_EXTRA_STATUS} the command's optional dependencies are not installed (the message names "
-        f"the extra); {BROKEN_PIPE_STATUS} the reader of its output went away (| head); each command's others "
-        "in its --help."
+        f"the extra); {BROKEN_PIPE_STATUS} the reader of its output went away (| head); each command's "
+        "others in its --help."
     )
     return "\n".join(lines)
 
