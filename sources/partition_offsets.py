@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from .broker_stores import STORE_PREFIX
+
 __all__ = [
     "describe",
     "drop_passed_marks",
@@ -99,7 +101,8 @@ def reads_partitions(offsets: Mapping[str, int]) -> bool | None:
     """How a broker's checkpointed offsets read it: by partition (True), by topic (False), unknown (None:
     nothing checkpointed for it yet)."""
     for key in offsets:
-        return is_partition_key(key) or key.startswith(FILTER_PREFIX)
+        if not key.startswith(STORE_PREFIX):  # (the store they were taken from: ``broker_stores``)
+            return is_partition_key(key) or key.startswith(FILTER_PREFIX)
     return None
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from broker_edge.offsets_api.client import OffsetsClient, PartitionFetch, PositionOutOfRangeError
 
+from .broker_stores import answer_store_matches
 from .offsets_planner import DataLossError, Slice
 from .partition_offsets import partition_of
 from .slice_reader import FetchSettings, log_lost, to_source_batch
@@ -51,10 +52,18 @@ def read_positions(
                 try:
                     fetched = _read(fetch, client, partition, position, upto, patterns)
                 except PositionOutOfRangeError as error:
+                    if not answer_store_matches(
+                        fetch.broker, fetch.store, client.store, fetch.fail_on_data_loss
+                    ):
+                        return
                     resume = _past_the_start(fetch, piece, position, error)
                     lost += resume - position
                     position = resume
                     continue
+                if not answer_store_matches(
+                    fetch.broker, fetch.store, fetched.store, fetch.fail_on_data_loss
+                ):
+                    return
                 if fetched.next_position <= position:
                     raise RuntimeError(
                         f"timestone source: broker {fetch.broker!r} partition {partition} returned nothing "

@@ -28,6 +28,7 @@ from broker_edge.offsets_api.errors import (
     UnknownTopicError,
 )
 
+from .broker_stores import answer_store_matches
 from .offsets_planner import DataLossError, Slice
 
 __all__ = [
@@ -107,6 +108,8 @@ class FetchSettings:
     """The option that set ``auth_token``, for errors (None: ``authToken`` or ``authToken.<broker>``)."""
     sites: bool = False
     """The broker is an uplink hub: rows of ``$site/<site_id>/<topic>`` show the site and its topic."""
+    store: str | None = None
+    """The store the task's slices were planned on (``broker_stores``; None: not known, not checked)."""
 
     def client(self) -> OffsetsClient:
         """A client retrying transient failures ``retries`` times, backing off exponentially."""
@@ -150,6 +153,8 @@ def read_slices(fetch: FetchSettings, slices: Sequence[Slice]) -> Iterator[pa.Re
         while pending:
             wanted = {topic: progress.offset for topic, progress in pending.items()}
             answer = fetch_round(fetch, client, pending, wanted)
+            if not answer_store_matches(fetch.broker, fetch.store, answer.store, fetch.fail_on_data_loss):
+                break
             taken = take_answer(fetch, pending, wanted, answer)
             lost += taken.lost
             if taken.rows == 0 and pending and not _moved(pending, wanted):

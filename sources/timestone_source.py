@@ -9,9 +9,11 @@ A standalone broker is read by storage partition (``{broker id: {"#p0": position
 ``partition_offsets``) when it serves partition reads and the query starts at ``earliest``, ``latest`` or a
 time (``readBy=partitions``, the default); otherwise, and for a query whose checkpoint has them, by topic
 offsets (``{broker id: {topic: next offset}}``). A cluster is read by topic offsets (``{cluster name: {topic:
-next offset}}``). Rules live elsewhere: planning in ``offsets_planner``, options in ``options``, fetching
-in ``slice_reader`` and ``partition_reader``; for a cluster, listing in ``cluster_listing``, routing in
-``cluster_plan`` and fetching from live replicas in ``cluster_reader``.
+next offset}}``). A standalone broker's offsets also name the store they were taken from (``#s<store id>``):
+a wiped or replaced store is refused or read from its start (``broker_stores``). Rules live elsewhere:
+planning in ``offsets_planner``, options in ``options``, fetching in ``slice_reader`` and
+``partition_reader``; for a cluster, listing in ``cluster_listing``, routing in ``cluster_plan`` and fetching
+from live replicas in ``cluster_reader``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pyspark.sql.types import (
 from broker_edge.offsets_api.client import OffsetsApiError, OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
 
+from .broker_stores import batch_bounds, resumed_start, store_of, with_stores
 from .cluster_listing import ClusterLister, ClusterListing
 from .cluster_plan import by_reader
 from .cluster_reader import ClusterFetch, read_cluster_slices
@@ -198,6 +201,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target_by_partition: dict[str, bool | None] = {}
         self._by_partition: dict[str, bool] = {}
         """How each broker is read (True: by partition): from its checkpointed offsets, or on listing."""
+        self._stores: dict[str, str | None] = {}
+        """Each standalone broker's store identity at its last listing (``broker_stores``)."""
         self._lister: ClusterLister | None = None
         self._cluster: ClusterListing | None = None
         self._initial: dict | None = None
@@ -235,7 +240,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         for broker, keys in offsets.items():
             if self._by_partition.get(broker):
                 keys.update(query_start_marks(keys, listings[broker]))
-        return self._with_filters(offsets)
+        return with_stores(self._with_filters(offsets), {}, self._stores_of(listings))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
@@ -266,8 +271,9 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 if broker in self._target and self._target_by_partition[broker] != self._by_partition[broker]:
                     self._target[broker] = _ends({broker: logs})[broker]
                     self._target_by_partition[broker] = self._by_partition[broker]
+        current = self._stores_of(listings)
         end = plan_end_offsets(
-            start,
+            resumed_start(start, current, self.options.fail_on_data_loss),
             listings,
             max_records=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
             fail_on_data_loss=self.options.fail_on_data_loss,
@@ -275,6 +281,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             end_may_lag=self.options.reads_cluster,
         )
         end = self._with_filters({broker: drop_passed_marks(keys) for broker, keys in end.items()})
+        end = with_stores(end, start, current)
         self._starts.ended(end)
         return end
 
@@ -295,9 +302,10 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         missing = [broker for broker in end if broker in self._fetch and broker not in self._listings]
         if missing:
             self._list_all(missing)
+        start, planned = batch_bounds(start, end, self._stores, self.options.fail_on_data_loss)
         plan = plan_partitions(
             start,
-            {broker: topics for broker, topics in end.items() if broker in self._fetch},
+            {broker: topics for broker, topics in planned.items() if broker in self._fetch},
             self._listings,
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
@@ -308,7 +316,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return [
             TimestonePartition(
                 partition,
-                self._fetch[partition.broker],
+                replace(self._fetch[partition.broker], store=store_of(end[partition.broker])),
                 patterns=self.options.topics,
                 marks=marks_of(start.get(partition.broker, {})),
             )
@@ -466,6 +474,12 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._listings.update(listings)
         return listings, {}
 
+    def _stores_of(self, listings: Listings) -> dict[str, str | None]:
+        """The store identities of the standalone brokers of ``listings`` (none for a cluster)."""
+        if self.options.reads_cluster:
+            return {}
+        return {broker: self._stores.get(broker) for broker in listings}
+
     def _probe(self, broker: str) -> OffsetsClient:
         return replace(self._fetch[broker], retries=0).client()
 
@@ -484,9 +498,16 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 return extents
             fetch = self._fetch[broker]
             logs: dict[str, LogExtent] = {}
+            stores: set[str | None] = set()
             for pattern in self.options.log_patterns:
                 for info in fetch.call(partial(client.list_logs, pattern)):
                     logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+                stores.add(client.store)
+            if len(stores) > 1:  # replaced between two patterns' listings: listed again next batch
+                raise BrokerUnreachableError(
+                    broker, fetch.url, 0.0, RuntimeError("its store changed while listed")
+                )
+            self._stores[broker] = client.store
             return logs
         finally:
             if client is not self._clients.get(broker):
@@ -525,6 +546,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._by_partition[broker] = False
             return None
         self._by_partition[broker] = True
+        self._stores[broker] = client.store
         return {
             position_key(extent.partition): LogExtent(extent.start_position, extent.end_position)
             for extent in extents
