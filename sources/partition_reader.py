@@ -42,28 +42,28 @@ def read_positions(
     batches of the source's schema. `marks`: each partition's query-start mark (see the module docstring)."""
     client = fetch.client()
     lost = 0
+    same_store = True  # (every answer tells its store: one from another than the batch's ends the task)
     try:
         for piece in slices:
             partition = partition_of(piece.topic)
             mark = 0 if piece.from_log_start else marks.get(partition, 0)
             position = piece.start
-            while position < piece.end:
+            while same_store and position < piece.end:
                 upto = min(piece.end, mark) if position < mark else piece.end
                 try:
-                    fetched = _read(fetch, client, partition, position, upto, patterns)
+                    fetched: PartitionFetch | None = _read(fetch, client, partition, position, upto, patterns)
                 except PositionOutOfRangeError as error:
-                    if not answer_store_matches(
-                        fetch.broker, fetch.store, client.store, fetch.fail_on_data_loss
-                    ):
-                        return
-                    resume = _past_the_start(fetch, piece, position, error)
+                    fetched, refused = None, error
+                same_store = answer_store_matches(
+                    fetch.broker, fetch.store, client.store, fetch.fail_on_data_loss
+                )
+                if not same_store:
+                    break
+                if fetched is None:
+                    resume = _past_the_start(fetch, piece, position, refused)
                     lost += resume - position
                     position = resume
                     continue
-                if not answer_store_matches(
-                    fetch.broker, fetch.store, fetched.store, fetch.fail_on_data_loss
-                ):
-                    return
                 if fetched.next_position <= position:
                     raise RuntimeError(
                         f"timestone source: broker {fetch.broker!r} partition {partition} returned nothing "
