@@ -429,15 +429,21 @@ def _extension(certificate: x509.Certificate, kind: type) -> object | None:
         return None
 
 
-def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str]:
-    """What the certificates of a PEM file name, for whom, and until when (``timestone pki show``)."""
-    now = now or datetime.datetime.now(datetime.UTC)
+def read_certificates(path: str | Path) -> list[x509.Certificate]:
+    """The certificates of a PEM file, first to last; ``PkiError`` for a file that is not there or holds
+    none."""
     try:
-        certificates = x509.load_pem_x509_certificates(Path(path).read_bytes())
+        return x509.load_pem_x509_certificates(Path(path).read_bytes())
     except FileNotFoundError:
         raise PkiError(f"{path}: no such file") from None
     except ValueError as error:
         raise PkiError(f"{path}: no PEM certificate ({error})") from None
+
+
+def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str]:
+    """What the certificates of a PEM file name, for whom, and until when (``timestone pki show``)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    certificates = read_certificates(path)
     lines: list[str] = []
     for certificate in certificates:
         left = (certificate.not_valid_after_utc - now).days

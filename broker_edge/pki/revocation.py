@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from broker_edge.pki.authority import Authority, PkiError
+from broker_edge.pki.authority import Authority, PkiError, read_certificates
 from broker_edge.security.replace_files import replace_files
 
 __all__ = ["CRL_FILE", "REVOKED_FILE", "revoke", "revoked_of", "write_crl"]
@@ -50,12 +50,7 @@ def revoked_of(authority: Authority) -> list[dict[str, str]]:
 def revoke(authority: Authority, cert: str | Path) -> tuple[x509.Certificate, Path, bool]:
     """Revoke the certificate in ``cert`` (issued by ``authority``) and write the CRL again; returns the
     certificate, the CRL's path and whether it was newly revoked (False: it was already)."""
-    try:
-        certificate = x509.load_pem_x509_certificate(Path(cert).read_bytes())
-    except FileNotFoundError:
-        raise PkiError(f"{cert}: no such file") from None
-    except ValueError as error:
-        raise PkiError(f"{cert} is not a PEM certificate: {error}") from None
+    certificate = read_certificates(cert)[0]  # (a file with its chain: the certificate comes first)
     try:
         certificate.verify_directly_issued_by(authority.certificate)
     except (ValueError, TypeError, InvalidSignature) as error:

@@ -234,10 +234,16 @@ def _remove_empty_staging(root: str) -> None:
 
 def write_layout_file(meta: str, version: str) -> None:
     """Write `meta/LAYOUT` naming `version`, atomically and durably."""
-    path = os.path.join(meta, LAYOUT_FILE)
+    write_meta_file(meta, LAYOUT_FILE, version)
+
+
+def write_meta_file(meta: str, name: str, line: str) -> None:
+    """Write `meta/<name>` holding `line`, atomically and durably (a temporary synced, renamed over it, the
+    directory synced): a crash leaves the old file or the new, whole."""
+    path = os.path.join(meta, name)
     temporary = path + ".tmp"
     with open(temporary, "w", encoding="ascii") as file:
-        file.write(version + "\n")
+        file.write(line + "\n")
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)

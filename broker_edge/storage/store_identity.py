@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 
-from .segment import fsync_directory
+from .layout import write_meta_file
 
 __all__ = ["STORE_ID_FILE", "ensure_store_id", "read_store_id"]
 
@@ -47,11 +47,5 @@ def ensure_store_id(meta: str) -> str:
     if os.path.exists(path):
         log.error("%s is damaged (not a store id): a new id is written; readers will see a new store", path)
     store_id = secrets.token_hex(16)
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="ascii") as file:
-        file.write(store_id + "\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(meta)
+    write_meta_file(meta, STORE_ID_FILE, store_id)
     return store_id

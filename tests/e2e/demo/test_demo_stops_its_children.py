@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,23 +36,23 @@ def running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_demo_stops_its_broker(tmp_path: Path, signum: int) -> None:
+@contextlib.contextmanager
+def demo_and_its_broker(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, list[str]]]:
+    """A demo of 5 devices once it printed its broker's line: the demo, its broker's pid and what it printed;
+    neither outlives the test, even when it fails."""
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "demo",
+        "--devices",
+        "5",
+        "--workdir",
+        str(tmp_path / "demo"),
+    ]
+    environment = dict(os.environ, PYTHONUNBUFFERED="1")
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "demo",
-            "--devices",
-            "5",
-            "--workdir",
-            str(tmp_path / "demo"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        text=True,
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment, text=True
     )
     brokers: list[int] = []
     try:
@@ -66,58 +68,7 @@ def test_a_signal_to_the_demo_stops_its_broker(tmp_path: Path, signum: int) -> N
             pid for pid in children_of(demo.pid) if "broker" in Path(f"/proc/{pid}/cmdline").read_text()
         ]
         assert len(brokers) == 1, brokers
-        demo.send_signal(signum)
-        rest, _ = demo.communicate(timeout=60)
-        assert demo.returncode == 128 + signum, "".join(output) + rest
-        deadline = time.monotonic() + 20
-        while running(brokers[0]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not running(brokers[0]), "the broker outlived the demo"
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-        for pid in brokers:  # none may outlive the test, even when it fails
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-def test_a_demo_killed_outright_takes_its_broker_with_it(tmp_path: Path) -> None:
-    """SIGKILL leaves the demo no chance to stop anything: the kernel tells its broker (PR_SET_PDEATHSIG),
-    which would otherwise serve on, an orphan holding its ports, under a working directory the next demo
-    deletes."""
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "demo",
-            "--devices",
-            "5",
-            "--workdir",
-            str(tmp_path / "demo"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        text=True,
-    )
-    brokers: list[int] = []
-    try:
-        assert demo.stdout is not None
-        for line in demo.stdout:
-            if re.search(r"broker\s+MQTT 127\.0\.0\.1:\d+", line):
-                break
-        brokers = [
-            pid for pid in children_of(demo.pid) if "broker" in Path(f"/proc/{pid}/cmdline").read_text()
-        ]
-        assert len(brokers) == 1, brokers
-        demo.kill()
-        demo.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while running(brokers[0]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not running(brokers[0]), "the broker outlived the demo killed with SIGKILL"
+        yield demo, brokers[0], output
     finally:
         if demo.poll() is None:
             demo.kill()
@@ -125,3 +76,29 @@ def test_a_demo_killed_outright_takes_its_broker_with_it(tmp_path: Path) -> None
         for pid in brokers:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not running(pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_demo_stops_its_broker(tmp_path: Path, signum: int) -> None:
+    with demo_and_its_broker(tmp_path) as (demo, broker, output):
+        demo.send_signal(signum)
+        rest, _ = demo.communicate(timeout=60)
+        assert demo.returncode == 128 + signum, "".join(output) + rest
+        assert gone_within(broker, 20), "the broker outlived the demo"
+
+
+def test_a_demo_killed_outright_takes_its_broker_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves the demo no chance to stop anything: the kernel tells its broker (PR_SET_PDEATHSIG),
+    which would otherwise serve on, an orphan holding its ports, under a working directory the next demo
+    deletes."""
+    with demo_and_its_broker(tmp_path) as (demo, broker, _):
+        demo.kill()
+        demo.wait(timeout=10)
+        assert gone_within(broker, 20), "the broker outlived the demo killed with SIGKILL"
