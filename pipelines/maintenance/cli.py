@@ -95,6 +95,10 @@ def tables_main(argv: list[str]) -> int:
 
             spark = spark_session(None, "timestone-tables")
         target: MaintenanceTarget = module.maintenance_target(spark, config)
+        if not any(target.store.exists(table) for table in target.tables):
+            where = getattr(target.store, "root", None) or "its tables' place"
+            print(f"{name}: no table of it under {where} yet: nothing to maintain")
+            continue
         done += maintain(target, vacuum=not args.no_vacuum, retention_hours=args.retention_hours)
     for upkeep in done:
         count = "-" if upkeep.count is None else f"{upkeep.count:,}"
