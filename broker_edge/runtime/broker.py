@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker_edge.engine.connection.states import TIMERS_CHECKED_EVERY_S
 from broker_edge.engine.connection.terms import ListenerRuntime, ListenerStats
 from broker_edge.engine.core import BrokerCore
 from broker_edge.engine.message import Message
@@ -69,7 +70,8 @@ __all__ = ["Broker", "ListenerRuntime", "ListenerStats"]
 log = logging.getLogger("broker_edge.server")
 
 BROKER_VERSION = "0.1.0"
-SWEEP_INTERVAL_S = 1.0
+SWEEP_INTERVAL_S = TIMERS_CHECKED_EVERY_S
+"""How often `_sweep` runs (keep-alive and CONNECT timeouts, expiries, stats, retention)."""
 
 
 @contextmanager

@@ -55,6 +55,7 @@ from broker_edge.engine.connection.states import (
     HELD_FOR_RATE,
     HELD_FOR_SUBACK,
     NEW,
+    TIMERS_CHECKED_EVERY_S,
     keepalive_deadline,
 )
 from broker_edge.engine.connection.terms import Terms
@@ -644,12 +645,23 @@ class Connection(Outgoing):
             if deadline == HEARD_FROM or self.held:  # a client whose reading is held is not idle either
                 self.deadline = keepalive_deadline(now, keepalive)
             elif keepalive and now >= deadline:
-                self.log().info("keep alive timeout (%d s)", keepalive)
-                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
+                self._keep_alive_expired()
+            elif keepalive and deadline - now < TIMERS_CHECKED_EVERY_S:  # due before the next sweep
+                self.terms.host.call_later(deadline - now, partial(self._keep_alive_due, deadline))
         elif state == NEW and now >= self.deadline:
             self.terms.host.counters.refused("connect_timeout")
             self.log().info("no CONNECT within %.1f s", self.terms.host.config.limits.connect_timeout_s)
             self.abort()
+
+    def _keep_alive_due(self, deadline: float) -> None:
+        """The keep-alive ``deadline`` a sweep saw due before the next one has come: the client is closed
+        unless it sent something since (or its reading is held)."""
+        if self.terms.state == CONNECTED and self.deadline == deadline and not self.held:
+            self._keep_alive_expired()
+
+    def _keep_alive_expired(self) -> None:
+        self.log().info("keep alive timeout (%d s)", self.terms.keepalive)
+        self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
 
     # -- flow control of incoming publishes ----------------------------------------------------------------
 

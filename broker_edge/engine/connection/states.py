@@ -25,6 +25,7 @@ __all__ = [
     "HELD_FOR_TURN",
     "NEW",
     "NO_LIMIT",
+    "TIMERS_CHECKED_EVERY_S",
     "keepalive_deadline",
 ]
 
@@ -52,6 +53,10 @@ wait for a later turn (``runtime.transports.turns``)."""
 HELD_FOR_HANDOVER: Final = 64
 """The connection is moving to another member on this host once its publishes read are answered
 (``connection.handover``): nothing more is read here."""
+
+TIMERS_CHECKED_EVERY_S: Final = 1.0
+"""The broker's sweep calls every connection's ``check_timers`` this often; a keep-alive deadline due before
+the next sweep gets a timer of its own, so a silent client is closed when due, not up to a sweep late."""
 
 HEARD_FROM: Final = -1.0
 """A connected client's keep-alive deadline once it has sent something since the broker's last sweep, which

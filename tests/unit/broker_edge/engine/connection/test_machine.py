@@ -132,6 +132,39 @@ def test_the_time_handed_in_closes_a_silent_client_after_one_and_a_half_keep_ali
     assert [packet.reason_code for packet in written] == [ReasonCode.KEEP_ALIVE_TIMEOUT]
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-22")
+def test_a_silent_client_is_closed_when_its_deadline_comes_not_at_the_sweep_after_it():
+    """[MQTT-3.1.2-22] The sweep that sees a deadline due before the next sweep sets a timer for it: a 1 s
+    keep alive heard last at connection is closed at 1.5 s, where it waited for the sweep at 2 s (a sweep
+    late at any keep alive)."""
+    core = make_core()
+    client = core.client(MQTT_5)
+    client.connect("quiet", keep_alive=1)
+    core.advance(1.0)  # the sweep: due at 1.5 s, before the next
+    assert not client.conn.closing
+    core.time += 0.5
+    for _, due in [entry for entry in core.timers if entry[0] <= core.time]:
+        due()  # the timer alone, no sweep
+    core.run_soon()
+    assert client.conn.closing == CLOSE
+    written = decoded(client, b"".join(client.conn.take_output() or ()))
+    assert [packet.reason_code for packet in written] == [ReasonCode.KEEP_ALIVE_TIMEOUT]
+
+
+def test_a_packet_before_the_deadlines_timer_keeps_the_client():
+    core = make_core()
+    client = core.client(MQTT_5)
+    client.connect("talking", keep_alive=1)
+    core.advance(1.0)  # its timer set for 1.5 s
+    core.time += 0.2
+    client.send(PingReq())  # heard from before it
+    core.time += 0.3
+    for _, due in [entry for entry in core.timers if entry[0] <= core.time]:
+        due()
+    core.run_soon()
+    assert not client.conn.closing
+
+
 def test_a_connection_without_connect_in_time_is_aborted():
     core = make_core(limits={"connect_timeout_s": 5})
     client = core.client(MQTT_5)
