@@ -645,23 +645,13 @@ class Connection(Outgoing):
             if deadline == HEARD_FROM or self.held:  # a client whose reading is held is not idle either
                 self.deadline = keepalive_deadline(now, keepalive)
             elif keepalive and now >= deadline:
-                self._keep_alive_expired()
+                keep_alive_expired(self)
             elif keepalive and deadline - now < TIMERS_CHECKED_EVERY_S:  # due before the next sweep
-                self.terms.host.call_later(deadline - now, partial(self._keep_alive_due, deadline))
+                self.terms.host.call_later(deadline - now, partial(keep_alive_due, self, deadline))
         elif state == NEW and now >= self.deadline:
             self.terms.host.counters.refused("connect_timeout")
             self.log().info("no CONNECT within %.1f s", self.terms.host.config.limits.connect_timeout_s)
             self.abort()
-
-    def _keep_alive_due(self, deadline: float) -> None:
-        """The keep-alive ``deadline`` a sweep saw due before the next one has come: the client is closed
-        unless it sent something since (or its reading is held)."""
-        if self.terms.state == CONNECTED and self.deadline == deadline and not self.held:
-            self._keep_alive_expired()
-
-    def _keep_alive_expired(self) -> None:
-        self.log().info("keep alive timeout (%d s)", self.terms.keepalive)
-        self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
 
     # -- flow control of incoming publishes ----------------------------------------------------------------
 
@@ -699,3 +689,16 @@ class Connection(Outgoing):
             if address:
                 peer = f"{address[0]}:{address[1]}"
         return connection_logger(self.client_id or "-", self.terms.listener.name, peer)
+
+
+def keep_alive_due(conn: Connection, deadline: float) -> None:
+    """The keep-alive ``deadline`` a sweep saw due before the next one has come: ``conn`` is closed unless it
+    sent something since (or its reading is held)."""
+    if conn.terms.state == CONNECTED and conn.deadline == deadline and not conn.held:
+        keep_alive_expired(conn)
+
+
+def keep_alive_expired(conn: Connection) -> None:
+    """``conn`` sent nothing within 1.5 times its keep alive: closed (MQTT 3.1.2.10)."""
+    conn.log().info("keep alive timeout (%d s)", conn.terms.keepalive)
+    conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
