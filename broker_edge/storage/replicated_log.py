@@ -325,25 +325,15 @@ class ReplicatedLog:
         for topic in moved:
             offset = ends[topic]
             topic_id = store._ids.get(topic)
-            if topic_id is None:
-                topic_id = store._create(topic, "")
-            store._check_settled(topic_id, topic, "continue")
-            part = store._partitions[table.partition[topic_id]]
-            if table.start[topic_id] >= table.next[topic_id]:  # it holds nothing: it starts there
-                part.append_marker(topic_id, RESTART, offset, 0)
-                active = part.active
-                assert active is not None
-                part.restart_live(topic_id, offset, active.number)
-                table.start[topic_id] = offset
+            if topic_id is None or table.start[topic_id] >= table.next[topic_id]:
+                store.import_start(topic, offset)  # it holds nothing: it starts there
             else:
-                part.leave_active_segment(topic_id)
-                part.append_marker(topic_id, TRUNCATE, offset, 0)
-            store._committer.touched(part)
+                store._check_settled(topic_id, topic, "continue")
+                store._continue_past_gap(topic_id, offset)
         store._committer.flush()
         for topic in moved:
             topic_id = store._ids.get(topic)
             assert topic_id is not None
-            table.next[topic_id] = table.durable[topic_id] = ends[topic]
             if table.committed is not None:
                 table.committed[topic_id] = ends[topic]
             store._read_cache.drop_topic(topic_id)

@@ -30,7 +30,6 @@ from broker_edge.log_info import LogInfo
 
 from .config import StorageConfig
 from .disk_reserve import RESERVE_FILE, DiskReserve
-from .entry import TRUNCATE
 from .errors import (
     StorageFailed,
 )
@@ -174,13 +173,8 @@ class LogStore(Appends, Reads, Admin):
         """Make each lost end of a log a gap before any append (a marker: the log goes on at the offset it
         had reached, durably, so no offset is given twice), then remove the sealed indexes left without
         their segment (the evidence of those ends)."""
-        table = self._table
         for topic_id, _next, end in gaps:
-            part = self._partitions[table.partition[topic_id]]
-            part.leave_active_segment(topic_id)
-            part.append_marker(topic_id, TRUNCATE, end, 0)
-            table.next[topic_id] = table.durable[topic_id] = end
-            self._committer.touched(part)
+            self._continue_past_gap(topic_id, end)
         if gaps:
             self._committer.flush()
         for path in orphan_indexes:

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .config import LogConfig
-from .entry import RESTART
 from .errors import (
     StorageError,
 )
@@ -20,7 +19,7 @@ from .quarantine import QuarantinedLog
 from .record import PREFIX
 from .retention import RetentionReport, retention_pass
 from .segment import Segment
-from .store_state import StoreState, _check_offset
+from .store_state import StoreState
 
 if TYPE_CHECKING:
     pass
@@ -118,18 +117,3 @@ class Admin(StoreState):
         part = self._partitions[table.partition[topic_id]]
         part.append_frames(topic_id, frames, times, [PREFIX.unpack_from(frame, 0)[1] for frame in frames])
         self._committer.appended_many(part, len(frames), part.last_append_size)
-
-    def import_start(self, topic: str, offset: int) -> None:
-        """Start an empty log of `topic` at `offset` (a restart marker, made durable by the next flush)."""
-        _check_offset(topic, offset)
-        topic_id = self._ids.get(topic)
-        if topic_id is None:
-            topic_id = self._create(topic, "")
-        table = self._table
-        part = self._partitions[table.partition[topic_id]]
-        part.append_marker(topic_id, RESTART, offset, 0)
-        self._committer.touched(part)
-        active = part.active
-        assert active is not None
-        part.restart_live(topic_id, offset, active.number)
-        table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = offset

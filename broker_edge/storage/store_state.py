@@ -29,7 +29,7 @@ from . import record
 from .catalog import EMPTY_CRC
 from .catalog import HEADER as CATALOG_HEADER
 from .config import LogConfig, StorageConfig
-from .entry import MAX_TOPIC_ID
+from .entry import MAX_TOPIC_ID, RESTART, TRUNCATE
 from .errors import (
     InvalidRecord,
     StorageError,
@@ -289,6 +289,31 @@ class StoreState:
         table = self._table
         if table.next[topic_id] != table.durable[topic_id]:
             raise StorageError(f"cannot {action} the log of {topic!r} while appends are being written")
+
+    def import_start(self, topic: str, offset: int) -> None:
+        """Start an empty log of `topic` at `offset` (a restart marker, made durable by the next flush)."""
+        _check_offset(topic, offset)
+        topic_id = self._ids.get(topic)
+        if topic_id is None:
+            topic_id = self._create(topic, "")
+        table = self._table
+        part = self._partitions[table.partition[topic_id]]
+        part.append_marker(topic_id, RESTART, offset, 0)
+        self._committer.touched(part)
+        active = part.active
+        assert active is not None
+        part.restart_live(topic_id, offset, active.number)
+        table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = offset
+
+    def _continue_past_gap(self, topic_id: int, end: int) -> None:
+        """`topic_id`'s log, holding records, goes on at `end`: the offsets from its next one are a gap, its
+        marker buffered (durable by the caller's flush) in a segment of its own after the log's records."""
+        table = self._table
+        part = self._partitions[table.partition[topic_id]]
+        part.leave_active_segment(topic_id)
+        part.append_marker(topic_id, TRUNCATE, end, 0)
+        table.next[topic_id] = table.durable[topic_id] = end
+        self._committer.touched(part)
 
     def _settle_seals(self) -> None:
         """Wait for the sealer (a truncation changes rows a seal may be reading)."""

@@ -12,6 +12,7 @@ cluster member only says so: the logs are the cluster's, led by their partition'
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from broker_edge.storage import StorageError
@@ -38,27 +39,28 @@ def follow_hub_ends(store: LogStore, hub_ends: dict[str, int], member: bool) -> 
     if not behind:
         return {}
     if member:
-        for number, (topic, end) in enumerate(behind.items()):
-            if number < SHOWN_TOPICS:
-                log.error(
-                    "uplink: the hub holds %r up to %d, this member only to %d: this site's log was lost or "
-                    "replaced; its records below %d are not sent again",
-                    topic,
-                    end,
-                    store.committed_end(topic),
-                    end,
-                )
+        for topic, end in islice(behind.items(), SHOWN_TOPICS):
+            log.error(
+                "uplink: the hub holds %r up to %d, this member only to %d: this site's log was lost or "
+                "replaced; its records below %d are not sent again",
+                topic,
+                end,
+                store.committed_end(topic),
+                end,
+            )
         _say_more(len(behind))
         return {}
     try:
         moved = store.replicated_log.continue_at(behind)
     except StorageError as error:
-        log.error("uplink: the hub holds %d topics further than this site; they cannot go on there: %s",
-                  len(behind), error)  # fmt: skip
+        count = len(behind)
+        log.error(
+            "uplink: the hub holds %d topics further than this site; they cannot go on there: %s",
+            count,
+            error,
+        )
         return {}
-    for number, (topic, before) in enumerate(moved.items()):
-        if number >= SHOWN_TOPICS:
-            break
+    for topic, before in islice(moved.items(), SHOWN_TOPICS):
         end = behind[topic]
         start = store.start_offset(topic)
         if start < before:  # it held records: they stay, before the gap

@@ -116,9 +116,9 @@ class SiteLink:
         """Records the hub sent down (appended here)."""
         self.config = config
         self.hub_ends: dict[str, int] = {}
+        """What the hub holds of each topic, durable (its last answer)."""
         self.hub_limit: int | None = None
         """The largest message the hub takes, as its ``ENDS`` says (None: a hub that does not say)."""
-        """What the hub holds of each topic, durable (its last answer)."""
         self.connected = False
         self.hub: str | None = None
         self.last_contact = 0.0
