@@ -32,6 +32,7 @@ __all__ = [
     "LOCK_FILE",
     "LOG",
     "SEGMENT_FILE",
+    "STORE_ID_FILE",
     "DataLayout",
     "layout_version",
     "open_layout",
@@ -45,6 +46,8 @@ TOPICS = "topics"
 META = "meta"
 LAYOUT_FILE = "LAYOUT"
 STAGING = ".layout-2"
+STORE_ID_FILE = "STORE_ID"
+"""The store's identity in ``meta/`` (``store_identity``): a ``meta/`` holding it is the broker's."""
 LOCK_FILE = ".lock"
 """The broker's lock on the directory (``broker_edge.runtime.data_lock``), taken before the store opens: no
 part of any layout (a dot name, as no topic's)."""
@@ -71,6 +74,13 @@ class DataLayout:
     def meta_file(self, name: str) -> str:
         """The path of one broker file (``CLEAN_SHUTDOWN``, ``sessions.json``)."""
         return os.path.join(self.meta, name)
+
+    def log_is_empty(self) -> bool:
+        """Whether ``log/`` holds nothing (missing, or emptied): its partition logs are made anew."""
+        try:
+            return not os.listdir(self.log)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
 
 
 def layout_of(root: str | os.PathLike[str]) -> DataLayout:
@@ -164,8 +174,13 @@ def _restore_layout_file(layout: DataLayout) -> None:
 
 def _create(layout: DataLayout) -> None:
     """A new data directory in layout 3: `meta/` with `LAYOUT`, written last, and `log/`. A `log/` or
-    `meta/` of someone else's (not empty) is not taken over: `OSError` naming it."""
-    for path, ours in ((layout.log, ()), (layout.meta, (LAYOUT_FILE + ".tmp",))):
+    `meta/` of someone else's (not empty) is not taken over: `OSError` naming it. A `meta/` holding the
+    broker's `STORE_ID` is the broker's own (its `log/` and `LAYOUT` deleted): kept, the store then gets a
+    new id (``store_identity``)."""
+    checked: list[tuple[str, tuple[str, ...]]] = [(layout.log, ())]
+    if not os.path.isfile(os.path.join(layout.meta, STORE_ID_FILE)):
+        checked.append((layout.meta, (LAYOUT_FILE + ".tmp",)))
+    for path, ours in checked:
         try:
             others = [name for name in os.listdir(path) if name not in ours]
         except (FileNotFoundError, NotADirectoryError):

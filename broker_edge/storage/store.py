@@ -111,7 +111,7 @@ class LogStore(Appends, Reads, Admin):
             upgrade_layout_2(self.layout, self.config, LogStore)
         else:
             finish_upgrade(self.layout)
-        self.store_id = ensure_store_id(self.layout.meta)
+        self.store_id = ensure_store_id(self.layout.meta, log_is_new=self.layout.log_is_empty())
         marker = self.layout.meta_file(CLEAN_SHUTDOWN_MARKER)
         report = RecoveryReport(clean_shutdown=os.path.exists(marker))
         opened = open_partitions(

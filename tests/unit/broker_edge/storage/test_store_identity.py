@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,58 @@ def test_a_damaged_id_is_replaced_and_said(tmp_path: Path, caplog: pytest.LogCap
         store_id = ensure_store_id(str(tmp_path))
     assert "is damaged" in caplog.text
     assert read_store_id(str(tmp_path)) == store_id
+
+
+def test_an_opened_store_without_records_keeps_its_id(tmp_path: Path) -> None:
+    store = opened(tmp_path)
+    store_id = store.store_id
+    store.close()
+    assert os.listdir(tmp_path / "log")  # what the next open tells from a wiped log
+    again = opened(tmp_path)
+    assert again.store_id == store_id
+    again.close()
+
+
+@pytest.mark.parametrize("wipe", ["deleted", "emptied"])
+def test_a_store_whose_log_was_wiped_gets_a_new_id_and_says_so(
+    tmp_path: Path, wipe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = opened(tmp_path)
+    store.append("a/b", make_record(1))
+    old_id = store.store_id
+    store.close()
+    log_directory = tmp_path / "log"
+    if wipe == "deleted":
+        shutil.rmtree(log_directory)
+    else:
+        for entry in log_directory.iterdir():
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+    with caplog.at_level(logging.WARNING, logger="broker_edge.storage.store_identity"):
+        again = opened(tmp_path)
+    assert again.store_id is not None and again.store_id != old_id
+    assert again.append("a/b", make_record(2)) == 0  # offsets start again: readers must see a new store
+    assert f"names store {old_id}" in caplog.text and "new store id" in caplog.text
+    again.close()
+    kept = opened(tmp_path)
+    assert kept.store_id == again.store_id
+    kept.close()
+
+
+def test_a_wiped_log_without_its_layout_file_is_a_new_store_keeping_the_brokers_files(tmp_path: Path) -> None:
+    """``log/`` emptied and ``meta/LAYOUT`` deleted: ``meta/`` is still the broker's (its ``STORE_ID``), so
+    the start goes on with a new store, where it was refused as someone else's directory."""
+    store = opened(tmp_path)
+    store.append("a/b", make_record(1))
+    old_id = store.store_id
+    store.close()
+    shutil.rmtree(tmp_path / "log")
+    (tmp_path / "log").mkdir()
+    (tmp_path / "meta" / "LAYOUT").unlink()
+    (tmp_path / "meta" / "sessions.json").write_text("{}")
+
+    again = opened(tmp_path)
+    assert again.store_id != old_id
+    assert (tmp_path / "meta" / "LAYOUT").read_text() == "3\n"
+    assert (tmp_path / "meta" / "sessions.json").read_text() == "{}"
+    again.close()
