@@ -158,6 +158,7 @@ class UplinkHub:
             self._sockets[site] = ws
             status = self.status.site(site)
             status.connected = True
+            status.report_bound_said = False
             try:
                 await self._converse(ws, site, status)
             except (WireError, MirrorRefused) as error:
@@ -249,12 +250,25 @@ class UplinkHub:
                 if gaps:
                     self._record_gaps(site, status, gaps)
                 if batch.site_ends:
-                    status.site_ends.update(batch.site_ends)
+                    self._take_report(site, status, batch.site_ends)
                 await ws.send_bytes(encode(ACK, {"seq": batch.seq, "ends": ends}))
             elif decoded.kind == STATE:
-                status.site_ends.update(site_ends_of(decoded.header.get("site_ends", {})))
+                self._take_report(site, status, site_ends_of(decoded.header.get("site_ends", {})))
             else:
                 raise WireError(f"unexpected message kind {decoded.kind}")
+
+    def _take_report(self, site: str, status: SiteStatus, ends: dict[str, list[int]]) -> None:
+        """The site's report of its logs' ends, for its lag; a site reporting more topics than this broker
+        keeps logs (``storage.max_topics``) has the rest left out, said at WARNING once a connection."""
+        left_out = status.report(ends, self.store.config.max_topics)
+        if left_out and not status.report_bound_said:
+            status.report_bound_said = True
+            log.warning(
+                "site %s reports more topics than storage.max_topics (%d): %d left out of its lag",
+                site,
+                self.store.config.max_topics,
+                left_out,
+            )
 
     def _check_down_ends(self, site: str, down: Downlink) -> None:
         """An ERROR for each topic sent down whose copy on ``site`` ends past this hub's log (the hub's data

@@ -30,6 +30,23 @@ class SiteStatus:
     gap_records: int = 0
     site_ends: dict[str, list[int]] = field(default_factory=dict)
     """The site's last report: topic → [end, last append ms]."""
+    report_bound_said: bool = False
+    """Whether this connection's reports past the bound on their topics were said."""
+
+    def report(self, ends: dict[str, list[int]], most_topics: int) -> int:
+        """Take the site's report of its logs' ``ends``, holding at most ``most_topics`` topics: the topics
+        known keep being updated, new ones past the bound are left out. Returns how many were left out."""
+        known = self.site_ends
+        if len(known) + len(ends) <= most_topics:
+            known.update(ends)
+            return 0
+        left_out = 0
+        for topic, end in ends.items():
+            if topic in known or len(known) < most_topics:
+                known[topic] = end
+            else:
+                left_out += 1
+        return left_out
 
     def lag(self, store: LogStore) -> tuple[int, float]:
         """Records the site reported that the hub does not hold, and the seconds between the site's newest

@@ -214,3 +214,25 @@ def test_a_site_asking_for_every_topic_gets_only_what_the_hub_serves_it(
     assert served == {"actions/all", "actions/devices/d1", "actions/groups/line-2"}
     # and a site may ask for less
     assert downlink_as_site(pki, "plant-c", port, ["actions/all"], quiet_s=2.0) == {"actions/all"}
+
+
+def test_a_site_reporting_more_topics_than_the_hub_keeps_logs_is_bounded_and_said(
+    brokers: Brokers, pki: LocalPki, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A site's reports of its logs' ends (for its lag) hold at most ``storage.max_topics`` topics: a
+    certificate holder reporting ever new topics cannot grow the hub's memory without end."""
+    hub = brokers("hub", uplink_hub=hub_section(pki), storage={"max_topics": 4})
+    port = hub_port(hub)
+    frames = frames_at(0, [b"x"])
+    reports = [
+        batch_message("t", 0, frames, seq=0, site_ends={f"d/{n}": [5, 0] for n in range(10)}),
+        batch_message("t", 1, frames_at(1, [b"y"]), seq=1, site_ends={"d/0": [7, 0], "d/99": [5, 0]}),
+    ]
+    with caplog.at_level(logging.WARNING, logger="broker_edge.uplink.hub"):
+        answers = converse_as_site(pki, "plant-a", port, reports)
+    assert [answer.header["ends"] for answer in answers[1:] if answer is not None] == [{"t": 1}, {"t": 2}]
+    site = hub.call(lambda: hub.broker.uplink_hub.status.site("plant-a"))
+    assert sorted(site.site_ends) == ["d/0", "d/1", "d/2", "d/3"]
+    assert site.site_ends["d/0"] == [7, 0]  # a topic known keeps being updated
+    said = [record.getMessage() for record in caplog.records if "storage.max_topics" in record.getMessage()]
+    assert said == ["site plant-a reports more topics than storage.max_topics (4): 6 left out of its lag"]
