@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -44,6 +45,14 @@ ROWS_SCHEMA = ", ".join(
     ]
 )
 STATE_SCHEMA = "session binary"
+#: The masked (nullable) pandas arrays of ROWS_SCHEMA's numbers and booleans, by type and NumPy type.
+_MASKED: dict[str, tuple[type[Any], str]] = {
+    "bigint": (pd.arrays.IntegerArray, "int64"),
+    "int": (pd.arrays.IntegerArray, "int32"),
+    "double": (pd.arrays.FloatingArray, "float64"),
+    "boolean": (pd.arrays.BooleanArray, "bool"),
+}
+_COLUMN_TYPES = dict(column.split() for column in ROWS_SCHEMA.split(", "))
 
 
 def is_sparkplug(topic: Column) -> Column:
@@ -85,8 +94,20 @@ def advance_session(
     rows = session.process(records)
     state.update((session.to_bytes(),))
     if rows:
-        frame = pd.DataFrame(rows, columns=list(ROW_COLUMNS))
-        yield frame.assign(ordinal=range(len(frame)))
+        columns = {name: _column([row[name] for row in rows], name) for name in ROW_COLUMNS}
+        yield pd.DataFrame(columns).assign(ordinal=range(len(rows)))
+
+
+def _column(values: list[Any], name: str) -> Any:
+    """A column of the rows as Spark gets it exactly: numbers and booleans in masked arrays (a NumPy integer
+    column with a null is float64, whose cast back fails past 2**53; a NaN in a NumPy column is null)."""
+    masked = _MASKED.get(_COLUMN_TYPES[name])
+    if masked is None:
+        return pd.Series(values, dtype=object)
+    array, dtype = masked
+    mask = np.array([value is None for value in values], dtype=bool)
+    data = np.array([0 if value is None else value for value in values], dtype=dtype)
+    return array(data, mask)
 
 
 def _bytes(value: Any) -> bytes | None:

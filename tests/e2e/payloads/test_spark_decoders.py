@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import cbor2
 import pytest
@@ -123,3 +124,43 @@ def test_the_decoded_struct_takes_the_place_of_from_jsons_in_an_expression(spark
     rows = [tuple(row) for row in parsed.orderBy("offset").collect()]
     assert rows[:2] == [(0, 2, 21.5, None), (1, None, None, None)]
     assert rows[2][3].startswith("cbor: byte 1: break code") and rows[3][3] == "no payload"
+
+
+def test_sparkplug_values_leave_the_workers_exact_wide_integers_and_nan_included(spark, tmp_path):
+    """An Int64 beyond 2**53 beside a metric with no integer (a Boolean) reached Spark through a float64
+    pandas column: Arrow refused the cast and the whole query failed, every restart again at that batch.
+    A NaN Float came out null, and is_null false: a value neither sent nor null."""
+    metrics = [
+        bdseq_metric(0),
+        MetricOut(2**62 + 1, "Int64", name="Counter", alias=1),
+        MetricOut(-(2**63), "Int64", name="Low", alias=2),
+        MetricOut(2**63 - 1, "UInt64", name="High", alias=3),
+        MetricOut(True, "Boolean", name="Running", alias=4),
+        MetricOut(float("nan"), "Float", name="Flow", alias=5),
+        MetricOut(float("-inf"), "Double", name="Level", alias=6),
+        MetricOut(None, "Double", name="Spare", alias=7),
+    ]
+    birth = encode(metrics, timestamp_ms=1, seq=0)
+    incoming = tmp_path / "incoming"
+    spark.createDataFrame([("edge1", "spBv1.0/plant1/NBIRTH/gw1", 0, T0, birth)], RECORDS).write.parquet(
+        str(incoming / "batch0")
+    )
+    seen: list[list] = []
+    stream = spark.readStream.schema(RECORDS).parquet(str(incoming / "*"))
+    query = (
+        sparkplug_rows(stream)
+        .writeStream.option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .foreachBatch(lambda frame, batch_id: seen.append(frame.where("kind = 'metric'").collect()))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    values = {r["metric"]: (r["value_long"], r["value_double"], r["is_null"]) for r in seen[0]}
+    assert values["Counter"][0] == 2**62 + 1
+    assert values["Low"][0] == -(2**63)
+    assert values["High"][0] == 2**63 - 1
+    assert values["Running"] == (None, None, False)
+    assert math.isnan(values["Flow"][1]) and values["Flow"][2] is False
+    assert values["Level"] == (None, float("-inf"), False)
+    assert values["Spare"] == (None, None, True)
