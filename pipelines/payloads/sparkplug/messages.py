@@ -96,11 +96,16 @@ def read_payload(payload: bytes) -> Payload:
             if datatype is None or datatype == "Unknown":
                 number = metric.datatype
                 raise PayloadError(f"sparkplug_b: metric {index}: datatype {number} is not one of 1..34")
+        alias = metric.alias if metric.HasField("alias") else None
+        if alias is not None and alias > _LAST_LONG:
+            raise PayloadError(
+                f"sparkplug_b: metric {index} ({metric.name!r}): alias {alias} does not fit a bigint"
+            )
         metrics.append(
             Metric(
                 index=index,
                 name=metric.name if metric.HasField("name") else None,
-                alias=metric.alias if metric.HasField("alias") else None,
+                alias=alias,
                 datatype=datatype,
                 timestamp=_time(metric.timestamp, f"metric {index}")
                 if metric.HasField("timestamp")
@@ -111,14 +116,19 @@ def read_payload(payload: bytes) -> Payload:
                 message=metric,
             )
         )
+    seq = message.seq if message.HasField("seq") else None
+    if seq is not None and seq >= 256:
+        raise PayloadError(f"sparkplug_b: seq: {seq} is not a sequence number (0 to 255)")
     return Payload(
         timestamp=_time(message.timestamp, "timestamp") if message.HasField("timestamp") else None,
-        seq=message.seq if message.HasField("seq") else None,
+        seq=seq,
         metrics=metrics,
     )
 
 
 _LAST_MS = last_tick(1_000)
+_LAST_LONG = 2**63 - 1
+"""The largest alias a ``bigint`` column holds (aliases travel as uint64)."""
 
 
 def _time(milliseconds: int, where: str) -> int:

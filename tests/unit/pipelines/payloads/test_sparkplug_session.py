@@ -294,3 +294,21 @@ def test_integers_as_other_encoders_send_them_read_as_their_datatype():
         ("Offset", -2),  # long_value, and 8- and 16-bit complements
         ("Trim", -1),  # sign-extended to 32 bits
     ]
+
+
+@pytest.mark.parametrize(
+    ("seq", "alias", "detail"),
+    [
+        (2**64 - 1, 1, f"sparkplug_b: seq: {2**64 - 1} is not a sequence number (0 to 255)"),
+        (256, 1, "sparkplug_b: seq: 256 is not a sequence number (0 to 255)"),
+        (0, 2**63, f"sparkplug_b: metric 1 ('Level'): alias {2**63} does not fit a bigint"),
+    ],
+)
+def test_a_sequence_number_or_alias_no_column_holds_is_quarantined_not_a_failed_batch(seq, alias, detail):
+    """A seq or an alias past 2**63 - 1 (both travel as uint64) became a row Spark could not take: the
+    worker's conversion to bigint failed the whole micro-batch, at every restart again."""
+    metrics = [bdseq_metric(0), MetricOut(1.5, "Double", name="Level", alias=alias)]
+    birth = record(NODE.format("NBIRTH"), encode(metrics, timestamp_ms=1, seq=seq), 1)
+    [rejected] = EdgeNodeSession().process([birth])
+    assert (rejected["kind"], rejected["reason"], rejected["detail"]) == (REJECTED, REASON_MALFORMED, detail)
+    assert rejected["seq"] is None or 0 <= rejected["seq"] < 2**63
