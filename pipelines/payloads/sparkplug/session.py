@@ -157,17 +157,28 @@ class EdgeNodeSession:
             return [_rejected(record, topic, REASON_MALFORMED, str(exc))]
 
     def _nbirth(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
-        birth = _birth(payload, record)
+        """A new session; one that cannot be read is none, and still ends the session before it."""
+        try:
+            birth = _birth(payload, record)
+            metrics = self._metric_rows(record, topic, payload, birth, seq_gap=False)
+        except PayloadError as exc:
+            return [*self._end(record, topic), _rejected(record, topic, REASON_MALFORMED, str(exc))]
         rows = [_presence(record, topic, device, False) for device in sorted(self.devices)]
         self.birth, self.bdseq, self.devices = birth, bdseq(payload), {}
         self.last_seq = payload.seq
         rows.append(_presence(record, topic, None, True, birth.time_ms))
-        return rows + self._metric_rows(record, topic, payload, birth, seq_gap=False)
+        return rows + metrics
 
     def _ndeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
         death = bdseq(payload)
-        if self.birth is None or (death is not None and self.bdseq is not None and death != self.bdseq):
-            return []  # the will of an earlier connection, or of a node never born here: nothing ends
+        if death is not None and self.bdseq is not None and death != self.bdseq:
+            return []  # the will of an earlier connection: nothing ends
+        return self._end(record, topic)
+
+    def _end(self, record: Record, topic: SparkplugTopic) -> list[dict[str, Any]]:
+        """The session in force ended: its devices and the node offline (nothing when none is in force)."""
+        if self.birth is None:
+            return []
         rows = [_presence(record, topic, device, False) for device in sorted(self.devices)]
         rows.append(_presence(record, topic, None, False))
         self.birth, self.devices, self.last_seq = None, {}, None
@@ -177,11 +188,16 @@ class EdgeNodeSession:
         if self.birth is None:
             return [self._no_birth(record, topic, payload)]
         gap = self._next_seq(payload)
-        birth = _birth(payload, record)
         assert topic.device_id is not None
+        try:
+            birth = _birth(payload, record)
+            metrics = self._metric_rows(record, topic, payload, birth, gap)
+        except PayloadError as exc:  # no birth in force for the device, the one before it ended
+            ended = self.devices.pop(topic.device_id, None) is not None
+            rows = [_presence(record, topic, topic.device_id, False)] if ended else []
+            return [*rows, _rejected(record, topic, REASON_MALFORMED, str(exc), payload.seq)]
         self.devices[topic.device_id] = birth
-        rows = [_presence(record, topic, topic.device_id, True, birth.time_ms)]
-        return rows + self._metric_rows(record, topic, payload, birth, gap)
+        return [_presence(record, topic, topic.device_id, True, birth.time_ms), *metrics]
 
     def _ddeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
         if self.birth is None:

@@ -312,3 +312,40 @@ def test_a_sequence_number_or_alias_no_column_holds_is_quarantined_not_a_failed_
     [rejected] = EdgeNodeSession().process([birth])
     assert (rejected["kind"], rejected["reason"], rejected["detail"]) == (REJECTED, REASON_MALFORMED, detail)
     assert rejected["seq"] is None or 0 <= rejected["seq"] < 2**63
+
+
+def test_a_birth_that_cannot_be_read_ends_the_birth_before_it_and_puts_none_in_force():
+    """A rebirth whose metric carries its value in another field than its datatype's was quarantined, yet
+    taken: the data after it were read by its aliases, while the devices table never heard of the rebirth
+    (the node's devices stayed online from the birth before). A birth quarantined is none: the session in
+    force ends, and what follows waits for a birth that can be read."""
+    session = EdgeNodeSession()
+    session.process([nbirth(1000, bdseq=0), dbirth("pump7", 1001, seq=1)])
+    bad: Any = payload_class()()
+    bad.timestamp, bad.seq = 2000, 0
+    metric = bad.metrics.add()
+    metric.name, metric.alias, metric.datatype, metric.double_value = "Supply/Voltage", 1, 9, 230.0  # a Float
+    rows = session.process([record(NODE.format("NBIRTH"), bad.SerializeToString(), 2000)])
+    assert [(r["kind"], r["device_id"], r["online"]) for r in rows] == [
+        (PRESENCE, "pump7", False),
+        (PRESENCE, None, False),
+        (REJECTED, None, None),
+    ]
+    assert "a Float in double_value" in rows[-1]["detail"]
+    data = encode([MetricOut(231.0, "Double", alias=1, with_datatype=False)], timestamp_ms=2001, seq=1)
+    [late] = session.process([record(NODE.format("NDATA"), data, 2001)])
+    assert (late["kind"], late["reason"]) == (REJECTED, REASON_UNKNOWN_ALIAS)
+    [device] = session.process([ddata("pump7", 2002, 2, temperature(1.0))])
+    assert (device["kind"], device["reason"]) == (REJECTED, REASON_UNKNOWN_ALIAS)
+    bad_dbirth = encode([MetricOut(1, "Int32", name="Count", alias=20)], timestamp_ms=2003, seq=1)
+    session.process([nbirth(2003, bdseq=0, seq=0), dbirth("pump7", 2003, seq=1)])
+    broken: Any = payload_class().FromString(bad_dbirth)
+    broken.metrics[0].ClearField("int_value")
+    broken.metrics[0].string_value = "x"
+    rows = session.process([record(DEVICE.format("DBIRTH", "pump7"), broken.SerializeToString(), 2004)])
+    assert [(r["kind"], r["device_id"], r["online"]) for r in rows] == [
+        (PRESENCE, "pump7", False),
+        (REJECTED, "pump7", None),
+    ]
+    [device] = session.process([ddata("pump7", 2005, 2, temperature(1.0))])
+    assert (device["kind"], device["reason"]) == (REJECTED, REASON_UNKNOWN_ALIAS)
