@@ -400,6 +400,18 @@ class GroupCommitter:
         """`source` buffered something to write with the next job (a new topic's catalog entry)."""
         self._dirty[source] = None
 
+    def write_touched(self) -> None:
+        """Write what `touched` sources buffered though nothing was appended (a segment rolled by age): cut
+        a job now, or once the job in flight completes; without a running loop, in the calling thread."""
+        if not self._dirty or self.failure is not None:
+            return
+        if _running_loop() is None:
+            self.flush()
+        elif len(self._flights) >= self._max_flights:
+            self._window_over = True
+        else:
+            self._cut()
+
     def when_durable(self, callback: Callback, on_error: ErrorCallback | None = None) -> None:
         """Call `callback` on the loop once everything appended before this call is durable."""
         refusal = self.failure or self.shortage

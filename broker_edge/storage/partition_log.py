@@ -436,6 +436,16 @@ class PartitionLog(Locating):
         if active is not None and self.table.head_seg[topic_id] == active.number:
             self._roll(1)
 
+    def roll_if_old(self, now_ms: int) -> bool:
+        """Roll the active segment if it holds records and is `segment_ms` old at `now_ms`, though nothing
+        was appended since (a quiet partition), so that retention can judge its records; returns whether it
+        rolled (its new segment is then to be written)."""
+        active = self.active
+        if active is None or not active.size or now_ms < self._roll_at:
+            return False
+        self._roll(1)
+        return True
+
     def _roll(self, rows: int) -> Segment:
         """Start a new active segment with room for at least `rows` rows (an oversized first batch)."""
         previous = self.active
@@ -464,8 +474,9 @@ class PartitionLog(Locating):
         writes: list[FileWrite] = []
         marks: list[tuple[Segment, int, int]] = []
         created = set(self._created)
+        writable = self._writable()
         self._created = []
-        for segment in self._writable():
+        for segment in writable:
             if segment in created:
                 directories = [self.directory]
                 if self._directory_new:

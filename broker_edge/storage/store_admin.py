@@ -58,6 +58,7 @@ class Admin(StoreState):
 
     def _retention(self, now_ms: int | None) -> Iterator[RetentionReport]:
         now_ms = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        self._roll_old_segments(now_ms)
         size_limits = self.config.retention_bytes is not None or any(
             rule.retention_bytes is not None for rule in self.rules.rules
         )
@@ -79,6 +80,20 @@ class Admin(StoreState):
             log.info(
                 "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted
             )
+
+    def _roll_old_segments(self, now_ms: int) -> None:
+        """Roll each partition whose active segment is `segment_ms` old though no append came to roll it;
+        once written and sealed, a later pass judges its records."""
+        committer = self._committer
+        if committer.failure is not None or committer.shortage is not None:
+            return
+        rolled = False
+        for part in self._partitions:
+            if part.roll_if_old(now_ms):
+                committer.touched(part)
+                rolled = True
+        if rolled:
+            committer.write_touched()
 
     def _delete_segments(self, part: PartitionLog, segments: list[Segment]) -> None:
         for segment in segments:

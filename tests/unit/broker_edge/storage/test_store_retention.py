@@ -72,7 +72,7 @@ def test_retention_by_age_drops_the_groups_whose_newest_record_is_too_old(tmp_pa
 
 
 def test_the_active_segment_is_never_deleted(tmp_path: Path):
-    store = _store(tmp_path, retention_bytes=1, retention_ms=1)
+    store = _store(tmp_path, retention_bytes=1, retention_ms=1, segment_ms=None)  # never rolled by age
 
     store.apply_retention(now_ms=BASE_TIME_MS + 10**9)
 
@@ -160,3 +160,39 @@ def test_a_start_moved_inside_a_segment_that_stays_survives_a_crash(tmp_path: Pa
     assert reopened.start_offset("expired") == 3
     assert reopened.start_offset("kept") == 0
     reopened.close()
+
+
+def test_a_quiet_partition_is_rolled_by_age_so_its_records_expire(tmp_path: Path):
+    """A partition nothing is appended to any more still rolls once its active segment is `segment_ms` old:
+    the retention pass rolls it, and its records go once past `retention_ms` (they outlive it by about
+    `segment_ms`, not forever)."""
+    store = LogStore(tmp_path, StorageConfig(segment_ms=1000, retention_ms=2000))
+    store.open()
+    for number in range(3):
+        store.append("quiet", make_record(number, timestamp_ms=BASE_TIME_MS))
+    store.flush()
+
+    store.apply_retention(now_ms=BASE_TIME_MS + 1000)  # the active segment is segment_ms old: rolled
+    store.wait_sealed()
+    report = store.apply_retention(now_ms=BASE_TIME_MS + 2001)
+
+    assert store.start_offset("quiet") == store.log_info("quiet").end_offset == 3
+    assert report.segments_deleted == 1
+    assert store.append("quiet", make_record(3)) == 3  # offsets go on where they were
+    store.close()
+    reopened = LogStore(tmp_path, StorageConfig(segment_ms=1000, retention_ms=2000))
+    reopened.open()
+    assert (reopened.start_offset("quiet"), reopened.log_info("quiet").end_offset) == (3, 4)
+    reopened.close()
+
+
+def test_a_quiet_partition_younger_than_segment_ms_is_not_rolled(tmp_path: Path):
+    store = LogStore(tmp_path, StorageConfig(segment_ms=1000, retention_ms=2000))
+    store.open()
+    store.append("quiet", make_record(0, timestamp_ms=BASE_TIME_MS))
+    store.flush()
+
+    store.apply_retention(now_ms=BASE_TIME_MS + 999)
+
+    assert len(store.partition_logs[0].segments) == 1
+    store.close()

@@ -1,0 +1,35 @@
+"""Retention as a running broker applies it to logs devices filled over MQTT, read back through the offsets
+API: records past `retention_ms` go even when nothing is published any more, readers below the start are
+told where the log starts now, and offsets go on where they were."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge.offsets_api.client import OffsetOutOfRangeError
+from tests.e2e.broker_clients import PahoClient, wait_for
+from tests.e2e.commitlog.e2e_helpers import offsets_client, publish_numbered, read_log
+
+DEVICES = [f"fleet/device-{number}/telemetry" for number in range(3)]
+
+
+def test_records_of_a_fleet_gone_quiet_expire_by_age(brokers):
+    """Devices publish, then go silent: the partition's active segment is rolled by age without another
+    append, so its records go once past retention_ms (they outlive it by about segment_ms, not forever)."""
+    broker = brokers(storage={"segment_ms": 300, "retention_ms": 600, "retention_interval_s": 0.1})
+    for topic in DEVICES:
+        publish_numbered(broker, topic, 3)
+    client = offsets_client(broker)
+
+    def expired() -> bool:
+        return all(log.start_offset == log.end_offset == 3 for log in client.list_logs("fleet/#"))
+
+    assert wait_for(expired, timeout=10), client.list_logs("fleet/#")
+    with pytest.raises(OffsetOutOfRangeError) as below:
+        client.fetch(DEVICES[0], 0)
+    assert (below.value.start, below.value.end) == (3, 3)
+
+    device = PahoClient(broker.port, "device-0")
+    device.publish(DEVICES[0], "again", 1)
+    device.disconnect()
+    assert [(row["offset"], row["payload"]) for row in read_log(client, DEVICES[0])] == [(3, b"again")]
