@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import logging
 import os
 import shutil
@@ -53,6 +54,7 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -206,7 +208,7 @@ class LocalEtcd:
             "--log-level",
             "warn",
         ]
-        self._launch(client)
+        self._launch()
         log.info("etcd for the members on %s (data in %s)", self.url, data)
         return self.url
 
@@ -224,10 +226,10 @@ class LocalEtcd:
         )
         log.error("etcd of the members exited (%s): starting it again on %s", how, self.url)
         self.process = None
-        self._launch(int(self.url.rsplit(":", 1)[1]))
+        self._launch()
         log.warning("etcd of the members answers again on %s", self.url)
 
-    def _launch(self, client: int) -> None:
+    def _launch(self) -> None:
         parent = os.getpid()
         with open(self.directory / "etcd.log", "ab") as output:
             self.process = subprocess.Popen(
@@ -239,7 +241,7 @@ class LocalEtcd:
                 preexec_fn=lambda: _etcd_process(parent),
             )
         deadline = time.monotonic() + ETCD_START_TIMEOUT_S
-        while not _answers("127.0.0.1", client):
+        while not _serves(self.url):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"etcd did not start: see {self.directory / 'etcd.log'}")
@@ -446,9 +448,18 @@ async def _forget_member(config: ClusterConfig, node: str) -> None:
         await etcd.close()
 
 
-def _answers(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex((host, port)) == 0
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Requests to the command's own etcd on loopback: never through an ``http_proxy`` of the environment."""
+
+
+def _serves(url: str) -> bool:
+    """Whether etcd at ``url`` serves its clients: its ``/health`` answers. Its port accepts connections
+    a moment before (its server not ready, its member not yet leader), when a member's first calls fail."""
+    try:
+        with _DIRECT.open(f"{url}/health", timeout=1.0) as answer:
+            return bool(json.load(answer).get("health") == "true")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _write_yaml(path: Path, document: dict[str, Any]) -> None:

@@ -10,15 +10,18 @@ succeed ending with its exit status instead of members forked again for ever.
   member's status (1, 2) and reason;
 - SIGHUP reaches every member (a user added to the password file logs in through each), the command runs on;
 - the command killed (SIGKILL): its members and etcd stop, and the port can be served again.
+- its own etcd serves once started (and once started again): its port accepting connections is not enough.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,7 @@ import pytest
 
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
+from broker_edge.runtime.workers import LocalEtcd
 from broker_edge.security.auth import hash_password
 from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.test_workers import member_pids, start_workers, stop_workers
@@ -201,6 +205,29 @@ def test_sighup_is_passed_on_to_every_member_and_the_command_runs_on(first):
     assert first.process.poll() is None
     assert first.logs_in("u2", "p2")
     assert first.logs_in("u1", "p1")
+
+
+def test_its_etcd_serves_once_started(tmp_path):
+    """etcd accepts connections a moment before it serves them: members started on its port's first
+    answer logged WARNINGs (cannot register, retrying with backoff) at every start of the command. Started
+    means serving: a request answered at once, and again after a restart."""
+    etcd = LocalEtcd(tmp_path)
+    try:
+        url = etcd.start()
+        assert _health(url) == {"health": "true"}
+        assert etcd.process is not None
+        etcd.process.kill()
+        etcd.process.wait()
+        etcd.restart(signal.SIGKILL)
+        assert _health(url) == {"health": "true"}
+    finally:
+        etcd.stop()
+
+
+def _health(url: str) -> object:
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with direct.open(f"{url}/health", timeout=0.2) as answer:
+        return json.load(answer)
 
 
 def test_a_sighup_during_the_start_is_no_end_and_reaches_every_member(tmp_path):
