@@ -24,6 +24,17 @@ from .fields import decode_payloads
 from .formats import FieldFormat
 
 DECODE_ERROR = "decode_error"
+#: The nullable (masked) pandas types of the Arrow types of numbers and booleans: a NumPy column with a null
+#: is float64, which rounds an integer past 2**53 and reads NaN as null on its way back to Arrow.
+MASKED_DTYPES: dict[pa.DataType, object] = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.float32(): pd.Float32Dtype(),
+    pa.float64(): pd.Float64Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
 
 
 def with_decoded_fields(
@@ -84,4 +95,4 @@ class DecodeSeries:
         values = [None if value is None else bytes(value) for value in payloads]
         decoded = decode_payloads(values, reader, self.fields)
         table = pa.table({**decoded.columns, self.error_field: decoded.errors})
-        return table.to_pandas()
+        return table.to_pandas(types_mapper=MASKED_DTYPES.get)  # every value as read

@@ -164,3 +164,20 @@ def test_sparkplug_values_leave_the_workers_exact_wide_integers_and_nan_included
     assert math.isnan(values["Flow"][1]) and values["Flow"][2] is False
     assert values["Level"] == (None, float("-inf"), False)
     assert values["Spare"] == (None, None, True)
+
+
+def test_the_decoded_struct_keeps_wide_integers_and_nan_beside_a_payload_that_failed(spark):
+    """The struct's frame left the worker in NumPy columns: a payload that failed (its fields null) made
+    the bigint column float64, which rounded 2**62 + 1 to 2**62 in silver, silently; and a NaN reading
+    came out null, where JSON's keeps it."""
+    cls = message_class(example_descriptor_set(), EXAMPLE_MESSAGE)
+    wide = cls(ts=2**62 + 1, seq=-(2**63), temperature=float("nan"), firmware="2.0").SerializeToString()
+    protobuf = FieldFormat("protobuf", example_descriptor_set(), EXAMPLE_MESSAGE)
+    frame = records(spark, [wide, wide[:-2]]).coalesce(1)
+    parsed = frame.select(
+        "offset", with_format_struct(F.col("payload"), protobuf, FIELDS, "_corrupt_record").alias("_pb")
+    ).select("offset", "_pb.*")
+    rows = [row.asDict() for row in parsed.orderBy("offset").collect()]
+    assert (rows[0]["ts"], rows[0]["seq"], rows[0]["_corrupt_record"]) == (2**62 + 1, -(2**63), None)
+    assert math.isnan(rows[0]["temperature"])
+    assert rows[1]["ts"] is None and rows[1]["_corrupt_record"].startswith("protobuf: byte")
