@@ -380,7 +380,7 @@ class PublishPath:
         if self.forwarding is not None:  # its parts complete in any order: answers wait for their turn
             self._answers.expect(batch)
             topics = self._place(current, topics, self.forwarding)
-        retry: set[str] = set()
+        retry: dict[str, StorageError] = {}
         runs = current.runs
         firsts = store.append_batches(
             [
@@ -395,7 +395,7 @@ class PublishPath:
         )
         for (topic, messages), first in zip(topics.items(), firsts, strict=True):
             if isinstance(first, StorageError):
-                retry.add(topic)  # one by one below, so that only the publishes that fail are refused
+                retry[topic] = first  # one by one below, so that only the publishes that fail are refused
                 continue
             if len(messages) == 1:  # a topic per device: most batches hold one message
                 messages[0].offset = first
@@ -406,7 +406,7 @@ class PublishPath:
         if retry:
             for entry in batch:
                 if entry.message is not None and entry.message.topic in retry:
-                    self._append_one(store, entry)
+                    self._append_one(store, entry, retry[entry.message.topic])
         store.when_durable(
             lambda: self._durable(current), lambda exc: self._failed(current, exc, "log_failed")
         )
@@ -511,9 +511,22 @@ class PublishPath:
             if publisher is not None and entry.qos == 2 and entry.packet_id is not None and publisher.v5:
                 publisher.release_qos2(entry.packet_id)
 
-    def _append_one(self, store: PublishStore, entry: PendingPublish) -> None:
-        """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
-        turn with the reason (v5), so that acknowledgements keep the order of the publishes.
+    def _append_one(self, store: PublishStore, entry: PendingPublish, refusal: StorageError) -> None:
+        """Append one publish of a batch that failed with `refusal`; at the topic limit it is refused at
+        once (no log can be made for it, and the store would count the refusal again)."""
+        message = entry.message
+        assert message is not None
+        if isinstance(refusal, TooManyTopics):
+            self._refuse(entry, refusal)
+            return
+        try:
+            message.offset = store.append_batch(message.topic, [record_fields(message)])
+        except StorageError as exc:
+            self._refuse(entry, exc)
+
+    def _refuse(self, entry: PendingPublish, exc: StorageError) -> None:
+        """A publish whose append failed: a refusal, acknowledged in its turn with the reason (v5), so that
+        acknowledgements keep the order of the publishes.
 
         At the broker's topic limit (`storage.max_topics`) a v3.1.1 publisher cannot be told why: its publish
         is not acknowledged at all and its connection stays open, so it keeps the message (nothing is lost)
@@ -525,42 +538,39 @@ class PublishPath:
         nothing was promised for it, and it would not be sent again."""
         message = entry.message
         assert message is not None
-        try:
-            message.offset = store.append_batch(message.topic, [record_fields(message)])
-        except StorageError as exc:
-            entry.message = None
-            entry.settled = True
-            publisher = entry.publisher
-            if isinstance(exc, TooManyTopics):
-                self.counters.drop("topic_limit")
-                entry.reason_code = ReasonCode.QUOTA_EXCEEDED
-                if publisher is not None and not publisher.v5:
-                    if entry.qos and publisher.incoming_pending > 0:  # answered with silence: a slot free
-                        publisher.incoming_pending -= 1
-                    entry.packet_id = None
-                    return
+        entry.message = None
+        entry.settled = True
+        publisher = entry.publisher
+        if isinstance(exc, TooManyTopics):
+            self.counters.drop("topic_limit")
+            entry.reason_code = ReasonCode.QUOTA_EXCEEDED
+            if publisher is not None and not publisher.v5:
+                if entry.qos and publisher.incoming_pending > 0:  # answered with silence: a slot free
+                    publisher.incoming_pending -= 1
+                entry.packet_id = None
+                return
+        else:
+            if isinstance(exc, StorageShortage):  # passing, and every publish meets it: summarised
+                self.counters.drop(exc.cause.reason)
+                self._refusals.log(logging.WARNING, exc.cause.reason, "publish refused: %s", exc)
+                entry.reason_string = str(exc)
+            elif isinstance(exc, LogQuarantined):  # every publish to it meets it: summarised
+                self.counters.drop("log_quarantined")
+                self._refusals.log(logging.WARNING, "log_quarantined", "publish refused: %s", exc)
             else:
-                if isinstance(exc, StorageShortage):  # passing, and every publish meets it: summarised
-                    self.counters.drop(exc.cause.reason)
-                    self._refusals.log(logging.WARNING, exc.cause.reason, "publish refused: %s", exc)
-                    entry.reason_string = str(exc)
-                elif isinstance(exc, LogQuarantined):  # every publish to it meets it: summarised
-                    self.counters.drop("log_quarantined")
-                    self._refusals.log(logging.WARNING, "log_quarantined", "publish refused: %s", exc)
-                else:
-                    self.counters.drop("log_failed")
-                    log.warning(
-                        "append to %r failed: %s",
-                        message.topic,
-                        exc,
-                        extra={"client_id": message.origin or "-"},
-                    )
-                entry.reason_code = _refusal_code(exc)
-                if publisher is not None and not publisher.v5 and entry.qos:
-                    publisher.close()  # a v3 client cannot be told: it resends after reconnecting
-                    return
-            if publisher is not None and entry.qos == 2 and entry.packet_id is not None:
-                publisher.release_qos2(entry.packet_id)
+                self.counters.drop("log_failed")
+                log.warning(
+                    "append to %r failed: %s",
+                    message.topic,
+                    exc,
+                    extra={"client_id": message.origin or "-"},
+                )
+            entry.reason_code = _refusal_code(exc)
+            if publisher is not None and not publisher.v5 and entry.qos:
+                publisher.close()  # a v3 client cannot be told: it resends after reconnecting
+                return
+        if publisher is not None and entry.qos == 2 and entry.packet_id is not None:
+            publisher.release_qos2(entry.packet_id)
 
     # -- 3. durable ---------------------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ keep working for everyone.
 
 from __future__ import annotations
 
+import time
+
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import PingReq, PingResp, PubAck, Publish
 from tests.e2e.broker_clients import RawClient
@@ -147,6 +149,26 @@ def test_refusals_at_the_topic_limit_are_logged_once_per_interval_with_their_cou
     assert len(lines) == 1  # one line for the interval, not one per refusal
     assert lines[0].getMessage().startswith("1 appends to new topics refused")
     assert "storage.max_topics" in lines[0].getMessage()
+
+
+def test_each_publish_refused_at_the_topic_limit_is_counted_once_in_the_logged_count(brokers, caplog):
+    """The WARNING's count is the publishes refused, where a refused batch tried again one publish at a
+    time counted each refusal twice (1,012 said for 506 publishes)."""
+    broker = brokers(
+        storage={"max_topics": 1, "refusal_log_interval_s": 0.2}, limits={"max_topics_per_client": 0}
+    )
+    v5 = RawClient(broker.port, 5)
+    v5.connect("runaway")
+    _publish(v5, "first", 1)
+    codes = [_publish(v5, f"junk/{n}", n + 2).reason_code for n in range(10)]
+    time.sleep(0.25)  # the interval is over: the next refusal logs the count since the first line
+    codes.append(_publish(v5, "junk/last", 12).reason_code)
+
+    lines = [line.getMessage() for line in caplog.records if "new topics refused" in line.getMessage()]
+    assert codes == [QUOTA_EXCEEDED] * 11
+    assert broker.drops("topic_limit") == 11
+    assert broker.call(lambda: broker.broker.store.refusals) == 11
+    assert [line.split(" appends")[0] for line in lines] == ["1", "10"]
 
 
 def test_in_a_batch_only_the_publish_that_cannot_be_stored_is_refused(brokers):
