@@ -159,7 +159,9 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
         number = value - 2**64 if value >= 2**63 else value
         return MetricValue(long=number, double=float(number))
     if datatype in _UNSIGNED_32 or datatype in ("UInt64", "DateTime"):
-        return MetricValue(long=value if value < 2**63 else None, double=float(value))
+        if value > _LAST_LONG:  # no bigint holds it: exact in decimal
+            return MetricValue(double=float(value), string=str(value))
+        return MetricValue(long=value, double=float(value))
     if datatype in ("Float", "Double"):
         return MetricValue(double=float(value))
     if datatype == "Boolean":

@@ -349,3 +349,14 @@ def test_a_birth_that_cannot_be_read_ends_the_birth_before_it_and_puts_none_in_f
     ]
     [device] = session.process([ddata("pump7", 2005, 2, temperature(1.0))])
     assert (device["kind"], device["reason"]) == (REJECTED, REASON_UNKNOWN_ALIAS)
+
+
+def test_a_uint64_past_what_a_bigint_holds_is_kept_exact_in_decimal():
+    """A UInt64 from 2**63 (a counter, an id, a bit mask) was left out of ``value_long`` and kept only
+    rounded in ``value_double`` (2**64 - 1 read as 2**64): the value sent was nowhere."""
+    metrics = [MetricOut(2**64 - 1, "UInt64", name="Mask", alias=1), MetricOut(7, "UInt64", name="Small")]
+    birth = record(NODE.format("NBIRTH"), encode([bdseq_metric(0), *metrics], timestamp_ms=1, seq=0), 1)
+    rows = {r["metric"]: r for r in kinds(EdgeNodeSession().process([birth]), METRIC)}
+    mask, small = rows["Mask"], rows["Small"]
+    assert (mask["value_long"], mask["value_string"], mask["value_double"]) == (None, str(2**64 - 1), 2.0**64)
+    assert (small["value_long"], small["value_string"]) == (7, None)
