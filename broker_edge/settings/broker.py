@@ -227,6 +227,12 @@ class BrokerStorageConfig(StorageConfig):
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.disk_reserve_bytes >= 2**63:  # posix_fallocate's length is a signed 64-bit off_t
+            raise ConfigError(
+                "disk_reserve_bytes",
+                "must be below 2**63 (9223372036854775808), a file's largest length, "
+                f"got {self.disk_reserve_bytes}",
+            )
         if not self.refusal_log_interval_s > 0:
             raise ConfigError("refusal_log_interval_s", f"must be > 0, got {self.refusal_log_interval_s}")
         for name in ("segment_ms", "retention_bytes", "retention_ms"):

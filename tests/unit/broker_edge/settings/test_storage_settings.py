@@ -21,3 +21,20 @@ def test_a_group_commit_wait_past_a_second_or_below_zero_is_refused(key: str, va
 def test_a_group_commit_wait_up_to_a_second_loads(key: str, value: float) -> None:
     config = load_dataclass(BrokerConfig, {"storage": {key: value}})
     assert getattr(config.storage, key) == value
+
+
+@pytest.mark.parametrize("value", [2**63, 99_999_999_999_999_999_999])
+def test_a_disk_reserve_no_file_can_hold_is_refused(value: int) -> None:
+    """Past a file's largest length the reserve cannot be made: every seal failed on it with a traceback
+    (OverflowError), its segment kept in memory, so retention never freed anything."""
+    with pytest.raises(ConfigError) as refused:
+        load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": value}})
+    assert str(refused.value) == (
+        f"storage.disk_reserve_bytes: must be below 2**63 (9223372036854775808), a file's largest length, "
+        f"got {value}"
+    )
+
+
+def test_a_disk_reserve_of_any_file_length_loads() -> None:
+    config = load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": 2**63 - 1}})
+    assert config.storage.disk_reserve_bytes == 2**63 - 1
