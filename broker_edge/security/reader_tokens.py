@@ -71,7 +71,9 @@ class TokensFile:
 
 
 def _digest(secret: str) -> bytes:
-    return hashlib.sha256(secret.encode("utf-8")).digest()
+    """The secret's SHA-256. A header's bytes that are not UTF-8 (aiohttp keeps them as surrogates) are
+    hashed as sent: they match no token, where encoding them failed with a 500."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
 
 
 class ReaderTokens:
