@@ -18,7 +18,8 @@ session (any other is a stale will of an earlier connection and is ignored); a D
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,7 @@ class EdgeNodeSession:
     def process(self, records: Iterable[Record]) -> list[dict[str, Any]]:
         """The rows of ``records`` (one edge node's, in any order: they are put in order first)."""
         rows: list[dict[str, Any]] = []
-        for message in in_order(read(record) for record in records):
+        for message in in_order((read(record) for record in records), self.last_seq):
             rows.extend(self._message(message))
         return rows
 
@@ -286,31 +287,61 @@ def read(record: Record) -> Message:
         return Message(record, topic, error=str(exc))
 
 
-def in_order(messages: Iterable[Message]) -> list[Message]:
-    """One edge node's messages in the order it sent them.
+def in_order(messages: Iterable[Message], last_seq: int | None = None) -> list[Message]:
+    """One edge node's messages in the order it sent them (``last_seq``: the number of the one before).
 
     Its messages travel on several topics, whose offsets are counted apart, so the order is the broker's
-    append time (milliseconds), then within one millisecond the Sparkplug sequence number (unwrapped when
-    the millisecond's numbers straddle 255 → 0), then the offset. A message without a sequence number (an
-    NDEATH, sent by the broker once the connection is gone) comes after the millisecond's others.
+    append time (milliseconds); within one millisecond, each topic's messages keep their offsets' order (the
+    order they were sent in) and the topics' are merged by sequence number: next the message whose number
+    follows the last one's, then a number soon after it (one lost), then an NBIRTH (a birth starts the
+    sequence again). A message with no number that cannot be read or lacks it is taken as its topic
+    reaches it; an NDEATH (sent by the broker once the connection is gone) after its millisecond's others.
     """
     by_time: dict[int, list[Message]] = {}
     for message in messages:
         by_time.setdefault(message.record.timestamp_ms, []).append(message)
     ordered: list[Message] = []
+    expected = None if last_seq is None else (last_seq + 1) % SEQ_MODULO
     for time_ms in sorted(by_time):
-        group = by_time[time_ms]
-        seqs = [seq for seq in map(_seq_of, group) if seq is not None]
-        wraps = bool(seqs) and max(seqs) - min(seqs) > SEQ_MODULO // 2
-
-        def rank(message: Message, wraps: bool = wraps) -> tuple[int, int]:
+        chains: dict[tuple[str, str], deque[Message]] = {}
+        for message in sorted(by_time[time_ms], key=lambda message: message.record.offset):
+            chains.setdefault((message.record.broker, message.record.topic), deque()).append(message)
+        first = _first_without_order(by_time[time_ms])
+        while chains:
+            rank = _rank(expected, first)
+            key = min(chains, key=lambda topic: rank(chains[topic][0]))
+            message = chains[key].popleft()
+            if not chains[key]:
+                del chains[key]
+            ordered.append(message)
             seq = _seq_of(message)
-            if seq is None:
-                return (2 * SEQ_MODULO, message.record.offset)
-            return (seq + SEQ_MODULO if wraps and seq < SEQ_MODULO // 2 else seq, message.record.offset)
-
-        ordered.extend(sorted(group, key=rank))
+            if seq is not None:
+                expected = (seq + 1) % SEQ_MODULO
     return ordered
+
+
+def _first_without_order(group: list[Message]) -> Callable[[int], int]:
+    """With no number before: a millisecond's lowest number first, unwrapped when its numbers straddle
+    255 -> 0 (a seq below half the range then counts as past 255)."""
+    seqs = [seq for seq in map(_seq_of, group) if seq is not None]
+    wraps = bool(seqs) and max(seqs) - min(seqs) > SEQ_MODULO // 2
+    return lambda seq: seq + SEQ_MODULO if wraps and seq < SEQ_MODULO // 2 else seq
+
+
+def _rank(expected: int | None, first: Callable[[int], int]) -> Callable[[Message], tuple[int, int, int]]:
+    def rank(message: Message) -> tuple[int, int, int]:
+        seq, offset = _seq_of(message), message.record.offset
+        if seq is None:
+            death = message.topic is not None and message.topic.message_type == "NDEATH"
+            return (2 if death else 0, 0, offset)
+        if expected is None:
+            return (1, first(seq), offset)
+        ahead = (seq - expected) % SEQ_MODULO
+        if message.topic is not None and message.topic.message_type == "NBIRTH":
+            ahead = min(ahead, SEQ_MODULO // 2)
+        return (1, ahead, offset)
+
+    return rank
 
 
 def _seq_of(message: Message) -> int | None:

@@ -153,12 +153,39 @@ def test_a_millisecond_whose_numbers_straddle_the_wrap_is_read_255_first():
     session = EdgeNodeSession()
     session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
     session.last_seq = 254
-    batch = [
+    batch = [  # on two topics (one topic's offsets are the order it was sent in), handed over 0 first
+        ddata("pump8", 2000, 255, temperature(1.0)),
         ddata("pump7", 2000, 0, temperature(2.0)),
-        ddata("pump7", 2000, 255, temperature(1.0)),
     ]
-    rows = session.process(batch)
+    session.process([dbirth("pump8", 1002, seq=2)])
+    session.last_seq = 254
+    rows = session.process(list(reversed(batch)))
     assert [(r["seq"], r["seq_gap"]) for r in rows] == [(255, False), (0, False)]
+
+
+def test_a_rebirth_in_the_millisecond_of_data_sent_before_it_is_read_after_that_data():
+    """Within one millisecond, an NDATA the node sent just before the NBIRTH answering a rebirth request
+    was read after it, by its lower sequence number (0 before 37): its alias was read by the new birth,
+    silently naming another metric, and the numbers of both sessions were flagged as gaps. One topic's
+    offsets are the order its messages were sent in, and a birth starts its sequence again."""
+    session = EdgeNodeSession()
+    session.process([nbirth(1000, bdseq=0)])
+    session.last_seq = 36
+    rebirth_metrics = [bdseq_metric(0), MetricOut(0.5, "Double", name="Supply/Current", alias=1)]
+    rebirth = record(NODE.format("NBIRTH"), encode(rebirth_metrics, timestamp_ms=2000, seq=0), 2000)
+    before = encode([MetricOut(231.0, "Double", alias=1, with_datatype=False)], timestamp_ms=2000, seq=37)
+    after = encode([MetricOut(0.7, "Double", alias=1, with_datatype=False)], timestamp_ms=2000, seq=1)
+    sent_before, sent_after = (
+        record(NODE.format("NDATA"), before, 2000),
+        record(NODE.format("NDATA"), after, 2000),
+    )
+    rows = kinds(session.process([rebirth, sent_after, sent_before]), METRIC)
+    assert [(r["message_type"], r["seq"], r["metric"], r["value_double"], r["seq_gap"]) for r in rows] == [
+        ("NDATA", 37, "Supply/Voltage", 231.0, False),
+        ("NBIRTH", 0, "bdSeq", 0.0, False),
+        ("NBIRTH", 0, "Supply/Current", 0.5, False),
+        ("NDATA", 1, "Supply/Current", 0.7, False),
+    ]
 
 
 @pytest.mark.sparkplug(
