@@ -462,6 +462,7 @@ class ClusterNode:
         )
         if self.followers is not None:
             self.sessions.observed_logs = self.followers.observed_logs
+        self.sessions.remote_starts = self.remote_starts
         if self.handoff is not None:
             self.handoff.claims = self.sessions  # the records of the connections it moves go with them
         wills = self.wills = ClusterWills(

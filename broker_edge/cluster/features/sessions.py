@@ -52,11 +52,13 @@ from broker_edge.cluster.features.sessions_registry import BackgroundTasks, Chan
 from broker_edge.cluster.links.peer_link import PeerLinkDown, PeerRequestFailed
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.engine.sessions.session import NEVER_EXPIRES
+from broker_edge.protocol.topics import EARLIEST
 from broker_edge.storage.errors import UnknownTopic
 
 if TYPE_CHECKING:
     from broker_edge.cluster.features.sessions_registry import SessionRegistry
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
+    from broker_edge.cluster.reads.remote_starts import RemoteStarts
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.ports import ClaimDone, SessionClaim
     from broker_edge.engine.publish import PublishPath
@@ -159,6 +161,8 @@ class ClusterSessions:
         self.tasks = BackgroundTasks()
         self.observed_logs: Callable[[str], list[LogInfo]] | None = None
         """The topics this node observes that a filter matches (``Followers.observed_logs``)."""
+        self.remote_starts: RemoteStarts | None = None
+        """Positions a restored session in the topics of partitions this node holds no copy of."""
         self.closed = False
         """Set once this node leaves: its records stay as they are, for the others to act on."""
         self.forwards_settled: Callable[[str], Awaitable[bool]] | None = None
@@ -387,6 +391,26 @@ class ClusterSessions:
             )
         except ValueError as exc:
             log.error("a session handed over could not be restored (%s); it starts empty", exc)
+            return
+        session = broker.router.sessions.get(state.get("client_id", ""))
+        if session is not None:
+            self._read_topics_created_since(session)
+
+    def _read_topics_created_since(self, session: Session) -> None:
+        """Topics a restored session's subscriptions read that its saved state does not name (created
+        since it was saved) are read from their start: those of partitions this node holds no copy of are
+        found by asking their leaders (``remote_starts``), as for a subscription from ``earliest``."""
+        starts = self.remote_starts
+        if starts is None or not session.subscriptions:
+            return
+        known = frozenset(session.cursors or ())
+        asked = False
+        for entry in session.subscriptions.values():
+            if entry.group is None and entry.options.qos > 0:
+                asked |= starts.start(session, entry.topic_filter, EARLIEST, keep=known)
+        router = self.broker.router
+        if asked:
+            starts.when_started(session, [], lambda: router.pump_replays(session))
 
     def _discard_local(self, client_id: str, fire_will: bool) -> None:
         """End this node's copy of a session; a will still waiting is published only if ``fire_will``."""

@@ -17,6 +17,10 @@ When a partition has no broker to ask (no leader and no live replica with a link
 answer within ``wait_s``, its topics that this broker routes start at the offset asked (``earliest``: the
 log's start, read as such when the leader answers), and a time start starts at the first message held
 since the SUBSCRIBE; the SUBACK reports nothing for them (logged at WARNING).
+
+A session restored from its saved state (``ClusterSessions``, after its holder's death) is positioned the
+same way from ``earliest`` in the topics its state does not name (created since it was saved): those it
+names (``keep``) are neither moved nor held back.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class _Start:
     done: bool = False
     claimed: bool = False
     """Whether a SUBACK reports its ``outside`` (the SUBSCRIBE's own; later SUBACKs only wait for it)."""
+    keep: frozenset[str] = frozenset()
+    """Topics the session already has a position in (a session restored from its saved state): neither
+    moved nor held back."""
 
 
 @dataclass(slots=True)
@@ -101,15 +108,17 @@ class RemoteStarts:
         copy_here = self._copy_here
         return {number for number in view.states if not copy_here(number)}
 
-    def start(self, session: Session, topic_filter: str, start: OffsetStart) -> bool:
-        """Position ``session``'s replay of ``topic_filter`` in the logs held elsewhere (asynchronously);
-        False when the filter matches none (nothing to wait for)."""
+    def start(
+        self, session: Session, topic_filter: str, start: OffsetStart, keep: frozenset[str] = frozenset()
+    ) -> bool:
+        """Position ``session``'s replay of ``topic_filter`` in the logs held elsewhere (asynchronously),
+        but for the topics in ``keep``; False when the filter matches none (nothing to wait for)."""
         if start.kind is OffsetStartKind.LATEST:
             return False  # from the end: this broker's live routing is exactly that
         partitions = self.partitions_elsewhere(topic_filter)
         if not partitions:
             return False
-        entry = _Start(topic_filter, start)
+        entry = _Start(topic_filter, start, keep=keep)
         self._pending.setdefault(session, []).append(entry)
         if session.cursors is None:
             session.cursors = {}  # so that the router asks ``holding`` meanwhile
@@ -130,7 +139,7 @@ class RemoteStarts:
             return False
         holding = False
         for entry in entries:
-            if topic_matches(entry.topic_filter, topic):
+            if topic not in entry.keep and topic_matches(entry.topic_filter, topic):
                 entry.held.setdefault(topic, offset)
                 holding = True
         return holding
@@ -221,8 +230,10 @@ class RemoteStarts:
             cursors = session.cursors = {}
         start = entry.start
         asked = start.value if start.kind is OffsetStartKind.OFFSET and start.value is not None else 0
-        placed: set[str] = set()
+        placed: set[str] = set(entry.keep)
         for found_log in found:
+            if found_log.topic in placed:
+                continue
             offset = found_log.offset
             if not found_log.start <= offset <= found_log.end:
                 entry.outside.append(
@@ -240,7 +251,7 @@ class RemoteStarts:
             placed.add(found_log.topic)
         partition_of = self.view.partition_of
         if unreachable and start.kind is not OffsetStartKind.TIMESTAMP:
-            if not is_wildcard(entry.topic_filter):
+            if not is_wildcard(entry.topic_filter) and entry.topic_filter not in placed:
                 cursors[entry.topic_filter] = asked  # read once a replica answers
                 placed.add(entry.topic_filter)
             for info in self._observed_logs(entry.topic_filter):
