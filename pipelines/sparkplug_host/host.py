@@ -179,7 +179,7 @@ class SparkplugHost:
         """A STATE on its own id saying it is offline (an old will, a stray publisher): it is online."""
         try:
             online = json.loads(payload).get("online")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
             online = None
         if online is not True and self.born and self.client is not None and self.client.connected:
             self.stats["offline_states_answered"] += 1

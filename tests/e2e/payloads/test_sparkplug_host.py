@@ -342,3 +342,26 @@ def test_a_new_nbirth_ends_the_births_of_the_nodes_devices_until_they_are_born_a
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_state_nested_too_deep_for_json_is_an_offline_state_and_the_host_stays_connected(broker):
+    """A STATE on the host's topic of brackets nested past Python's recursion limit raised RecursionError
+    out of the host's message handler: its connection failed, and retained, the STATE did it again at
+    every connection, the host never online. It is read as not saying online: answered with the birth."""
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe(TOPIC, 1)
+    stray = PahoClient(broker.port, "stray")
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        await expect(watcher, 1)
+        stray.publish(TOPIC, b"[" * 100_000, 1, retain=True)
+        stray_state, online = await expect(watcher, 2)
+        assert stray_state.payload == b"[" * 100_000
+        assert json.loads(online.payload) == {"online": True, "timestamp": sparkplug.connected_ms}
+        assert sparkplug.client is not None and sparkplug.client.connected
+        assert sparkplug.stats["offline_states_answered"] == 1
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
