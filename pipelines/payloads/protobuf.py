@@ -57,7 +57,7 @@ def field_problem(descriptor: Any, name: str, type_name: str) -> str | None:
     field = descriptor.fields_by_name.get(name)
     if field is None:
         return f"{descriptor.full_name} has no field {name!r}; it has {', '.join(descriptor.fields_by_name)}"
-    if _is_repeated(field):
+    if is_repeated(field):
         return f"{descriptor.full_name}.{name} is repeated; a column holds one value"
     kind = field.type
     if kind == FieldDescriptor.TYPE_MESSAGE:
@@ -76,7 +76,7 @@ def field_problem(descriptor: Any, name: str, type_name: str) -> str | None:
     return f"{descriptor.full_name}.{name} cannot be read as {type_name}"
 
 
-def _is_repeated(field: Any) -> bool:
+def is_repeated(field: Any) -> bool:
     repeated = getattr(field, "is_repeated", None)  # protobuf >= 6 deprecates label
     if repeated is not None:
         return bool(repeated)

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from pipelines.timestamps import last_tick
 
 from ..descriptors import parse_error
 from ..fields import PayloadError
+from ..protobuf import is_repeated
 from .schema import DATATYPES, payload_class
 
 _SIGNED_32 = {"Int8", "Int16", "Int32"}
@@ -96,6 +98,9 @@ def read_payload(payload: bytes) -> Payload:
             if datatype is None or datatype == "Unknown":
                 number = metric.datatype
                 raise PayloadError(f"sparkplug_b: metric {index}: datatype {number} is not one of 1..34")
+        name = metric.name if metric.HasField("name") else None
+        if isinstance(name, bytes):  # protobuf's way of handing over a string that is not UTF-8
+            raise PayloadError(f"sparkplug_b: metric {index}: its name is not UTF-8")
         alias = metric.alias if metric.HasField("alias") else None
         if alias is not None and alias > _LAST_LONG:
             raise PayloadError(
@@ -104,7 +109,7 @@ def read_payload(payload: bytes) -> Payload:
         metrics.append(
             Metric(
                 index=index,
-                name=metric.name if metric.HasField("name") else None,
+                name=name,
                 alias=alias,
                 datatype=datatype,
                 timestamp=_time(metric.timestamp, f"metric {index}")
@@ -167,10 +172,29 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     if datatype == "Boolean":
         return MetricValue(boolean=bool(value))
     if datatype in _STRINGS:
+        if isinstance(value, bytes):
+            raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} that is not UTF-8")
         return MetricValue(string=value)
     if datatype in _BYTES:
         return MetricValue(raw=bytes(value))
-    return MetricValue(string=json_format.MessageToJson(value, indent=None))  # DataSet, Template
+    where = _not_utf8(value)  # DataSet, Template
+    if where is not None:
+        raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} that is not UTF-8 at {where}")
+    return MetricValue(string=json_format.MessageToJson(value, indent=None))
+
+
+def _not_utf8(message: Any, path: str = "") -> str | None:
+    """The first string field in ``message`` that is not UTF-8 (protobuf hands it over as bytes), or None."""
+    for field, value in message.ListFields():
+        values = value if is_repeated(field) else [value]
+        if field.type == FieldDescriptor.TYPE_STRING and any(isinstance(v, bytes) for v in values):
+            return path + field.name
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            for inner in values:
+                where = _not_utf8(inner, f"{path}{field.name}.")
+                if where is not None:
+                    return where
+    return None
 
 
 def bdseq(payload: Payload) -> int | None:

@@ -387,3 +387,29 @@ def test_a_uint64_past_what_a_bigint_holds_is_kept_exact_in_decimal():
     mask, small = rows["Mask"], rows["Small"]
     assert (mask["value_long"], mask["value_string"], mask["value_double"]) == (None, str(2**64 - 1), 2.0**64)
     assert (small["value_long"], small["value_string"]) == (7, None)
+
+
+def test_strings_that_are_not_utf8_are_quarantined_saying_where():
+    """Protobuf hands a Sparkplug B string that is not UTF-8 over as bytes: a metric name so became a key
+    the session's state could not be written with, a value one Arrow refused as a string, and either failed
+    the Sparkplug B query at every restart; in a DataSet it came out as the text "b'...'"."""
+    session = EdgeNodeSession()
+    declared = [MetricOut("x", "String", name="Mode", alias=1), MetricOut(None, "DataSet", name="T")]
+    birth = encode([bdseq_metric(0), *declared], timestamp_ms=1, seq=0)
+    [bad_name] = session.process([record(NODE.format("NBIRTH"), birth.replace(b"Mode", b"Mo\xffe"), 1)])
+    assert bad_name["detail"] == "sparkplug_b: metric 1: its name is not UTF-8"
+    session.process([record(NODE.format("NBIRTH"), birth, 2)])
+    session.to_bytes()
+    value = encode([MetricOut("zzzz", "String", alias=1, with_datatype=False)], timestamp_ms=3, seq=1)
+    [bad_value] = session.process([record(NODE.format("NDATA"), value.replace(b"zzzz", b"z\xffzz"), 3)])
+    assert bad_value["detail"] == "sparkplug_b: metric 0 (alias 1): a String that is not UTF-8"
+    table: Any = payload_class()()
+    table.seq = 2
+    metric = table.metrics.add()
+    metric.name, metric.dataset_value.num_of_columns = "T", 1
+    metric.dataset_value.columns.append("cccc")
+    data = table.SerializeToString().replace(b"cccc", b"c\xffcc")
+    [bad_table] = session.process([record(NODE.format("NDATA"), data, 4)])
+    assert bad_table["detail"] == "sparkplug_b: metric 0 ('T'): a DataSet that is not UTF-8 at columns"
+    assert bad_table["reason"] == REASON_MALFORMED
+    EdgeNodeSession.from_bytes(session.to_bytes())
