@@ -68,7 +68,7 @@ from broker_edge.runtime.launcher import free_ports
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 from broker_edge.settings.cluster import ClusterConfig
 
-__all__ = ["LocalEtcd", "Member", "member_documents", "run_workers"]
+__all__ = ["LocalEtcd", "Member", "member_documents", "members_cluster", "run_workers"]
 
 log = logging.getLogger("broker_edge.workers")
 
@@ -90,6 +90,16 @@ def node_id(config: BrokerConfig, index: int) -> str:
     """The node id of member ``index``: ``w<index>``, or ``<node_id>-<index>`` in a configured cluster."""
     cluster = config.cluster
     return f"{cluster.node_id}-{index}" if cluster is not None else f"w{index}"
+
+
+def members_cluster(config: BrokerConfig) -> ClusterConfig | None:
+    """The cluster the members of ``timestone broker --workers`` with ``config`` run (or last ran) in: the
+    first member's configuration's, which names the command's own etcd (on a port free at its start);
+    None when no command of ``config`` wrote one."""
+    path = Path(config.storage.directory) / WORKERS_DIRECTORY / f"{node_id(config, 0)}.yaml"
+    if not path.is_file():
+        return None
+    return load_broker_config(path).cluster
 
 
 def member_documents(

@@ -217,7 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--config",
-        help="a broker's config: etcd URLs, key prefix, etcd TLS and user from its cluster section",
+        help="a broker's config: etcd URLs, key prefix, etcd TLS and user from its cluster section (without "
+        "one: from its timestone broker --workers members')",
     )
     status.add_argument("--etcd", action="append", help="etcd client URL (repeatable)")
     status.add_argument("--prefix", default=None, help="the cluster's cluster.key_prefix (/timestone)")
@@ -279,11 +280,16 @@ def _etcd_settings(
     tls: EtcdTlsConfig | None = None
     auth: EtcdAuthConfig | None = None
     if args.config:
+        from broker_edge.runtime.workers import members_cluster
         from broker_edge.settings.broker import load_broker_config
 
-        cluster = load_broker_config(args.config).cluster
+        config = load_broker_config(args.config)
+        cluster = config.cluster or members_cluster(config)  # timestone broker --workers: its own etcd
         if cluster is None:
-            raise ValueError(f"--config {args.config}: no cluster section")
+            raise ValueError(
+                f"--config {args.config}: no cluster section, nor members of timestone broker --workers "
+                f"with it (none under {config.storage.directory}/workers)"
+            )
         urls, prefix, tls, auth = list(cluster.etcd), cluster.key_prefix, cluster.etcd_tls, cluster.etcd_auth
     if args.etcd:
         urls = list(args.etcd)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -53,6 +54,10 @@ class First:
         self.process = process
         self.port = port
         self.passwords = directory / "passwd"
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "broker.yaml"
 
     @property
     def workers_dir(self) -> Path:
@@ -193,6 +198,20 @@ def test_a_member_with_a_configuration_error_ends_the_command_with_status_2(tmp_
         f"{tmp_path / 'data' / 'workers' / 'w1'} is in use by another broker (pid {os.getpid()}" in output
     ), output
     assert "starting it again" not in output
+
+
+def test_cluster_status_given_the_commands_configuration_shows_its_members(first):
+    """The configuration has no cluster: section (the command runs its own etcd, on a free port): status
+    finds the cluster in the first member's configuration, where it said 'no cluster section' (exit 2)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--config", str(first.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "2 members live" in done.stdout, done.stdout
+    assert re.search(r"^  w0 +live", done.stdout, re.M) and re.search(r"^  w1 +live", done.stdout, re.M)
 
 
 def test_sighup_is_passed_on_to_every_member_and_the_command_runs_on(first):
