@@ -105,20 +105,33 @@ def parse_error(descriptor: Any, payload: bytes) -> str:
 
 
 def _where_it_breaks(descriptor: Any, payload: bytes) -> str:
+    not_utf8 = None  # a string protobuf may have refused (proto3), said when nothing else is found
     try:
         for start, number, value in _fields(payload):
             field = descriptor.fields_by_number.get(number)
-            if value is not None and field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
+            if value is None or field is None:
+                continue
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
                 try:
                     message_factory.GetMessageClass(field.message_type).FromString(value)
                 except DecodeError:
                     inner = _where_it_breaks(field.message_type, value)
                     return f"byte {start}: {_field_name(descriptor, number)}: {inner}"
+            elif field.type == FieldDescriptor.TYPE_STRING and not_utf8 is None and not _utf8(value):
+                not_utf8 = f"byte {start}: {_field_name(descriptor, number)}: not UTF-8"
     except _Broken as broken:
         if broken.number is None:
             return f"byte {broken.start}: {broken.why}"
         return f"byte {broken.start}: {_field_name(descriptor, broken.number)}: {broken.why}"
-    return f"{len(payload)} bytes: a value does not fit its field's type"
+    return not_utf8 or f"{len(payload)} bytes: a value does not fit its field's type"
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _field_name(descriptor: Any, number: int) -> str:

@@ -261,3 +261,13 @@ def test_a_protobuf_timestamp_no_column_holds_is_quarantined(tmp_path, seconds, 
     assert decoded.errors.to_pylist() == [None, f"protobuf: {error}"]
     last = dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC)
     assert decoded.columns["at"].to_pylist()[0] == last
+
+
+def test_a_protobuf_string_that_is_not_utf8_names_its_field():
+    """Protobuf refuses a proto3 string that is not UTF-8 without saying which; the walk found nothing cut
+    off and the quarantine said only "15 bytes: a value does not fit its field's type"."""
+    good = telemetry_class()(ts=1, seq=2, firmware="abcd").SerializeToString()
+    at = good.index(b"\x32")  # field 6 (firmware): its tag
+    reader = ProtobufReader(telemetry_class(), FIELDS)
+    [error] = decode_payloads([good.replace(b"abcd", b"ab\xffd")], reader, FIELDS).errors.to_pylist()
+    assert error == f"protobuf: byte {at}: field firmware (6): not UTF-8"
