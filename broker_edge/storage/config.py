@@ -36,9 +36,11 @@ class PersistRule:
     qos: tuple[int, ...] = (1, 2)
     """QoS levels that persist; add 0 to keep QoS 0 traffic too, leave empty to exclude the topics."""
     retention_bytes: int | None = None
-    """Overrides `StorageConfig.retention_bytes` for these topics."""
+    """Overrides `storage.retention_bytes` for these topics; null: `storage.retention_bytes` applies (to keep
+    some topics without limit, make `storage.retention_bytes` null and give the other rules theirs)."""
     retention_ms: int | None = None
-    """Overrides `StorageConfig.retention_ms` for these topics."""
+    """Overrides `storage.retention_ms` for these topics; null: `storage.retention_ms` applies (to keep some
+    topics without limit, make `storage.retention_ms` null and give the other rules theirs)."""
 
 
 @dataclass(slots=True)

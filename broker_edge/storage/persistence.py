@@ -51,7 +51,11 @@ def check_rules(rules: Sequence[PersistRule]) -> None:
         for name in ("retention_bytes", "retention_ms"):
             value = getattr(rule, name)
             if value is not None and value < 1:
-                raise RuleError(f"[{number}].{name}", f"must be >= 1 (or null for no limit), got {value}")
+                raise RuleError(
+                    f"[{number}].{name}",
+                    f"must be >= 1 (or null: storage.{name} applies; to keep these topics' records without "
+                    f"limit, make storage.{name} null and give the other rules theirs), got {value}",
+                )
 
 
 class PersistenceRules:

@@ -143,7 +143,9 @@ PORTS = "admin_http: {port: 0}\noffsets_api: {port: 0}\n"
         ),
         (
             '  persist:\n    - pattern: "fleet/#"\n    - pattern: "#"\n      retention_ms: -1\n',
-            "storage.persist[1].retention_ms: must be >= 1 (or null for no limit), got -1",
+            "storage.persist[1].retention_ms: must be >= 1 (or null: storage.retention_ms applies; to keep "
+            "these topics' records without limit, make storage.retention_ms null and give the other rules "
+            "theirs), got -1",
         ),
         (
             "  max_open_files: 0\n",

@@ -38,3 +38,19 @@ def test_a_disk_reserve_no_file_can_hold_is_refused(value: int) -> None:
 def test_a_disk_reserve_of_any_file_length_loads() -> None:
     config = load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": 2**63 - 1}})
     assert config.storage.disk_reserve_bytes == 2**63 - 1
+
+
+@pytest.mark.parametrize("key", ["retention_ms", "retention_bytes"])
+def test_a_rules_null_retention_is_the_storage_one_and_its_refusal_says_so(key: str) -> None:
+    """A rule's null retention takes `storage`'s (7 days by default), not no limit: the refusal of a rule's
+    bad value told a user to write null "for no limit", and their topics then went after 7 days."""
+    storage = {key: 5000, "persist": [{"pattern": "audit/#", key: None}]}
+    config = load_dataclass(BrokerConfig, {"storage": storage}).storage
+    with pytest.raises(ConfigError) as refused:
+        load_dataclass(BrokerConfig, {"storage": {"persist": [{"pattern": "audit/#", key: 0}]}})
+
+    assert getattr(config.log_config(config.persist[0]), key) == 5000
+    assert str(refused.value) == (
+        f"storage.persist[0].{key}: must be >= 1 (or null: storage.{key} applies; to keep these topics' "
+        f"records without limit, make storage.{key} null and give the other rules theirs), got 0"
+    )
