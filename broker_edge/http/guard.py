@@ -16,7 +16,9 @@ guard:
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
   Requests being handled are not timed: a long poll may wait.
 - **Bodies.** A body is read as sent, never decoded: one in a ``Content-Encoding`` is refused (415, one
-  WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies.
+  WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies;
+  so is one in a transfer coding other than ``chunked`` (501), and a request line of another version than
+  HTTP/1.0 and 1.1 (505).
   ``read_body`` says why a body could not be read (``UnreadBody``): too late, broken framing, or a client
   that closed its connection first (nobody to answer: one DEBUG line).
 - **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
 from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
@@ -191,8 +193,11 @@ class _Refused(asyncio.Protocol):
 
 @web.middleware
 async def _request_started(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The request's headers arrived: stop its connection's timer while it is handled. A body in a
-    ``Content-Encoding`` is refused first."""
+    """The request's headers arrived: stop its connection's timer while it is handled. A request HTTP/1.1
+    cannot serve (``_unserved``) and a body in a ``Content-Encoding`` are refused first."""
+    unserved = _unserved(request)
+    if unserved is not None:
+        return unserved
     coding = ",".join(request.headers.getall("Content-Encoding", ())).strip()
     if request.body_exists and coding.lower() not in ("", "identity"):
         shown = coding if len(coding) <= 40 else coding[:40] + "..."
@@ -213,6 +218,34 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     finally:
         guarded.busy = False
+
+
+def _unserved(request: web.Request) -> web.Response | None:
+    """The refusal of a request line of another HTTP version than 1.0 and 1.1 (505: a handler would answer
+    it in a framing it does not have) or of a body in a transfer coding other than ``chunked`` (501, RFC
+    9112 6.1: read as if it had none, its bytes would be taken for the body); None for any other."""
+    version = request.version
+    if version not in (HttpVersion10, HttpVersion11):
+        return refuse(
+            request,
+            f"HTTP/{version.major}.{version.minor} is not served here: send HTTP/1.1",
+            HTTPStatus.HTTP_VERSION_NOT_SUPPORTED,
+            "http_version_not_supported",
+        )
+    codings = [
+        coding.strip().lower()
+        for header in request.headers.getall("Transfer-Encoding", ())
+        for coding in header.split(",")
+    ]
+    if codings and codings != ["chunked"]:
+        shown = ", ".join(codings)
+        return refuse(
+            request,
+            f"Transfer-Encoding {shown[:40]!r} is not served: send the body chunked or with Content-Length",
+            HTTPStatus.NOT_IMPLEMENTED,
+            "not_implemented",
+        )
+    return None
 
 
 def mark_authenticated(request: web.Request) -> None:

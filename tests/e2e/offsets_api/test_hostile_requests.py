@@ -45,3 +45,47 @@ def test_a_token_that_is_not_utf8_answers_401_not_500(
     assert (status, json.loads(body)["error"]) == (401, "unauthorized")
     assert headers["WWW-Authenticate"].startswith("Bearer")
     assert not tracebacks(caplog)
+
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/0.9"])
+@pytest.mark.parametrize("target", [b"/v1/logs", b"/v1/logs/plant%2F1%2Ftemp/records?offset=0"])
+def test_a_request_line_of_another_http_version_answers_505(
+    api: ApiHarness, caplog: pytest.LogCaptureFixture, version: bytes, target: bytes
+):
+    caplog.set_level(logging.DEBUG)
+
+    status, headers, body = answer_to(api.port, b"GET " + target + b" " + version + b"\r\nHost: x\r\n\r\n")
+
+    assert status == 505
+    assert headers["Content-Type"].startswith("application/json")
+    assert json.loads(body)["error"] == "http_version_not_supported"
+    assert not tracebacks(caplog)
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate,chunked", b"identity, chunked"])
+def test_a_body_in_a_transfer_coding_other_than_chunked_answers_501(
+    api: ApiHarness, caplog: pytest.LogCaptureFixture, coding: bytes
+):
+    """RFC 9112, 6.1: a transfer coding the server does not know is refused, not read as if absent."""
+    caplog.set_level(logging.DEBUG)
+    body = b'{"fetches": [{"topic": "plant/1/temp", "offset": 0}], "format": "jsonl"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    request = b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding + b"\r\n\r\n" + chunked
+
+    status, headers, answer = answer_to(api.port, request)
+
+    assert status == 501
+    assert headers["Content-Type"].startswith("application/json")
+    assert json.loads(answer)["error"] == "not_implemented"
+    assert not tracebacks(caplog)
+
+
+def test_a_chunked_body_is_read(api: ApiHarness):
+    body = b'{"fetches": [{"topic": "plant/1/temp", "offset": 0}], "format": "jsonl", "max_records": 1}'
+    chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (9, body[:9], len(body) - 9, body[9:])
+    request = b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+
+    status, _, answer = answer_to(api.port, request + chunked)
+
+    assert status == 200
+    assert json.loads(answer.splitlines()[0])["results"]["plant/1/temp"]["records"] == 1
