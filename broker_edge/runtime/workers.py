@@ -65,14 +65,13 @@ from broker_edge.process.port_claim import answer_askers, claim_address, probe_u
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
-from broker_edge.settings.broker import BrokerConfig, load_broker_config
+from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig, load_broker_config
 from broker_edge.settings.cluster import ClusterConfig
 
-__all__ = ["LocalEtcd", "Member", "member_documents", "members_cluster", "run_workers"]
+__all__ = ["LocalEtcd", "Member", "member_documents", "run_workers"]
 
 log = logging.getLogger("broker_edge.workers")
 
-WORKERS_DIRECTORY = "workers"
 RESTART_DELAY_S = 0.1
 """The first wait before a member that exited is started again; doubled while it keeps failing."""
 RESTART_DELAY_MAX_S = 30.0
@@ -90,16 +89,6 @@ def node_id(config: BrokerConfig, index: int) -> str:
     """The node id of member ``index``: ``w<index>``, or ``<node_id>-<index>`` in a configured cluster."""
     cluster = config.cluster
     return f"{cluster.node_id}-{index}" if cluster is not None else f"w{index}"
-
-
-def members_cluster(config: BrokerConfig) -> ClusterConfig | None:
-    """The cluster the members of ``timestone broker --workers`` with ``config`` run (or last ran) in: the
-    first member's configuration's, which names the command's own etcd (on a port free at its start);
-    None when no command of ``config`` wrote one."""
-    path = Path(config.storage.directory) / WORKERS_DIRECTORY / f"{node_id(config, 0)}.yaml"
-    if not path.is_file():
-        return None
-    return load_broker_config(path).cluster
 
 
 def member_documents(

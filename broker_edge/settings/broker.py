@@ -34,6 +34,7 @@ from broker_edge.storage.persistence import RuleError, check_rules
 
 __all__ = [
     "DEFAULT_ADMIN_PORT",
+    "WORKERS_DIRECTORY",
     "AdminHttpConfig",
     "BrokerConfig",
     "BrokerStorageConfig",
@@ -44,6 +45,7 @@ __all__ = [
     "SessionsConfig",
     "check_files_of",
     "load_broker_config",
+    "workers_cluster",
 ]
 
 ListenerType = Literal["tcp", "tls", "websocket", "wss"]
@@ -523,3 +525,18 @@ def load_broker_config(path: str | Path | None = None) -> BrokerConfig:
     config = load_dataclass(BrokerConfig, load_yaml_file(path))
     check_files_of(config)
     return config
+
+
+WORKERS_DIRECTORY = "workers"
+"""Under ``storage.directory``: the members of ``timestone broker --workers`` (``runtime.workers``), each
+``w<n>`` with its data directory, its configuration ``w<n>.yaml`` and its ``w<n>.pid``, and their etcd."""
+
+
+def workers_cluster(config: BrokerConfig) -> ClusterConfig | None:
+    """The cluster the members of ``timestone broker --workers`` with ``config`` (no ``cluster:`` section)
+    run, or last ran, in: the first member's configuration's, which names the command's own etcd (on a
+    port free at its start); None when no command of ``config`` wrote one."""
+    path = Path(config.storage.directory) / WORKERS_DIRECTORY / "w0.yaml"
+    if not path.is_file():
+        return None
+    return load_broker_config(path).cluster

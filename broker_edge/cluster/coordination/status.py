@@ -280,11 +280,10 @@ def _etcd_settings(
     tls: EtcdTlsConfig | None = None
     auth: EtcdAuthConfig | None = None
     if args.config:
-        from broker_edge.runtime.workers import members_cluster
-        from broker_edge.settings.broker import load_broker_config
+        from broker_edge.settings.broker import load_broker_config, workers_cluster
 
         config = load_broker_config(args.config)
-        cluster = config.cluster or members_cluster(config)  # timestone broker --workers: its own etcd
+        cluster = config.cluster or workers_cluster(config)  # timestone broker --workers: its own etcd
         if cluster is None:
             raise ValueError(
                 f"--config {args.config}: no cluster section, nor members of timestone broker --workers "
