@@ -8,7 +8,8 @@ members, so they see one broker using N cores.
 
 Without a ``cluster:`` section the cluster's etcd is this command's own: Debian's ``etcd`` (package
 etcd-server) on free loopback ports, its data beside the members' so that a restart finds the cluster as it
-left it, started before the members and stopped after them. Its members keep one copy of each log
+left it, started before the members (once it serves) and stopped after them; started again when it exits,
+and tried again while it cannot start (a full disk), the members kept. Its members keep one copy of each log
 (replication factor 1): a log is on its member's disk, a member's crash loses nothing acknowledged, and the
 member, started again, serves its partitions again. With a ``cluster:`` section the members join that
 cluster (its etcd, its replication) as ``<node_id>-<n>``.
@@ -81,6 +82,9 @@ STOP_TIMEOUT_S = 30.0
 """How long the members may take to stop after SIGTERM before they are killed."""
 FORGET_TIMEOUT_S = 10.0
 ETCD_START_TIMEOUT_S = 20.0
+ETCD_RETRY_S = 1.0
+"""The first wait before the command's etcd that could not start again is tried again; doubled while it
+keeps failing, up to ``RESTART_DELAY_MAX_S``."""
 PRELOAD = ("broker_edge.runtime.broker", "broker_edge.cluster.node", "uvloop")
 """What the command imports before it forks a member (none of it starts a thread at import)."""
 
@@ -171,6 +175,9 @@ class LocalEtcd:
         self.url = ""
         self.process: subprocess.Popen[bytes] | None = None
         self._command: list[str] = []
+        self.retry_at: float | None = None
+        """When to try again to start it (it exited and did not start again); None while it serves."""
+        self._delay = ETCD_RETRY_S
 
     def start(self) -> str:
         """Start it and wait until it answers; its client URL."""
@@ -217,7 +224,7 @@ class LocalEtcd:
 
     def restart(self, status: int) -> None:
         """It exited (``status``, as ``waitpid`` gives it, the process already reaped): start it again on the
-        same ports and data, where the members look for it; ``RuntimeError`` if it does not answer."""
+        same ports and data, where the members look for it (``try_again``)."""
         how = (
             f"signal {os.WTERMSIG(status)}"
             if os.WIFSIGNALED(status)
@@ -225,12 +232,31 @@ class LocalEtcd:
         )
         log.error("etcd of the members exited (%s): starting it again on %s", how, self.url)
         self.process = None
-        self._launch()
+        self.try_again()
+
+    def try_again(self) -> None:
+        """Start it again; one that does not serve (its disk full, its data unreadable) is tried again at
+        ``retry_at``, after a wait that doubles up to ``RESTART_DELAY_MAX_S``: the members, fenced meanwhile,
+        serve again once it does, where the command stopped them all for a passing shortage."""
+        try:
+            self._launch()
+        except RuntimeError as error:
+            log.error(
+                "%s: trying again in %.0f s (the members acknowledge nothing meanwhile)", error, self._delay
+            )
+            self.retry_at = time.monotonic() + self._delay
+            self._delay = min(self._delay * 2, RESTART_DELAY_MAX_S)
+            return
+        self.retry_at, self._delay = None, ETCD_RETRY_S
         log.warning("etcd of the members answers again on %s", self.url)
 
     def _launch(self) -> None:
+        """Start it and wait until it serves; ``RuntimeError`` saying why it did not (etcd's own last word
+        from its log)."""
         parent = os.getpid()
-        with open(self.directory / "etcd.log", "ab") as output:
+        etcd_log = self.directory / "etcd.log"
+        with open(etcd_log, "ab") as output:
+            logged = output.tell()
             self.process = subprocess.Popen(
                 self._command,
                 stdin=subprocess.DEVNULL,
@@ -243,7 +269,8 @@ class LocalEtcd:
         while not _serves(self.url):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"etcd did not start: see {self.directory / 'etcd.log'}")
+                reason = _etcd_last_word(etcd_log, logged)
+                raise RuntimeError(f"etcd did not start{f' ({reason})' if reason else ''}: see {etcd_log}")
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -256,6 +283,25 @@ class LocalEtcd:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _etcd_last_word(path: Path, since: int) -> str:
+    """The message of etcd's last fatal or panic line written to its log from ``since`` on, with its error
+    (``failed to create WAL: no space left on device``); empty if none."""
+    try:
+        with open(path, "rb") as etcd_log:
+            etcd_log.seek(since)
+            lines = etcd_log.read(1 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("level") in ("fatal", "panic"):
+            return ": ".join(str(entry[key]) for key in ("msg", "error") if entry.get(key))
+    return ""
 
 
 def _etcd_process(parent: int) -> None:
@@ -489,7 +535,6 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
     claims: list[socket.socket] = []
     etcd: LocalEtcd | None = None
     fatal: tuple[Member, int, str] | None = None
-    lost = False
     try:
         for index, listener in enumerate(config.listeners):
             endpoint = f"listeners[{index}] ({listener.name})"
@@ -508,11 +553,7 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
             cluster = load_broker_config(path).cluster
             assert cluster is not None, "every member's configuration has a cluster: section"
             members.append(Member(node, path, cluster, run))
-        try:
-            fatal = _run_members(members, config, claims, etcd)
-        except RuntimeError as error:  # its own etcd died and did not start again
-            log.error("cannot go on: %s: stopping the members", error)
-            lost = True
+        fatal = _run_members(members, config, claims, etcd)
         _stop_members(members)
     finally:
         if etcd is not None:
@@ -522,8 +563,6 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
         lock.release()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # one pending now must not end the command
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-    if lost:
-        return 1
     if fatal is not None:
         member, code, reason = fatal
         if code == 2:
@@ -541,17 +580,22 @@ def _run_members(
     """Start the members and keep them running until SIGTERM or SIGINT (None), passing SIGHUP on to them;
     or until one could not start before it ever served: (it, its exit status, its reason). ``claims``: the
     addresses' claims, whose askers are answered; ``etcd``: the command's own, started again when it exits
-    (``RuntimeError`` when it does not answer then)."""
+    (tried again later while it does not start)."""
     by_pid: dict[int, Member] = {}
     all_serving = False
     while True:
         now = time.monotonic()
+        if etcd is not None and etcd.retry_at is not None and etcd.retry_at <= now:
+            etcd.try_again()
+            now = time.monotonic()
         for member in members:
             if member.start_at is not None and member.start_at <= now:
                 member.start([m.reports for m in members if m.reports is not None])
                 assert member.pid is not None
                 by_pid[member.pid] = member
         waits = [m.start_at - now for m in members if m.start_at is not None]
+        if etcd is not None and etcd.retry_at is not None:
+            waits.append(etcd.retry_at - now)
         received = signal.sigtimedwait(_SIGNALS, max(min(waits, default=1.0), 0.01))
         signo = received.si_signo if received is not None else None
         if signo in (signal.SIGTERM, signal.SIGINT):

@@ -10,6 +10,7 @@ succeed ending with its exit status instead of members forked again for ever.
   member's status (1, 2) and reason;
 - SIGHUP reaches every member (a user added to the password file logs in through each), the command runs on;
 - the command killed (SIGKILL): its members and etcd stop, and the port can be served again.
+- its own etcd killed is started again; one that cannot start again is tried again, the members kept;
 - its own etcd serves once started (and once started again): its port accepting connections is not enough.
 """
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -289,20 +291,43 @@ def test_its_etcd_killed_is_started_again_and_qos_1_publishes_are_taken_again(fi
     wait_until(lambda: "etcd of the members answers again" in first.log(), 60, "etcd started again")
     assert _etcd_pid(first) != etcd and first.process.poll() is None
 
-    def publishes() -> bool:
-        try:
-            client = PahoClient(first.port, "after-etcd", username="u1", password="p1")
-        except (AssertionError, OSError):
-            return False
-        try:
-            client.publish("t/after-etcd", b"x", qos=1)
-            return True
-        except (AssertionError, RuntimeError):  # refused, or told to go, while its member was fenced
-            return False
-        finally:
-            client.close()
+    wait_until(partial(_publishes, first), 60, "a QoS 1 publish acknowledged after etcd came back")
 
-    wait_until(publishes, 60, "a QoS 1 publish acknowledged after etcd came back")
+
+def _publishes(command: First) -> bool:
+    try:
+        client = PahoClient(command.port, "after-etcd", username="u1", password="p1")
+    except (AssertionError, OSError):
+        return False
+    try:
+        client.publish("t/after-etcd", b"x", qos=1)
+        return True
+    except (AssertionError, RuntimeError):  # refused, or told to go, while its member was fenced
+        return False
+    finally:
+        client.close()
+
+
+def test_its_etcd_that_cannot_start_again_is_tried_again_while_the_members_wait(first):
+    """Its etcd killed and unable to start again at once (as on a full disk, where etcd ends as soon as it
+    starts; here its data directory replaced by a file): the command stopped every member and exited 1, a
+    whole broker down for a passing shortage. It now says why etcd did not start, keeps the members and
+    tries again, until etcd serves and they take publishes again."""
+    data = first.workers_dir / "etcd"
+    aside = first.workers_dir / "etcd.aside"
+    data.rename(aside)
+    data.write_text("not a directory\n")
+    os.kill(_etcd_pid(first), signal.SIGKILL)
+    wait_until(lambda: "failed to list data directory" in first.log(), 30, "the reason etcd did not start")
+    wait_until(lambda: first.log().count("trying again in") >= 2, 30, "a second try")
+    assert first.process.poll() is None, first.log()[-3000:]
+    answered = first.log().count("etcd of the members answers again")
+    data.unlink()
+    aside.rename(data)
+    wait_until(
+        lambda: first.log().count("etcd of the members answers again") > answered, 60, "etcd started again"
+    )
+    wait_until(partial(_publishes, first), 60, "a QoS 1 publish acknowledged after etcd came back")
 
 
 def _etcd_pid(command: First) -> int:
