@@ -9,13 +9,22 @@ import sys
 from pipelines.fleet.cli import broker_address, signal_stop, zero_or_more
 from pipelines.sparkplug_host.host import SparkplugHost
 
+#: The longest host id: its client id, ``sparkplug-host-<host_id>``, is an MQTT string (65535 bytes of UTF-8).
+MOST_HOST_ID_BYTES = 65535 - len("sparkplug-host-")
+
 
 def host_id(text: str) -> str:
-    """A Sparkplug host id: one topic level (``spBv1.0/STATE/<host_id>``), so no ``/``, ``+`` or ``#``."""
+    """A Sparkplug host id: one topic level (``spBv1.0/STATE/<host_id>``), so no ``/``, ``+`` or ``#``, and
+    within what its client id may hold."""
     if not text:
         raise argparse.ArgumentTypeError("a host id is not empty")
     if any(character in text for character in "/+#"):
         raise argparse.ArgumentTypeError(f"a host id has no '/', '+' or '#', got {text!r}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MOST_HOST_ID_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"a host id is at most {MOST_HOST_ID_BYTES} bytes of UTF-8, got {size}"
+        )
     return text
 
 
