@@ -20,7 +20,10 @@ def host_id(text: str) -> str:
         raise argparse.ArgumentTypeError("a host id is not empty")
     if any(character in text for character in "/+#"):
         raise argparse.ArgumentTypeError(f"a host id has no '/', '+' or '#', got {text!r}")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # bytes of the command line that are no UTF-8, as Python keeps them
+        raise argparse.ArgumentTypeError(f"a host id is UTF-8 text, got {text!r}") from None
     if size > MOST_HOST_ID_BYTES:
         raise argparse.ArgumentTypeError(
             f"a host id is at most {MOST_HOST_ID_BYTES} bytes of UTF-8, got {size}"

@@ -142,6 +142,7 @@ HOST = ["sparkplug-host", "--broker", "127.0.0.1:9"]
         ([*HOST, "--host-id", "#"], "a host id has no '/', '+' or '#', got '#'"),
         ([*HOST, "--host-id", ""], "a host id is not empty"),
         ([*HOST, "--host-id", "é" * 32_761], "a host id is at most 65520 bytes of UTF-8, got 65522"),
+        ([*HOST, "--host-id", os.fsdecode(b"a\xffb")], "a host id is UTF-8 text, got 'a\\udcffb'"),
         ([*HOST, "--rebirth-interval", "nan"], "expected seconds, 0 or more, got 'nan'"),
         ([*HOST, "--rebirth-interval", "-1"], "expected seconds, 0 or more, got '-1'"),
         ([*HOST, "--reconnect-delay", "0"], "expected seconds, more than 0, got '0'"),
@@ -151,8 +152,8 @@ HOST = ["sparkplug-host", "--broker", "127.0.0.1:9"]
 def test_a_wrong_broker_port_host_id_or_interval_is_a_wrong_command_line(capsys, argv, message):
     """Exit status 2 naming the value, where a port past 65535 ended ``sparkplug-host`` in a traceback, a
     host id with ``/`` published its STATE on a topic edge nodes do not read, one longer than its client id
-    (``sparkplug-host-<id>``) may be in MQTT ended it in a ValueError traceback, and a NaN interval asked
-    for a rebirth at every message."""
+    (``sparkplug-host-<id>``) may be in MQTT, or with bytes that are not UTF-8, ended it in a traceback, and
+    a NaN interval asked for a rebirth at every message."""
     with pytest.raises(SystemExit) as done:
         main(argv)
     assert done.value.code == 2
