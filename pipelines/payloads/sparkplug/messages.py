@@ -3,7 +3,8 @@
 A metric's value is read by its datatype, the birth's when a data message leaves it out (which is allowed:
 births declare datatypes, data messages may carry only an alias and a value). Signed integers travel as
 their two's complement in unsigned fields (specification, 6.4.16); they are read back as signed, an Int8
-or Int16 from its own width's complement (-1 as 255) as well as from one sign-extended to 32 bits.
+or Int16 from its own width's complement (-1 as 255) as well as from one sign-extended to 32 or 64 bits;
+an integer past its datatype's width otherwise is refused.
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
             f"sparkplug_b: {metric.where()}: a {datatype} in {metric.value_field}, not in {expected}"
         )
     value = getattr(metric.message, metric.value_field)
+    if datatype in _SIGNED_32 or datatype in _UNSIGNED_32:
+        _within_width(metric, datatype, value)
     if datatype in _SIGNED_32:
         bits = _INTEGER_BITS[datatype]
         value &= (1 << bits) - 1  # its own width's two's complement, or sign-extended to 32 or 64 bits
@@ -181,6 +184,18 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     if where is not None:
         raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} that is not UTF-8 at {where}")
     return MetricValue(string=json_format.MessageToJson(value, indent=None))
+
+
+def _within_width(metric: Metric, datatype: str, value: int) -> None:
+    """``PayloadError`` for an integer its datatype does not hold: past its width, unless a signed one
+    sign-extended to 32 or 64 bits (-1 as an Int8: 255, 2**32 - 1 or 2**64 - 1)."""
+    bits = _INTEGER_BITS[datatype]
+    if value < 1 << bits:
+        return
+    if datatype in _SIGNED_32 and any((1 << w) - (1 << (bits - 1)) <= value < 1 << w for w in (32, 64)):
+        return
+    sent = f"{'an' if datatype.startswith('I') else 'a'} {datatype} of {value} in {metric.value_field}"
+    raise PayloadError(f"sparkplug_b: {metric.where()}: {sent} is past its width")
 
 
 def _not_utf8(message: Any, path: str = "") -> str | None:

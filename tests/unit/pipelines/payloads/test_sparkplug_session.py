@@ -413,3 +413,30 @@ def test_strings_that_are_not_utf8_are_quarantined_saying_where():
     assert bad_table["detail"] == "sparkplug_b: metric 0 ('T'): a DataSet that is not UTF-8 at columns"
     assert bad_table["reason"] == REASON_MALFORMED
     EdgeNodeSession.from_bytes(session.to_bytes())
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "sent", "detail"),
+    [
+        ("Int8", "int_value", 300, "an Int8 of 300 in int_value is past its width"),
+        ("Int32", "long_value", 2**40, f"an Int32 of {2**40} in long_value is past its width"),
+        ("UInt8", "int_value", 256, "a UInt8 of 256 in int_value is past its width"),
+        ("UInt16", "long_value", 2**32 - 1, f"a UInt16 of {2**32 - 1} in long_value is past its width"),
+    ],
+)
+def test_an_integer_past_its_datatypes_width_is_quarantined_not_cut_to_it(datatype, field, sent, detail):
+    """An Int8 of 300 was read as 44 and an Int32 of 2**40 as 0 (their low bits), a UInt8 of 256 as 256: a
+    value neither sent as such nor one its datatype holds. Such a message is quarantined, naming it."""
+    metrics = [bdseq_metric(0), MetricOut(0, datatype, name="Level", alias=1)]
+    birth = record(NODE.format("NBIRTH"), encode(metrics, timestamp_ms=1, seq=0), 1)
+    data: Any = payload_class()()
+    data.timestamp, data.seq = 2, 1
+    metric = data.metrics.add()
+    metric.alias = 1
+    setattr(metric, field, sent)
+    rows = EdgeNodeSession().process([birth, record(NODE.format("NDATA"), data.SerializeToString(), 2)])
+    [rejected] = kinds(rows, REJECTED)
+    assert (rejected["reason"], rejected["detail"]) == (
+        REASON_MALFORMED,
+        f"sparkplug_b: metric 0 (alias 1): {detail}",
+    )
