@@ -29,7 +29,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -377,16 +377,26 @@ class _Handlers:
         chunks = self.store.iter_logs(pattern_param(request.query.get("pattern")), LIST_CHUNK)
         first = next(chunks)
         access = access_of(request)
-        replicated = self.store.replicated_log.enabled
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         if request.method == "HEAD":  # GET's headers and no body (one written here would follow them)
             return response
         if request.version >= HttpVersion11:  # HTTP/1.0 has no chunks: its body ends with the connection
             response.enable_chunked_encoding()
         await response.prepare(request)
+        try:
+            await self._write_listing(response, itertools.chain([first], chunks), access)
+        except ConnectionError:  # (the answer's status is sent: nothing else can be told)
+            log.debug("%s closed its connection in the middle of a listing", request.remote)
+        return response
+
+    async def _write_listing(
+        self, response: web.StreamResponse, chunks: Iterator[list[LogInfo]], access: Access
+    ) -> None:
+        """The listing's body, a chunk of logs per write, the loop served between chunks."""
+        replicated = self.store.replicated_log.enabled
         await response.write(b'{"logs": [')
         separator = b""
-        for chunk in itertools.chain([first], chunks):
+        for chunk in chunks:
             listed = [_info_json(info) for info in chunk if access.may_read(info.topic)]
             if replicated:  # a cluster's controller elects the in-sync replica holding the most
                 for item in listed:
@@ -397,7 +407,6 @@ class _Handlers:
             await asyncio.sleep(0)
         await response.write(b"]}")
         await response.write_eof()
-        return response
 
     async def log_info(self, request: web.Request) -> web.Response:
         return web.json_response(_info_json(self.store.log_info(_readable_topic(request))))
