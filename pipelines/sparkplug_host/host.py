@@ -11,7 +11,8 @@ Stopping, it publishes the death itself before DISCONNECT. A lost connection is 
 It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen on
 this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
 connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
-born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it); it asks that node for a
+born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
+quarantines as unreadable is none); it asks that node for a
 rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained: the node births itself and every
 device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads the births from the
 brokers' logs; the rebirth brings a birth into the log when the one a node sent has been deleted by retention
@@ -32,6 +33,7 @@ from pipelines.fleet.client import Message, MqttClient
 from pipelines.payloads.fields import PayloadError
 from pipelines.payloads.sparkplug.encode import rebirth_request
 from pipelines.payloads.sparkplug.messages import bdseq, read_payload
+from pipelines.payloads.sparkplug.session import unreadable_birth
 from pipelines.payloads.sparkplug.topics import (
     NAMESPACE,
     TOPIC_FILTER,
@@ -196,8 +198,12 @@ class SparkplugHost:
         kind = topic.message_type
         state = self.state
         if kind == "NBIRTH":
-            state.born[node] = _bdseq(payload)
-            state.devices[node] = set()  # its devices are born again after it
+            if unreadable_birth(payload) is None:
+                state.born[node] = _bdseq(payload)
+                state.devices[node] = set()  # its devices are born again after it
+            else:  # the telemetry job quarantines it: no birth in force, the one before ended
+                state.born.pop(node, None)
+                state.devices.pop(node, None)
         elif kind == "NDEATH":
             if node in state.born:
                 birth, death = state.born[node], _bdseq(payload)
@@ -209,9 +215,9 @@ class SparkplugHost:
                 self._ask_rebirth(topic, node)
         elif kind in ("DBIRTH", "DDEATH", "DDATA") and topic.device_id is not None:
             devices = state.devices.setdefault(node, set())
-            if kind == "DBIRTH":
+            if kind == "DBIRTH" and unreadable_birth(payload) is None:
                 devices.add(topic.device_id)
-            elif kind == "DDEATH":
+            elif kind in ("DBIRTH", "DDEATH"):  # a DBIRTH the job quarantines is none
                 devices.discard(topic.device_id)
             elif topic.device_id not in devices:
                 self._ask_rebirth(topic, node)

@@ -363,6 +363,18 @@ def _birth(payload: Payload, record: Record) -> Birth:
     return birth
 
 
+def unreadable_birth(payload: bytes) -> str | None:
+    """Why a birth's payload puts no birth in force (the session quarantines it), or None when it does."""
+    try:
+        message = read_payload(payload)
+        birth = _birth(message, Record("", "", 0, 0, payload))
+        for metric in message.metrics:
+            metric_value(metric, birth.datatypes[metric.name or ""])
+    except PayloadError as exc:
+        return str(exc)
+    return None
+
+
 def _resolve(metric: Metric, birth: Birth) -> tuple[str, str] | None:
     """The metric's name and datatype by the birth (its alias first, as a host reads it), or None."""
     name = birth.aliases.get(metric.alias) if metric.alias is not None else metric.name

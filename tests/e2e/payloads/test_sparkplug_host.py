@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
 from pipelines.payloads.sparkplug.messages import read_payload
+from pipelines.payloads.sparkplug.schema import payload_class
 from pipelines.sparkplug_host.host import SparkplugHost
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.payloads.test_sparkplug_broker import edge_node, expect
@@ -362,6 +364,31 @@ def test_a_state_nested_too_deep_for_json_is_an_offline_state_and_the_host_stays
         assert json.loads(online.payload) == {"online": True, "timestamp": sparkplug.connected_ms}
         assert sparkplug.client is not None and sparkplug.client.connected
         assert sparkplug.stats["offline_states_answered"] == 1
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
+
+
+def test_data_after_a_birth_that_cannot_be_read_brings_a_rebirth_request(broker):
+    """An NBIRTH the telemetry job quarantines (a metric's value in another field than its datatype's)
+    counted as the node's birth here: its data were quarantined, as of a node with no birth in force, and
+    no rebirth was asked until the node connected again. Such a birth is none: the data bring a request."""
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        birth: Any = payload_class()()
+        birth.timestamp, birth.seq = 1, 0
+        metric = birth.metrics.add()
+        metric.name, metric.alias, metric.datatype, metric.double_value = "Level", 1, 9, 1.5  # a Float
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", birth.SerializeToString(), 0)
+        data = encode([MetricOut(2.5, "Float", alias=1, with_datatype=False)], timestamp_ms=2, seq=1)
+        node.publish("spBv1.0/plant1/NDATA/gw9", data, 0)
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw9"
         await sparkplug.stop()
 
     asyncio.run(scenario())
