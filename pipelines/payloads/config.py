@@ -69,6 +69,11 @@ class TopicFormat:
                 raise ConfigError(
                     "topic_template", f"a sparkplug_b template is {expected}, got {self.topic_template!r}"
                 )
+            if levels[1] == "STATE":  # the Sparkplug B query leaves the host applications' topics out
+                raise ConfigError(
+                    "topic_template",
+                    f"STATE is no group: {NAMESPACE}/STATE/<host_id> is a host application's (nothing read)",
+                )
 
     @property
     def sparkplug_filter(self) -> str:

@@ -69,6 +69,8 @@ PROTOBUF = {"descriptor_set": "a.desc", "message": "acme.Reading"}
          "[0].protobuf.message", "expected a message's full name"),
         ([{"topic_template": "spBv1.0/#", "format": "sparkplug_b"}], "[0].topic_template",
          "a sparkplug_b template is spBv1.0/{group_id} (every group) or spBv1.0/<group>"),
+        ([{"topic_template": "spBv1.0/STATE", "format": "sparkplug_b"}], "[0].topic_template",
+         "STATE is no group: spBv1.0/STATE/<host_id> is a host application's (nothing read)"),
         ([{"topic_template": T}, {"topic_template": T, "format": "cbor"}], "[1].topic_template",
          "already given at telemetry.payload.formats[0]"),
         ([{"topic_template": T, "colour": "red"}], "[0].colour", "unknown key"),
