@@ -402,12 +402,10 @@ class GroupCommitter:
 
     def write_touched(self) -> None:
         """Write what `touched` sources buffered though nothing was appended (a segment rolled by age): cut
-        a job now, or once the job in flight completes; without a running loop, in the calling thread."""
-        if not self._dirty or self.failure is not None:
+        a job now, or once the job in flight completes; without a running loop, the next `flush` does."""
+        if not self._dirty or self.failure is not None or _running_loop() is None:
             return
-        if _running_loop() is None:
-            self.flush()
-        elif len(self._flights) >= self._max_flights:
+        if len(self._flights) >= self._max_flights:
             self._window_over = True
         else:
             self._cut()

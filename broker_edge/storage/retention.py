@@ -7,8 +7,10 @@ than its `retention_bytes`. The topic's start offset then moves past them (reads
 goes when every group in it is past retention or below its topic's start (a truncated or restarted topic's
 dead records stay until then). Never the active segment, nor one still being sealed.
 
-The pass is a generator that yields after every `SLICE_GROUPS` groups, so the broker runs it on the event
-loop a slice per iteration (`LogStore.apply_retention_async`); `apply_retention` runs it through.
+The pass is a generator that yields after every `SLICE_GROUPS` groups it reads, both while it judges them
+and while it checks which segments can go, and every `SLICE_GROUPS` topics of the size bounds, so the broker
+runs it on the event loop a slice per iteration (`LogStore.apply_retention_async`); `apply_retention` runs it
+through.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from .config import LogConfig
 from .entry import HEAD_SIZE
 from .partition_log import PartitionLog
-from .sealed_index import MISSING, Group
+from .sealed_index import MISSING, Group, SealedIndex
 from .segment import SEALED, Segment
 from .topic_table import TopicTable
 
@@ -52,30 +54,25 @@ def retention_pass(
 ) -> Iterator[RetentionReport]:
     """One pass over every partition; yields the report so far after each slice (the last yield is final)."""
     report = RetentionReport()
-    examined = 0
     touched: dict[int, set[Segment]] = {}
     for part in partitions:
         for segment in [s for s in part.segments if s.state == SEALED]:
-            sealed = segment.sealed
-            assert sealed is not None
-            groups = sealed.all_groups()
             alive = False
-            for group in groups:
-                examined += 1
-                if examined % SLICE_GROUPS == 0:
-                    yield report
-                topic_id = group.topic_id
-                if topic_id >= len(table):
-                    continue
-                end = part.live_end(topic_id, segment, group)
-                if table.start[topic_id] >= end or group.first_offset >= end:
-                    continue  # nothing of it is above the start, or a truncation cut all of it
-                retention_ms = log_config(topic_id).retention_ms
-                if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
-                    _move_start(table, segment, group, end, report)
-                else:
-                    alive = True
-            if not alive and groups:
+            for groups in _group_slices(segment):
+                for group in groups:
+                    topic_id = group.topic_id
+                    if topic_id >= len(table):
+                        continue
+                    end = part.live_end(topic_id, segment, group)
+                    if table.start[topic_id] >= end or group.first_offset >= end:
+                        continue  # nothing of it is above the start, or a truncation cut all of it
+                    retention_ms = log_config(topic_id).retention_ms
+                    if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
+                        _move_start(table, segment, group, end, report)
+                    else:
+                        alive = True
+                yield report
+            if not alive and _sealed_of(segment).groups:
                 touched.setdefault(part.number, set()).add(segment)
     if size_limits:
         for topic_id in range(len(table)):
@@ -94,9 +91,14 @@ def retention_pass(
         candidates = touched.get(part.number)
         if not candidates:
             continue
-        dead = [
-            s for s in part.segments if s in candidates and s.state == SEALED and _all_dead(part, s, table)
-        ]
+        dead: list[Segment] = []
+        for segment in [s for s in part.segments if s in candidates and s.state == SEALED]:
+            for groups in _group_slices(segment):
+                if not _all_dead(part, segment, groups, table):
+                    break
+                yield report
+            else:
+                dead.append(segment)
         if dead:
             for segment in dead:
                 report.segments_deleted += 1
@@ -132,11 +134,23 @@ def _move_start(table: TopicTable, segment: Segment, group: Group, end: int, rep
     report.topics_moved += 1
 
 
-def _all_dead(part: PartitionLog, segment: Segment, table: TopicTable) -> bool:
+def _sealed_of(segment: Segment) -> SealedIndex:
     sealed = segment.sealed
     assert sealed is not None
+    return sealed
+
+
+def _group_slices(segment: Segment) -> Iterator[list[Group]]:
+    """A sealed segment's groups, `SLICE_GROUPS` at a time (one pread each)."""
+    sealed = _sealed_of(segment)
+    for first in range(0, sealed.groups, SLICE_GROUPS):
+        yield sealed.groups_from(first, SLICE_GROUPS)
+
+
+def _all_dead(part: PartitionLog, segment: Segment, groups: list[Group], table: TopicTable) -> bool:
+    """Whether none of `groups` (of `segment`) holds a record at or above its topic's start."""
     start = table.start
     return all(
         group.topic_id >= len(table) or start[group.topic_id] >= part.live_end(group.topic_id, segment, group)
-        for group in sealed.all_groups()
+        for group in groups
     )
