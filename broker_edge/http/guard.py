@@ -14,7 +14,9 @@ guard:
   byte (or of the connection opening), and a TLS client its handshake, or it is closed; an idle kept-alive
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
-  Requests being handled are not timed: a long poll may wait.
+  Requests being handled are not timed: a long poll may wait. With ``send_timeout_s``, a connection whose
+  peer takes none of what is written to it for that long (its writing paused all along: a reader that
+  stopped reading a large answer) is aborted, so that its answer and the budget it holds are freed.
 - **Bodies.** A body is read as sent, never decoded: one in a ``Content-Encoding`` is refused (415, one
   WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies;
   so is one in a transfer coding other than ``chunked`` (501), and a request line of another version than
@@ -80,9 +82,12 @@ _OVER_BUDGET = json.dumps(
 class _Guard:
     """What the connections of one site share: the count, the limits, the protocols by transport."""
 
-    def __init__(self, max_connections: int, request_timeout_s: float) -> None:
+    def __init__(
+        self, max_connections: int, request_timeout_s: float, send_timeout_s: float | None = None
+    ) -> None:
         self.max_connections = max_connections
         self.request_timeout_s = request_timeout_s
+        self.send_timeout_s = send_timeout_s
         self.open: dict[Any, _GuardedProtocol] = {}
         """Open connections, oldest first."""
         self.closing = 0
@@ -92,6 +97,8 @@ class _Guard:
         """Idle connections that never authenticated, closed to make room for a new one."""
         self.timed_out = 0
         """Connections closed because a request (or a TLS handshake) did not arrive in time."""
+        self.stalled = 0
+        """Connections aborted because their peer took nothing written to them for ``send_timeout_s``."""
 
     def admit(self) -> bool:
         """Whether a new connection may open: there is room, or an idle connection that never authenticated
@@ -118,6 +125,8 @@ class _GuardedProtocol(asyncio.Protocol):
         """A request on this connection carried valid credentials: it is never pushed out for a newcomer."""
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
+        self.stall: asyncio.TimerHandle | None = None
+        """Runs out while writing is paused (``send_timeout_s``)."""
         self.watch: ByteWatch | None = None
         """Told of every read's size (``watch_bytes``) until it answers None."""
 
@@ -146,6 +155,7 @@ class _GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
+        self._stop_stall()
         if self.closing:
             self.guard.closing -= 1
             self.closing = False
@@ -159,10 +169,31 @@ class _GuardedProtocol(asyncio.Protocol):
         self.transport.close()
 
     def pause_writing(self) -> None:
+        timeout = self.guard.send_timeout_s
+        if timeout is not None and self.stall is None:
+            self.stall = asyncio.get_running_loop().call_later(timeout, self._stalled)
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._stop_stall()
         self.inner.resume_writing()
+
+    def _stop_stall(self) -> None:
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
+
+    def _stalled(self) -> None:
+        """The peer took nothing of what was written for ``send_timeout_s``: drop the connection."""
+        self.stall = None
+        self.guard.stalled += 1
+        peer = self.transport.get_extra_info("peername")
+        log.info(
+            "HTTP connection of %s aborted: it took none of its answer for %g s",
+            peer[0] if peer else "a client",
+            self.guard.send_timeout_s,
+        )
+        self.transport.abort()
 
     def arm(self) -> None:
         self.timer = asyncio.get_running_loop().call_later(self.guard.request_timeout_s, self._expired)
@@ -350,14 +381,16 @@ async def start_guarded_site(
     is_member: Callable[[web.Request], bool] = lambda _request: False,
     on_tls_failure: HandshakeFailure | None = None,
     reuse_port: bool = False,
+    send_timeout_s: float | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
     ``is_member(request)`` tells (after the app's own middlewares authenticated it) whether it may use the
     members' reserve. With TLS the site accepts its sockets itself (``http.tls_accept``): a failed
     handshake is told to ``on_tls_failure`` with the peer and why. ``reuse_port``: the address is shared with
-    other processes (``SO_REUSEPORT``)."""
-    guard = _Guard(max_connections, request_timeout_s)
+    other processes (``SO_REUSEPORT``). ``send_timeout_s``: a connection whose peer takes none of its
+    answer for that long is aborted (None: never)."""
+    guard = _Guard(max_connections, request_timeout_s, send_timeout_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
     if budget is not None:

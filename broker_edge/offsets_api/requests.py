@@ -53,6 +53,9 @@ class ApiLimits:
     """Open connections; more are answered 503 and closed."""
     request_timeout_s: float = 10.0
     """Seconds for a request's headers, and for its body, to arrive."""
+    send_timeout_s: float = 30.0
+    """Seconds a reader may take none of its answer before its connection is aborted (and what the answer
+    held of the memory budget freed)."""
 
 
 class ApiError(Exception):

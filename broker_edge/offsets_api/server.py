@@ -284,6 +284,7 @@ async def serve_app(
         limits.request_timeout_s,
         budget=budget,
         is_member=is_member,
+        send_timeout_s=limits.send_timeout_s,
     )
     return runner, runner.port
 

@@ -481,6 +481,7 @@ class Broker(BrokerCore):
                 limits.request_timeout_s,
                 sock=sock,
                 budget=self.http_budget,  # readers: never the members' share
+                send_timeout_s=limits.send_timeout_s,
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.http.guard import GuardedRunner
-from broker_edge.offsets_api.server import serve
+from broker_edge.offsets_api.requests import ApiLimits
+from broker_edge.offsets_api.server import create_app, serve, serve_app
+from broker_edge.security.http_budget import MemoryBudget
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 
 TOKEN = "s3cret-token"
@@ -55,7 +57,8 @@ def write_damaged_log(directory: Path, topic: str = "t") -> StorageConfig:
 
 
 class ApiHarness:
-    """One store + server; `append` and `run` execute on the server's loop."""
+    """One store + server (with `limits`, within `budget` when given); `append` and `run` execute on the
+    server's loop."""
 
     def __init__(
         self,
@@ -63,8 +66,12 @@ class ApiHarness:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         config: StorageConfig | None = None,
+        limits: ApiLimits | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.directory = directory
+        self._limits = limits
+        self._budget = budget
         self._token = token
         self._ssl_context = ssl_context
         self._config = config or StorageConfig(group_commit_ms=1)
@@ -122,4 +129,7 @@ class ApiHarness:
         self.store.close()
 
     async def _serve(self, port: int = 0) -> tuple[GuardedRunner, int]:
-        return await serve(self.store, "127.0.0.1", port, self._token, self._ssl_context)
+        if self._budget is None:
+            return await serve(self.store, "127.0.0.1", port, self._token, self._ssl_context, self._limits)
+        app = create_app(self.store, self._token, self._limits)
+        return await serve_app(app, "127.0.0.1", port, self._ssl_context, self._limits, self._budget)

@@ -3,6 +3,7 @@ held and says so quietly, and other readers are served."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import socket
@@ -12,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import LogStore
+from broker_edge.offsets_api.requests import ApiLimits
+from broker_edge.security.http_budget import MemoryBudget
+from broker_edge.storage import AppendRecord, LogStore
 from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record
+
+MIB = 1 << 20
 
 
 def status_of(harness: ApiHarness, target: str) -> int:
@@ -70,3 +75,59 @@ def test_a_reader_gone_in_the_middle_of_a_listing_leaves_no_error(fleet: ApiHarn
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, [r.getMessage() for r in errors]
     assert any("closed its connection" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def big_log(tmp_path: Path):
+    """An API within a 25 MiB budget whose answers nobody takes for 1 s are dropped, over a 24 MiB log."""
+    limits = ApiLimits(send_timeout_s=1.0)
+    harness = ApiHarness(tmp_path / "store", limits=limits, budget=MemoryBudget(25 * MIB))
+    payload = bytes(range(256)) * (MIB // 256)
+    harness.append("big", *(AppendRecord(payload=payload, qos=1) for _ in range(24)))
+    yield harness
+    harness.close()
+
+
+def test_an_answer_nobody_reads_is_dropped_and_frees_the_budget(big_log: ApiHarness, caplog):
+    caplog.set_level(logging.DEBUG)
+    whole = f"/v1/logs/big/records?offset=0&max_bytes={25 * MIB}&format=frames"
+    stalled = reader_that_stops(big_log.port, whole)
+    another = f"/v1/logs/big/records?offset=0&max_bytes={2 * MIB}&format=frames"
+    time.sleep(0.2)
+    assert status_of(big_log, another) == 503  # the stalled answer holds 24 of the 25 MiB
+
+    deadline = time.monotonic() + 5
+    while status_of(big_log, another) != 200:
+        assert time.monotonic() < deadline, "the budget is still held by an answer nobody reads"
+        time.sleep(0.2)
+
+    stalled.settimeout(5)
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while more := stalled.recv(1 << 16):
+            answer += more
+    stalled.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(body) < 24 * MIB  # cut short: never taken whole
+    assert any("took none of its answer" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(big_log: ApiHarness):
+    whole = f"/v1/logs/big/records?offset=0&max_bytes={25 * MIB}&format=frames"
+    sock = reader_that_stops(big_log.port, whole)
+    sock.settimeout(5)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    length = int(next(line for line in head.split(b"\r\n") if line.startswith(b"Content-Length")).split()[1])
+    received = len(head.partition(b"\r\n\r\n")[2])
+    pause_until = time.monotonic() + 0.6  # under the 1 s a stalled answer is given, between reads
+    while received < length:
+        if time.monotonic() > pause_until:
+            time.sleep(0.6)
+            pause_until = time.monotonic() + 0.6
+        received += len(sock.recv(1 << 20))
+    sock.close()
+
+    assert received == length  # (24 MiB, taken in pieces with pauses shorter than the 1 s)
