@@ -5,6 +5,8 @@ its parameters, apart from the endpoints so that each group of them (topics in `
 from __future__ import annotations
 
 import importlib.util
+import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ __all__ = [
     "ApiError",
     "ApiLimits",
     "access_of",
+    "check_escapes",
     "format_param",
     "int_param",
     "is_number",
@@ -95,6 +98,29 @@ def is_number(value: object) -> bool:
     if isinstance(value, int):
         return True
     return isinstance(value, str) and 0 < len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def check_escapes(target: str) -> None:
+    """400 for a request target (path and query, as sent) holding a ``%`` not followed by two hex digits,
+    or escapes of bytes that are not UTF-8: taken as they come (aiohttp keeps them as they are), they name
+    another topic or filter than the one meant (``a%b`` read the log ``a%b``, ``%FF`` the log ``%FF``)."""
+    if _BAD_ESCAPE.search(target):
+        raise ApiError(
+            400,
+            codes.BAD_REQUEST,
+            "the request target has a '%' not followed by two hex digits: send '%' as %25",
+        )
+    try:
+        urllib.parse.unquote_to_bytes(target).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(
+            400,
+            codes.BAD_REQUEST,
+            "the request target's %-escapes are not UTF-8: topics and filters are escaped from UTF-8",
+        ) from None
 
 
 def _shown(value: object) -> str:

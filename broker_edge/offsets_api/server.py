@@ -80,6 +80,7 @@ from .requests import (
     ApiError,
     ApiLimits,
     access_of,
+    check_escapes,
     format_param,
     int_param,
     is_number,
@@ -161,7 +162,9 @@ is one more filter."""
 @web.middleware
 async def one_value_each(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A parameter given twice (``?offset=5&offset=9``) is refused: one of the two would be read and the
-    other silently dropped, whichever the reader meant."""
+    other silently dropped, whichever the reader meant. So is a target whose escapes are malformed
+    (``check_escapes``)."""
+    check_escapes(request.raw_path)
     resource = request.match_info.route.resource
     path = resource.canonical if resource is not None else ""
     for name in request.query:

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness
+from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, sample_record
 
 
 def answer_to(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -89,3 +89,48 @@ def test_a_chunked_body_is_read(api: ApiHarness):
 
     assert status == 200
     assert json.loads(answer.splitlines()[0])["results"]["plant/1/temp"]["records"] == 1
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/v1/logs/a%b/records?offset=0&format=jsonl",  # a log named a%b exists: it is not what was sent
+        b"/v1/logs/%ZZ",
+        b"/v1/logs/plant%2F1%2",
+        b"/v1/logs/%FF%FE/records?offset=0",  # bytes that are not UTF-8
+        b"/v1/logs/plant%2F1%2Ftemp/records?offset=0&format=jsonl&x=%C3",
+        b"/v1/logs?pattern=%FF",
+        b"/v1/logs?pattern=a%",
+        b"/v1/partitions/0/records?position=0&pattern=%E2%82",
+    ],
+)
+def test_a_target_whose_escapes_are_malformed_or_not_utf8_answers_400(
+    api: ApiHarness, caplog: pytest.LogCaptureFixture, target: bytes
+):
+    """A '%' not followed by two hex digits, or escapes of bytes that are not UTF-8, are refused: taken as
+    they come they named another topic or filter than the one meant (a%b was read as the log 'a%b')."""
+    caplog.set_level(logging.DEBUG)
+    api.append("a%b", sample_record(0))
+    api.append("%FF%FE", sample_record(0))
+
+    status, headers, body = answer_to(
+        api.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+
+    assert status == 400, body
+    assert headers["Content-Type"].startswith("application/json")
+    answer = json.loads(body)
+    assert answer["error"] == "bad_request" and "%" in answer["message"]
+    assert not tracebacks(caplog)
+
+
+def test_a_topic_with_percent_signs_is_read_with_them_escaped(api: ApiHarness):
+    api.append("a%b", sample_record(0))
+    target = b"/v1/logs/a%25b/records?offset=0&format=jsonl"
+
+    status, _, body = answer_to(
+        api.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+
+    assert status == 200
+    assert json.loads(body)["topic"] == "a%b"
