@@ -208,8 +208,10 @@ def reload_files(broker: Broker) -> None:
 
 
 Report = Callable[[str | None], None]
-"""Told ``None`` once the broker serves, or the one-line reason it could not start (``--workers``' members
-tell their command so)."""
+"""Told ``None`` once the broker serves, and again every ``HEARTBEAT_S`` while it does, or the one-line
+reason it could not start (``--workers``' members tell their command so, which kills one that hangs)."""
+
+HEARTBEAT_S = 1.0
 
 
 def run_broker(config_path: str | None, node: str | None = None, report: Report | None = None) -> int:
@@ -268,12 +270,14 @@ def check_config(config_path: str | None) -> int:
 
 
 async def _serve_telling(config: BrokerConfig, tell: Report) -> None:
-    """``serve``, and ``tell(None)`` once the broker serves."""
+    """``serve``, and ``tell(None)`` once the broker serves, then every ``HEARTBEAT_S`` from its loop."""
     ready = asyncio.Event()
 
     async def told() -> None:
         await ready.wait()
-        tell(None)
+        while True:
+            tell(None)
+            await asyncio.sleep(HEARTBEAT_S)
 
     telling = asyncio.ensure_future(told())
     try:

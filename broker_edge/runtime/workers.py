@@ -28,6 +28,8 @@ the others and etcd, and exits with that status and the member's reason. Any oth
 or any exit of a member that had served) is recovered from: its registration in etcd is removed first, so
 that the cluster does not wait out its lease, and it is forked again a moment later, its clients reaching
 the others meanwhile; a member that keeps failing is started again after a wait that doubles, up to 30 s.
+A member that serves says so every second; one silent for ``HUNG_S`` (stopped, deadlocked) is killed and
+started again the same way.
 SIGHUP is passed on to every member, which re-reads its password, ACL and tokens files and its
 certificates as ``timestone broker`` does (``systemctl reload``; a member still starting once it serves).
 SIGTERM or SIGINT stops every member as ``timestone broker`` stops (clients told, logs flushed), then etcd;
@@ -79,6 +81,10 @@ RESTART_DELAY_MAX_S = 30.0
 STEADY_S = 60.0
 """A member that ran this long before it exited is started again after the first wait."""
 STOP_TIMEOUT_S = 30.0
+HUNG_S = 10.0
+"""A member that serves and says nothing for this long (it says it serves every ``HEARTBEAT_S``) hangs:
+stopped (SIGSTOP), deadlocked, its loop blocked. Its lease ran out long before (the cluster took it for
+dead): it is killed and started again, as a member that crashed."""
 """How long the members may take to stop after SIGTERM before they are killed."""
 FORGET_TIMEOUT_S = 10.0
 ETCD_START_TIMEOUT_S = 20.0
@@ -316,7 +322,8 @@ RunBroker = Callable[[str, str, Callable[[str | None], None]], int]
 serves or why it could not start: its exit status."""
 
 SERVING = b"serving\n"
-"""What a member writes on its pipe once it serves; ``failed <reason>`` lines say why it could not start."""
+"""What a member writes on its pipe once it serves, and again every ``main.HEARTBEAT_S`` while it does;
+``failed <reason>`` lines say why it could not start."""
 
 
 class Member:
@@ -341,6 +348,8 @@ class Member:
         """Whether its running process said it serves (its SIGHUP handler in place)."""
         self.reload_due = False
         """A SIGHUP came while its process was starting (ignoring it): passed on once it serves."""
+        self.heard_at: float | None = None
+        """When its running process last said it serves (None: not yet, or killed as hung)."""
 
     @property
     def pid_file(self) -> Path:
@@ -360,7 +369,7 @@ class Member:
             _member_process(self.run, str(self.config_path), self.node, parent, report)  # never returns
         os.close(report)
         os.set_blocking(reports, False)
-        self.reports, self.serving, self.reload_due = reports, False, False
+        self.reports, self.serving, self.reload_due, self.heard_at = reports, False, False, None
         self.pid, self.started_at, self.start_at = pid, time.monotonic(), None
         self.pid_file.write_text(f"{pid}\n")
 
@@ -384,9 +393,28 @@ class Member:
         for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
             if line == SERVING.decode().strip():
                 self.served = self.serving = True
+                self.heard_at = time.monotonic()
             elif line.startswith("failed "):
                 reason = line.removeprefix("failed ")
         return reason
+
+    def kill_if_hung(self) -> None:
+        """SIGKILL to its process if it served and has said nothing for ``HUNG_S``: it is then started
+        again as after a crash (``exited``), where it held its share of the shared listeners' new
+        connections, unanswered, and its partitions without a leader for as long as it hung."""
+        heard_at, pid = self.heard_at, self.pid
+        if heard_at is None or pid is None or time.monotonic() - heard_at < HUNG_S:
+            return
+        log.error(
+            "member %s (pid %d) said nothing for %.0f s (hung: stopped, deadlocked, its loop blocked): "
+            "killed, to be started again",
+            self.node,
+            pid,
+            time.monotonic() - heard_at,
+        )
+        self.heard_at = None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def ended(self) -> str | None:
         """Its process is gone: its pid file removed (if still its own), its pipe read and closed; the reason
@@ -447,6 +475,7 @@ def _member_process(run: RunBroker, config_path: str, node: str, parent: int, re
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.set_blocking(report, False)  # a command busy for a moment never blocks the member's loop
         os.setsid()
         die_with_parent(signal.SIGTERM, parent)
         code = run(config_path, node, tell)
@@ -621,6 +650,7 @@ def _run_members(
             dead.exited(status)
         for member in members:
             member.read_reports()
+            member.kill_if_hung()
         _pass_on_due_sighups(members)
         for claim in claims:
             answer_askers(claim)
