@@ -249,13 +249,17 @@ def _ignore(_: str | None) -> None:
     pass
 
 
-def check_config(config_path: str | None) -> int:
-    """``timestone broker --check``: load the config and read every file it names, as a start does before
-    anything is opened; say the result and return the exit status (0, or 2 for a configuration error).
-    Nothing is bound, opened or written."""
+def check_config(config_path: str | None, workers: int = 1) -> int:
+    """``timestone broker --check [--workers N]``: load the config and read every file it names, as a start
+    does before anything is opened (and refuse what N members refuse); say the result and return the exit
+    status (0, or 2 for a configuration error). Nothing is bound, opened or written."""
     where = config_path if config_path is not None else "the embedded defaults"
     try:
         config = load_broker_config(config_path)
+        if workers > 1:
+            from broker_edge.runtime.workers import check_workers
+
+            check_workers(config_path, config, workers)
     except (ConfigError, OSError) as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -265,6 +269,7 @@ def check_config(config_path: str | None) -> int:
     print(
         f"timestone broker: {where}: configuration OK (every file it names read): listeners {listeners}; "
         f"data directory {config.storage.directory}"
+        + (f"; {workers} members (--workers)" if workers > 1 else "")
     )
     return 0
 
@@ -317,18 +322,18 @@ def main(argv: list[str] | None = None) -> int:
         "--check",
         action="store_true",
         help="read the configuration and every file it names (passwords, ACL, tokens, certificates), say "
-        "whether a broker would start with them and exit (0 it would, 2 a configuration error naming the "
-        "key); nothing is bound, opened or written",
+        "whether a broker (with --workers N: N members) would start with them and exit (0 it would, 2 a "
+        "configuration error naming the key); nothing is bound, opened or written",
     )
     args = parser.parse_args(argv)
-    if args.check:
-        return check_config(args.config)
     most = MEMBERS_PER_CPU * (os.cpu_count() or 1)
     if not 1 <= args.workers <= most:
         parser.error(
             f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU of this machine: a member keeps a core "
             f"busy, more only share them), got {args.workers}"
         )
+    if args.check:
+        return check_config(args.config, args.workers)
     if args.workers > 1:
         from broker_edge.runtime.workers import run_workers
 

@@ -71,7 +71,7 @@ from broker_edge.runtime.launcher import free_ports
 from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig, load_broker_config
 from broker_edge.settings.cluster import ClusterConfig
 
-__all__ = ["LocalEtcd", "Member", "member_documents", "run_workers"]
+__all__ = ["LocalEtcd", "Member", "check_workers", "member_documents", "run_workers"]
 
 log = logging.getLogger("broker_edge.workers")
 
@@ -711,6 +711,14 @@ def _stop_members(members: list[Member]) -> None:
         member.ended()
 
 
+def check_workers(config_path: str | None, config: BrokerConfig, workers: int) -> dict[str, Any]:
+    """The YAML document of ``config_path`` (loaded as ``config``), once ``ConfigError`` said nothing that
+    ``workers`` members refuse (a listener on port 0, the log off, an uplink hub; ``--check`` too)."""
+    document = load_yaml_file(config_path) if config_path is not None else {}
+    member_documents(document, config, workers, "http://127.0.0.1:2379")
+    return document
+
+
 def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
     """``timestone broker --workers N``: the exit status (2 for a configuration error); ``run`` runs each
     member (``main.run_broker``)."""
@@ -721,8 +729,7 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         config = load_broker_config(config_path)
-        document = load_yaml_file(config_path) if config_path is not None else {}
-        member_documents(document, config, workers, "http://127.0.0.1:2379")  # refuses what cannot run
+        document = check_workers(config_path, config, workers)
     except (ConfigError, OSError) as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -366,3 +366,44 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_check_with_workers_refuses_what_the_command_refuses(tmp_path):
+    """``--check --workers 2`` said 'configuration OK' (exit 0) of a configuration the command refuses
+    (exit 2: a listener on port 0, the log off), and took any --workers: a reload or a config management
+    run checking it passed files the service then could not start with."""
+    port = free_ports(1)[0]
+    config = write_config(tmp_path, port)
+    good = config.read_text()
+    config.write_text(good.replace(f"port: {port}", "port: 0"))
+    done = _check(config, "2")
+    assert done.returncode == 2 and "listeners[0].port: --workers needs a fixed port" in done.stderr, done
+    config.write_text(good.replace("storage: {", "storage: {enabled: false, "))
+    done = _check(config, "2")
+    assert done.returncode == 2 and "storage.enabled" in done.stderr, done
+    config.write_text(good)
+    done = _check(config, "0")
+    assert done.returncode == 2 and "--workers: from 1 to" in done.stderr, done
+    done = _check(config, "2")
+    assert done.returncode == 0 and "configuration OK" in done.stdout, done
+    assert "2 members" in done.stdout, done.stdout
+    assert not (tmp_path / "data").exists(), "nothing is created"
+
+
+def _check(config: Path, workers: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "broker",
+            "--check",
+            "--config",
+            str(config),
+            "--workers",
+            workers,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
