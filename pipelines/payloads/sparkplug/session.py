@@ -109,6 +109,8 @@ class EdgeNodeSession:
     last_seq: int | None = None
     devices: dict[str, Birth] = field(default_factory=dict)
     """The devices whose birth is in force (online)."""
+    after_birth: bool = False
+    """Whether the last message with a sequence number was a birth (how :func:`in_order` goes on)."""
 
     # -- state across micro-batches ------------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class EdgeNodeSession:
             "bdseq": self.bdseq,
             "seq": self.last_seq,
             "devices": {name: birth.to_json() for name, birth in self.devices.items()},
+            "after_birth": self.after_birth,
         }
         return json.dumps(data, separators=(",", ":")).encode()
 
@@ -129,6 +132,7 @@ class EdgeNodeSession:
             bdseq=state["bdseq"],
             last_seq=state["seq"],
             devices={name: Birth.from_json(birth) for name, birth in state["devices"].items()},
+            after_birth=state.get("after_birth", False),  # not in a state written before it
         )
 
     # -- messages --------------------------------------------------------------------------------------------
@@ -136,8 +140,11 @@ class EdgeNodeSession:
     def process(self, records: Iterable[Record]) -> list[dict[str, Any]]:
         """The rows of ``records`` (one edge node's, in any order: they are put in order first)."""
         rows: list[dict[str, Any]] = []
-        for message in in_order((read(record) for record in records), self.last_seq):
+        messages = in_order((read(record) for record in records), self.last_seq, self.after_birth)
+        for message in messages:
             rows.extend(self._message(message))
+            if _seq_of(message) is not None:
+                self.after_birth = _kind_of(message) in ("NBIRTH", "DBIRTH")
         return rows
 
     def _message(self, message: Message) -> list[dict[str, Any]]:
@@ -287,14 +294,20 @@ def read(record: Record) -> Message:
         return Message(record, topic, error=str(exc))
 
 
-def in_order(messages: Iterable[Message], last_seq: int | None = None) -> list[Message]:
-    """One edge node's messages in the order it sent them (``last_seq``: the number of the one before).
+def in_order(
+    messages: Iterable[Message], last_seq: int | None = None, after_birth: bool = False
+) -> list[Message]:
+    """One edge node's messages in the order it sent them (``last_seq``: the number of the one before,
+    ``after_birth``: whether that one was a birth).
 
     Its messages travel on several topics, whose offsets are counted apart, so the order is the broker's
     append time (milliseconds); within one millisecond, each topic's messages keep their offsets' order (the
     order they were sent in) and the topics' are merged by sequence number: next the message whose number
-    follows the last one's, then a number soon after it (one lost), then an NBIRTH (a birth starts the
-    sequence again). A message with no number that cannot be read or lacks it is taken as its topic
+    follows the last one's (data before an NBIRTH of that number), then a number soon after it (one lost),
+    then an NBIRTH (a birth starts the sequence again). A DBIRTH comes after a birth: while an NBIRTH of the
+    millisecond waits after data, after that NBIRTH (a gateway births its devices right after itself). With
+    no number before, an NBIRTH first, else the lowest number (unwrapped when the millisecond's numbers
+    straddle 255 -> 0). A message with no number that cannot be read or lacks it is taken as its topic
     reaches it; an NDEATH (sent by the broker once the connection is gone) after its millisecond's others.
     """
     by_time: dict[int, list[Message]] = {}
@@ -303,21 +316,87 @@ def in_order(messages: Iterable[Message], last_seq: int | None = None) -> list[M
     ordered: list[Message] = []
     expected = None if last_seq is None else (last_seq + 1) % SEQ_MODULO
     for time_ms in sorted(by_time):
-        chains: dict[tuple[str, str], deque[Message]] = {}
-        for message in sorted(by_time[time_ms], key=lambda message: message.record.offset):
-            chains.setdefault((message.record.broker, message.record.topic), deque()).append(message)
-        first = _first_without_order(by_time[time_ms])
-        while chains:
-            rank = _rank(expected, first)
-            key = min(chains, key=lambda topic: rank(chains[topic][0]))
-            message = chains[key].popleft()
-            if not chains[key]:
-                del chains[key]
+        merge = _Merge(by_time[time_ms])
+        while merge.chains:
+            message = merge.pop(expected, after_birth)
             ordered.append(message)
             seq = _seq_of(message)
             if seq is not None:
                 expected = (seq + 1) % SEQ_MODULO
+                after_birth = _kind_of(message) in ("NBIRTH", "DBIRTH")
     return ordered
+
+
+class _Merge:
+    """One millisecond's messages as a chain per topic (in offset order), merged by :func:`_rank`. The
+    heads are indexed by sequence number, so that the usual pick, the number expected, costs no scan."""
+
+    def __init__(self, group: list[Message]) -> None:
+        self.chains: dict[tuple[str, str], deque[Message]] = {}
+        for message in sorted(group, key=lambda message: message.record.offset):
+            self.chains.setdefault((message.record.broker, message.record.topic), deque()).append(message)
+        self.place = {key: place for place, key in enumerate(self.chains)}
+        """Each chain's place, breaking ties of offsets as a scan of the chains would (not a set's order)."""
+        self.first = _first_without_order(group)
+        self.by_seq: dict[int, set[tuple[str, str]]] = {}
+        self.free: set[tuple[str, str]] = set()
+        """Chains whose head has no number and is no NDEATH: taken as soon as they come up."""
+        self.births: set[tuple[str, str]] = set()
+        """Chains whose head is an NBIRTH."""
+        for key in self.chains:
+            self._index(key)
+
+    def pop(self, expected: int | None, after_birth: bool) -> Message:
+        """The next message, ``expected`` the number following the last one's (``after_birth``: a birth's).
+
+        A DBIRTH comes after a birth; while an NBIRTH of the millisecond waits after data, its number is
+        the DBIRTHs' that follow that NBIRTH (a gateway births its devices right after itself)."""
+        chains = self.chains
+        hold = bool(self.births) and not after_birth
+        candidates = self.free or self._following(expected, hold)
+        if candidates:  # an NBIRTH last: data of the number expected continue the session before it
+            key = min(
+                candidates,
+                key=lambda key: (key in self.births, chains[key][0].record.offset, self.place[key]),
+            )
+        else:
+            rank = _rank(expected, self.first, hold)
+            key = min(chains, key=lambda key: rank(chains[key][0]))
+        self._unindex(key)
+        message = chains[key].popleft()
+        if chains[key]:
+            self._index(key)
+        else:
+            del chains[key]
+        return message
+
+    def _following(self, expected: int | None, hold: bool) -> list[tuple[str, str]]:
+        """The chains whose head has the number expected (no DBIRTH when DBIRTHs are held)."""
+        if expected is None:
+            return []
+        keys = self.by_seq.get(expected, ())
+        if not hold:
+            return list(keys)
+        return [key for key in keys if _kind_of(self.chains[key][0]) != "DBIRTH"]
+
+    def _index(self, key: tuple[str, str]) -> None:
+        head = self.chains[key][0]
+        seq, kind = _seq_of(head), _kind_of(head)
+        if kind == "NBIRTH":
+            self.births.add(key)
+        if seq is not None:
+            self.by_seq.setdefault(seq, set()).add(key)
+        elif kind != "NDEATH":
+            self.free.add(key)
+
+    def _unindex(self, key: tuple[str, str]) -> None:
+        head = self.chains[key][0]
+        self.births.discard(key)
+        seq = _seq_of(head)
+        if seq is None:
+            self.free.discard(key)
+        else:
+            self.by_seq[seq].discard(key)
 
 
 def _first_without_order(group: list[Message]) -> Callable[[int], int]:
@@ -328,20 +407,28 @@ def _first_without_order(group: list[Message]) -> Callable[[int], int]:
     return lambda seq: seq + SEQ_MODULO if wraps and seq < SEQ_MODULO // 2 else seq
 
 
-def _rank(expected: int | None, first: Callable[[int], int]) -> Callable[[Message], tuple[int, int, int]]:
+def _rank(
+    expected: int | None, first: Callable[[int], int], hold: bool
+) -> Callable[[Message], tuple[int, int, int]]:
+    """How soon a chain's head comes: no number (not an NDEATH) at once; else the number expected, then a
+    number soon after it, then an NBIRTH; a DBIRTH held (:meth:`_Merge.pop`) after it; an NDEATH last."""
+
     def rank(message: Message) -> tuple[int, int, int]:
-        seq, offset = _seq_of(message), message.record.offset
+        seq, offset, kind = _seq_of(message), message.record.offset, _kind_of(message)
         if seq is None:
-            death = message.topic is not None and message.topic.message_type == "NDEATH"
-            return (2 if death else 0, 0, offset)
+            return (2 if kind == "NDEATH" else 0, 0, offset)
+        if kind == "DBIRTH" and hold:
+            return (1, 2 * SEQ_MODULO, offset)
         if expected is None:
-            return (1, first(seq), offset)
+            return (1, -1 if kind == "NBIRTH" else first(seq), offset)
         ahead = (seq - expected) % SEQ_MODULO
-        if message.topic is not None and message.topic.message_type == "NBIRTH":
-            ahead = min(ahead, SEQ_MODULO // 2)
-        return (1, ahead, offset)
+        return (1, max(min(ahead, SEQ_MODULO // 2), 1) if kind == "NBIRTH" else ahead, offset)
 
     return rank
+
+
+def _kind_of(message: Message) -> str | None:
+    return message.topic.message_type if message.topic is not None else None
 
 
 def _seq_of(message: Message) -> int | None:

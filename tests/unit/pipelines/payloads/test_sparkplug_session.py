@@ -440,3 +440,22 @@ def test_an_integer_past_its_datatypes_width_is_quarantined_not_cut_to_it(dataty
         REASON_MALFORMED,
         f"sparkplug_b: metric 0 (alias 1): {detail}",
     )
+
+
+@pytest.mark.parametrize("last_seq", [None, 36])
+def test_the_births_of_a_node_with_many_devices_in_one_millisecond_are_read_birth_first(last_seq):
+    """A gateway of 200 devices publishes its NBIRTH and their DBIRTHs in a tight loop, one millisecond at
+    the broker: their numbers (0 to 200) spread more than half the range, so they were taken as wrapping
+    and the DBIRTHs numbered 129 to 200 were read before the NBIRTH (quarantined, no birth in force), the
+    devices' data after them too. An NBIRTH starts its millisecond's sequence; a DBIRTH follows it."""
+    session = EdgeNodeSession()
+    if last_seq is not None:  # a rebirth: the session before it ended with data numbered 36
+        session.process([nbirth(500)])
+        session.last_seq, session.after_birth = last_seq, False
+    devices = [f"d{n:03}" for n in range(200)]
+    batch = [nbirth(1000)] + [dbirth(device, 1000, n + 1) for n, device in enumerate(devices)]
+    batch += [ddata(device, 1001, (201 + n) % 256, temperature(1.0)) for n, device in enumerate(devices)]
+    rows = session.process(list(reversed(batch)))
+    assert kinds(rows, REJECTED) == []
+    assert len([r for r in kinds(rows, METRIC) if r["message_type"] == "DDATA"]) == 200
+    assert not any(r["seq_gap"] for r in kinds(rows, METRIC))
