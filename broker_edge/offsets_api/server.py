@@ -229,6 +229,7 @@ def create_app(
     app = web.Application(middlewares=middlewares)
     app.on_response_prepare.append(_store_header(store))
     handlers = _Handlers(store, limits or ApiLimits())
+    app.on_shutdown.append(handlers.stop_waiting)
     app.router.add_get("/v1/logs", handlers.list_logs)
     app.router.add_get("/v1/logs/{topic}", handlers.log_info)
     app.router.add_get("/v1/logs/{topic}/records", handlers.records)
@@ -357,6 +358,29 @@ class _Handlers:
     def __init__(self, store: LogStore, limits: ApiLimits) -> None:
         self.store = store
         self.limits = limits
+        self.stopping = asyncio.Event()
+        """Set when the app shuts down: long polls answer at once with what there is."""
+
+    async def stop_waiting(self, _app: web.Application) -> None:
+        """End every long poll (``on_shutdown``, before the runner waits for the requests in progress):
+        a stop must not wait for their ``wait_ms``."""
+        self.stopping.set()
+
+    async def _wait_for_data(
+        self, positions: Mapping[str, int], wait_ms: int, pattern: str | None = None
+    ) -> None:
+        """``LogStore.wait_for_data``, cut short when the app shuts down."""
+        if self.stopping.is_set():
+            return
+        waits = [
+            asyncio.ensure_future(self.store.wait_for_data(positions, wait_ms / 1000, pattern)),
+            asyncio.ensure_future(self.stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _share(self, topics: Sequence[str], max_bytes: int) -> int:
         """What a read of ``topics`` within ``max_bytes`` may hold, answer included: ``max_bytes``, or less
@@ -449,7 +473,7 @@ class _Handlers:
         records = read(topic, offset, max_records, max_bytes)
         if not records and wait_ms:
             settle(request, 0)  # nothing is held while it waits
-            await self.store.wait_for_data({topic: offset}, wait_ms / 1000)
+            await self._wait_for_data({topic: offset}, wait_ms)
             hold(request, self._share([topic], max_bytes))
             records = read(topic, offset, max_records, max_bytes)
         info = self.store.log_info(topic)
@@ -485,7 +509,7 @@ class _Handlers:
         chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar, access)
         if not chunks and wait_ms:
             settle(request, 0)
-            await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
+            await self._wait_for_data(positions, wait_ms, pattern)
             hold(request, self._share(topics, max_bytes))
             chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar, access)
         if columnar:
