@@ -560,7 +560,10 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
     # Nothing of another command's is read, written or started on before these hold: its data directory
     # (its etcd's data, its members' files) and its addresses stay its own.
     lock = DataDirectoryLock(config.storage.directory)
-    lock.acquire()
+    try:
+        lock.acquire()
+    except ConfigError as error:
+        raise _naming_running_members(error, Path(config.storage.directory) / WORKERS_DIRECTORY) from None
     claims: list[socket.socket] = []
     etcd: LocalEtcd | None = None
     fatal: tuple[Member, int, str] | None = None
@@ -601,6 +604,25 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
         return code
     log.info("stopped")
     return 0
+
+
+def _naming_running_members(error: ConfigError, base: Path) -> ConfigError:
+    """``error`` (the data directory in use) with the members of an earlier command that still run: the
+    lock names the command that took it, which may have died (SIGKILL) leaving a member that did not stop
+    (hung, stopped) holding it."""
+    running = []
+    for path in sorted(base.glob("*.pid")):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(path.read_text())
+            os.kill(pid, 0)
+            running.append(f"{path.stem} (pid {pid})")
+    if not running:
+        return error
+    return ConfigError(
+        error.path,
+        f"{error.detail}; members of timestone broker --workers still run there: {', '.join(running)} "
+        "(stop them: kill -KILL if SIGTERM does not)",
+    )
 
 
 def _run_members(

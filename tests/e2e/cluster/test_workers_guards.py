@@ -16,6 +16,7 @@ succeed ending with its exit status instead of members forked again for ever.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -407,3 +408,38 @@ def _check(config: Path, workers: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+def test_started_again_while_members_of_a_killed_command_still_run_names_them(tmp_path):
+    """The command killed (SIGKILL), a member of it that does not stop (here stopped with SIGSTOP, its
+    SIGTERM pending) still holds the data directory: a new command was refused naming the dead command's
+    pid, which an operator then looks for in vain. It names the members still running."""
+    port = free_ports(1)[0]
+    config = write_config(tmp_path, port)
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config), "--workers", "2"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    workers_dir = tmp_path / "data" / "workers"
+    pids: dict[str, int] = {}
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes(), 60, "both members serving")
+        pids = member_pids(workers_dir)
+        os.kill(pids["w1"], signal.SIGSTOP)
+        process.kill()
+        process.wait()
+        wait_until(lambda: not _alive(pids["w0"]), 30, "w0 stopped")
+        code, said = run_command(config)
+        assert code == 2, said
+        assert f"w1 (pid {pids['w1']})" in said and "still run" in said, said
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # its SIGTERM, pending, stops it
+    wait_until(lambda: not any(_alive(pid) for pid in pids.values()), 30, "the members stopped")
