@@ -83,13 +83,14 @@ class TopicFormat:
         return f"{NAMESPACE}/{'+' if group == '{group_id}' else group}/#"
 
 
-def check_formats(formats: Sequence[TopicFormat], path: str = "formats") -> None:
-    """No topic template twice (which format would win?)."""
+def check_formats(formats: Sequence[TopicFormat], path: str = "formats", whole: str | None = None) -> None:
+    """No topic template twice (which format would win?); the first is named by ``whole``, the list's key
+    from the file's top (``path`` is the key the error is raised at, which a loader may prefix)."""
     seen: dict[str, int] = {}
     for index, entry in enumerate(formats):
         if entry.topic_template in seen:
             first = seen[entry.topic_template]
-            raise ConfigError(f"{path}[{index}].topic_template", f"already given at {path}[{first}]")
+            raise ConfigError(f"{path}[{index}].topic_template", f"already given at {whole or path}[{first}]")
         seen[entry.topic_template] = index
 
 

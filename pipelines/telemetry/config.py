@@ -183,7 +183,7 @@ class PayloadConfig:
             TopicTemplate(self.topic_template)
         except ValueError as exc:
             raise ConfigError("topic_template", str(exc)) from None
-        check_formats(self.formats)
+        check_formats(self.formats, whole="telemetry.payload.formats")
         for index, entry in enumerate(self.formats):
             if entry.format == "sparkplug_b":
                 continue

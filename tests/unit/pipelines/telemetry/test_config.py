@@ -205,3 +205,12 @@ def test_bootstrap_servers_read_a_cluster_instead_of_the_brokers():
     assert "brokers" not in options
     with pytest.raises(ConfigError, match=r"bootstrap_servers\[0\]"):
         load_telemetry_config({"source": {"bootstrap_servers": ["b1:9884"]}})
+
+
+def test_a_template_given_twice_names_the_first_by_its_whole_key():
+    """As docs/payload-formats.md shows it: the first entry was said as formats[0], a key of no file."""
+    entry = {"topic_template": "d/{device_id}", "format": "cbor"}
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config({"payload": {"formats": [entry, {**entry, "format": "json"}]}})
+    assert raised.value.path == "telemetry.payload.formats[1].topic_template"
+    assert raised.value.detail == "already given at telemetry.payload.formats[0]"
