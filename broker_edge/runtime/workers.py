@@ -135,9 +135,18 @@ def member_documents(
         cluster = member["cluster"] = _cluster_section(member.get("cluster"), node, etcd_url, own is not None)
         if own is None and "mqtt" not in cluster.setdefault("advertise", {}):
             # every interface: the devices' way to the shared listener is this host's name, as best known
-            cluster["advertise"]["mqtt"] = f"{socket.getfqdn()}:{config.listeners[0].port}"
+            cluster["advertise"]["mqtt"] = f"{host_name()}:{config.listeners[0].port}"
         members.append((node, member))
     return members
+
+
+def host_name() -> str:
+    """This host's name as devices may know it: its fully qualified name, or its name where that is a
+    loopback name (the host's name mapped to 127.0.0.1 beside ``localhost``, as in many containers)."""
+    fqdn = socket.getfqdn()
+    if fqdn.split(".")[0] == "localhost":
+        return socket.gethostname()
+    return fqdn
 
 
 def _own_listener(first: dict[str, Any], host: str, node: str) -> dict[str, Any] | None:

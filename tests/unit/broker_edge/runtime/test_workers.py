@@ -74,7 +74,18 @@ def test_members_listening_on_every_interface_have_no_address_of_their_own_to_se
     for _, config in made:
         assert [listener.port for listener in config.listeners] == [1883]
         assert config.cluster is not None and not config.cluster.redirect_publishers
-        assert config.cluster.advertise.mqtt == f"{socket.getfqdn()}:1883"  # the shared listener
+        host, port = config.cluster.advertise.mqtt.rsplit(":", 1)  # the shared listener, by the host's name
+        assert port == "1883" and host in (socket.getfqdn(), socket.gethostname())
+
+
+def test_members_listening_on_every_interface_never_advertise_a_loopback_name():
+    """Where the host's name maps to 127.0.0.1 beside localhost (/etc/hosts of many containers), the
+    host's canonical name is 'localhost': a fenced member sent its MQTT 5 clients to their own localhost."""
+    made = members({"listeners": [{"host": "0.0.0.0", "port": 1883}], "auth": {"allow_anonymous": True}})
+    for _, config in made:
+        assert config.cluster is not None and config.cluster.advertise.mqtt is not None
+        host = config.cluster.advertise.mqtt.rsplit(":", 1)[0]
+        assert host.split(".")[0] != "localhost", host
 
 
 @pytest.mark.parametrize(
