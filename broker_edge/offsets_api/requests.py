@@ -5,6 +5,7 @@ its parameters, apart from the endpoints so that each group of them (topics in `
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ __all__ = [
     "format_param",
     "int_param",
     "is_number",
+    "json_body",
     "pattern_param",
 ]
 
@@ -121,6 +123,41 @@ def check_escapes(target: str) -> None:
             codes.BAD_REQUEST,
             "the request target's %-escapes are not UTF-8: topics and filters are escaped from UTF-8",
         ) from None
+
+
+class _NamedTwice(Exception):
+    """A JSON object of a body names a field more than once."""
+
+    def __init__(self, name: str, count: int) -> None:
+        super().__init__(name)
+        self.name = name
+        self.count = count
+
+
+def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's fields (``object_pairs_hook``), each named once (``_NamedTwice`` otherwise)."""
+    fields = dict(pairs)
+    if len(fields) < len(pairs):
+        names = [name for name, _ in pairs]
+        name = next(name for name in names if names.count(name) > 1)
+        raise _NamedTwice(name, names.count(name))
+    return fields
+
+
+def json_body(data: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object, every object of it naming each field once: as with a
+    query parameter given twice, one value would be read and the other silently dropped (400 otherwise)."""
+    try:
+        body = json.loads(data, object_pairs_hook=_object_once)
+    except _NamedTwice as twice:
+        name = twice.name if len(twice.name) <= 40 else twice.name[:40] + "..."
+        message = f"{name} is given {twice.count} times in one object; give it once"
+        raise ApiError(400, codes.BAD_REQUEST, message, parameter="body") from None
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep, a number too long
+        raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object", parameter="body") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object")
+    return body
 
 
 def _shown(value: object) -> str:

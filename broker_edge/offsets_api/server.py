@@ -84,6 +84,7 @@ from .requests import (
     format_param,
     int_param,
     is_number,
+    json_body,
     pattern_param,
 )
 
@@ -530,15 +531,7 @@ class _Handlers:
             raise ApiError(
                 error.status, codes.BAD_REQUEST, error.message, close=True, parameter="body"
             ) from None
-        try:
-            body = json.loads(data)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep, a number too long
-            raise ApiError(
-                400, codes.BAD_REQUEST, "the body must be a JSON object", parameter="body"
-            ) from None
-        if not isinstance(body, dict):
-            raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object")
-        return body
+        return json_body(data)
 
     def _parse_fetch(self, body: dict) -> tuple[list[_Fetch], int, int, str, str | None]:
         limits = self.limits

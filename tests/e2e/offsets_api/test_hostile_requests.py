@@ -134,3 +134,33 @@ def test_a_topic_with_percent_signs_is_read_with_them_escaped(api: ApiHarness):
 
     assert status == 200
     assert json.loads(body)["topic"] == "a%b"
+
+
+@pytest.mark.parametrize(
+    ("body", "name"),
+    [
+        (
+            b'{"fetches": [{"topic": "plant/1/temp", "offset": 0}], "max_records": 1, "max_records": 9}',
+            "max_records",
+        ),
+        (b'{"fetches": [{"topic": "plant/1/temp", "offset": 0, "offset": 5}], "format": "jsonl"}', "offset"),
+        (b'{"fetches": [{"topic": "plant/1/temp", "topic": "plant/2/temp", "offset": 0}]}', "topic"),
+        (b'{"fetches": [], "fetches": [{"topic": "plant/1/temp", "offset": 0}]}', "fetches"),
+    ],
+)
+def test_a_fetch_body_naming_a_field_twice_answers_400_naming_it(
+    api: ApiHarness, caplog: pytest.LogCaptureFixture, body: bytes, name: str
+):
+    """As a query parameter given twice: one of the two would be read and the other silently dropped."""
+    caplog.set_level(logging.DEBUG)
+    head = b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(
+        body
+    )
+
+    status, _, answer = answer_to(api.port, head + body)
+
+    assert status == 400
+    error = json.loads(answer)
+    assert (error["error"], error["parameter"]) == ("bad_request", "body")
+    assert error["message"] == f"{name} is given 2 times in one object; give it once"
+    assert not tracebacks(caplog)
