@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import sys
 
+from broker_edge.protocol import ReasonCode
 from pipelines.fleet.cli import broker_address, signal_stop, zero_or_more
+from pipelines.fleet.client import ConnectionRefused
 from pipelines.sparkplug_host.host import SparkplugHost
 
 #: The longest host id: its client id, ``sparkplug-host-<host_id>``, is an MQTT string (65535 bytes of UTF-8).
@@ -87,6 +89,14 @@ async def _run(args: argparse.Namespace) -> int:
     stop = signal_stop()
     try:
         await sparkplug.start()
+    except ConnectionRefused as refused:
+        reason = _reason_name(refused.reason_code)
+        print(
+            f"timestone sparkplug-host: {host}:{port} refused the connection: "
+            f"0x{refused.reason_code:02x} {reason} (client id sparkplug-host-{args.host_id})",
+            file=sys.stderr,
+        )
+        return 1
     except OSError as error:
         print(f"timestone sparkplug-host: cannot reach {host}:{port}: {error}", file=sys.stderr)
         return 1
@@ -99,6 +109,14 @@ async def _run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _reason_name(code: int) -> str:
+    """An MQTT 5 reason code's name as the specification writes it, in lower case."""
+    try:
+        return ReasonCode(code).name.replace("_", " ").lower()
+    except ValueError:
+        return "a reason code MQTT does not define"
 
 
 def sparkplug_host_main(argv: list[str]) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pipelines.cli import main
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
 from pipelines.payloads.sparkplug.messages import read_payload
 from pipelines.payloads.sparkplug.schema import payload_class
@@ -392,3 +393,13 @@ def test_data_after_a_birth_that_cannot_be_read_brings_a_rebirth_request(broker)
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_connection_the_broker_refuses_is_said_so_with_its_reason(broker, capsys):
+    """A CONNECT the broker answered with a failure was said as 'cannot reach HOST:PORT: CONNECT refused
+    with reason code 0x85', as if the broker were not there; it says the broker refused it, and why."""
+    argv = ["sparkplug-host", "--broker", f"127.0.0.1:{broker.port}", "--host-id", "h" * 200]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{broker.port} refused the connection: 0x85 client identifier not valid" in err
+    assert "cannot reach" not in err
