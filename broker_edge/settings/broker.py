@@ -181,6 +181,12 @@ acknowledgement waits for its window, and one held longer than a second is a sli
 (a value past any time, 1e300, never acknowledged again)."""
 
 
+MAX_RETENTION_INTERVAL_S = 86_400
+"""Most time between two retention passes (``retention_interval_s``): a pass is also what frees a full disk
+through the disk reserve and makes the seals a full disk held, so a longer one is a slip of units, not a
+setting (1e300 never ran one)."""
+
+
 @dataclass(slots=True)
 class BrokerStorageConfig(StorageConfig):
     """The commitlog: ``StorageConfig`` (persistence rules, durability, retention) plus where it lives."""
@@ -191,14 +197,17 @@ class BrokerStorageConfig(StorageConfig):
     """Directory of the logs (created if missing); relative paths are relative to the working directory."""
     retention_interval_s: float = 60.0
     """Seconds between two retention passes (each topic's start moves past its records past retention;
-    segments nothing is kept of are deleted)."""
+    segments nothing is kept of are deleted). At most 86400 (a day)."""
 
     def __post_init__(self) -> None:
         expand_home(self, "directory")
         if self.enabled and not self.directory:
             raise ConfigError("directory", "must name a directory when storage is enabled")
-        if self.retention_interval_s <= 0:
-            raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
+        if not 0 < self.retention_interval_s <= MAX_RETENTION_INTERVAL_S:
+            raise ConfigError(
+                "retention_interval_s",
+                f"must be within (0, {MAX_RETENTION_INTERVAL_S}] (a day), got {self.retention_interval_s}",
+            )
         for key in ("group_commit_ms", "group_commit_min_interval_ms"):
             if not 0 <= getattr(self, key) <= MAX_GROUP_COMMIT_WAIT_MS:
                 raise ConfigError(

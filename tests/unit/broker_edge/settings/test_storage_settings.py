@@ -54,3 +54,20 @@ def test_a_rules_null_retention_is_the_storage_one_and_its_refusal_says_so(key: 
         f"storage.persist[0].{key}: must be >= 1 (or null: storage.{key} applies; to keep these topics' "
         f"records without limit, make storage.{key} null and give the other rules theirs), got 0"
     )
+
+
+@pytest.mark.parametrize("value", [86_400.5, 1.0e300])
+def test_a_retention_interval_past_a_day_is_refused(value: float) -> None:
+    """A pass is also what frees a full disk and makes held seals: an interval of 1e300 s loaded and the
+    broker never ran one (records kept past retention, a full disk never freed), without a word."""
+    with pytest.raises(ConfigError) as refused:
+        load_dataclass(BrokerConfig, {"storage": {"retention_interval_s": value}})
+    assert str(refused.value) == (
+        f"storage.retention_interval_s: must be within (0, 86400] (a day), got {value}"
+    )
+
+
+@pytest.mark.parametrize("value", [0.1, 60, 86_400])
+def test_a_retention_interval_up_to_a_day_loads(value: float) -> None:
+    config = load_dataclass(BrokerConfig, {"storage": {"retention_interval_s": value}})
+    assert config.storage.retention_interval_s == value
