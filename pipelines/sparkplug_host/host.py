@@ -12,9 +12,9 @@ It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node who
 this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
 connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
 born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
-quarantines as unreadable is none); it asks that node for a
-rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained: the node births itself and every
-device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads the births from the
+quarantines as unreadable is none), and so does data naming a metric its birth does not define; it asks
+that node for a rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained: the node births
+itself and every device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads the births from the
 brokers' logs; the rebirth brings a birth into the log when the one a node sent has been deleted by retention
 or was never received.
 """
@@ -33,7 +33,7 @@ from pipelines.fleet.client import Message, MqttClient
 from pipelines.payloads.fields import PayloadError
 from pipelines.payloads.sparkplug.encode import rebirth_request
 from pipelines.payloads.sparkplug.messages import bdseq, read_payload
-from pipelines.payloads.sparkplug.session import unreadable_birth
+from pipelines.payloads.sparkplug.session import Birth, birth_of, undefined_metric
 from pipelines.payloads.sparkplug.topics import (
     NAMESPACE,
     TOPIC_FILTER,
@@ -55,8 +55,11 @@ class HostState:
 
     born: dict[tuple[str, str], int | None] = field(default_factory=dict)
     """The edge nodes born on this connection, with their NBIRTH's ``bdSeq`` (None when it has none)."""
-    devices: dict[tuple[str, str], set[str]] = field(default_factory=dict)
-    """The devices of each born edge node born since its last NBIRTH (by DBIRTH, not dead since)."""
+    births: dict[tuple[str, str], Birth] = field(default_factory=dict)
+    """What each born edge node's NBIRTH declares (its aliases and names)."""
+    devices: dict[tuple[str, str], dict[str, Birth]] = field(default_factory=dict)
+    """The devices of each born edge node born since its last NBIRTH (by DBIRTH, not dead since), with
+    what their DBIRTH declares."""
     asked_at: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
@@ -198,29 +201,49 @@ class SparkplugHost:
         kind = topic.message_type
         state = self.state
         if kind == "NBIRTH":
-            if unreadable_birth(payload) is None:
-                state.born[node] = _bdseq(payload)
-                state.devices[node] = set()  # its devices are born again after it
+            birth = birth_of(payload)
+            if birth is not None:
+                state.born[node], state.births[node] = _bdseq(payload), birth
+                state.devices[node] = {}  # its devices are born again after it
             else:  # the telemetry job quarantines it: no birth in force, the one before ended
-                state.born.pop(node, None)
-                state.devices.pop(node, None)
+                self._forget(node)
         elif kind == "NDEATH":
             if node in state.born:
-                birth, death = state.born[node], _bdseq(payload)
-                if birth is None or death is None or birth == death:
-                    del state.born[node]  # any other is an earlier connection's will, late
-                    state.devices.pop(node, None)
+                born, death = state.born[node], _bdseq(payload)
+                if born is None or death is None or born == death:
+                    self._forget(node)  # any other is an earlier connection's will, late
         elif node not in state.born:
             if kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH"):
                 self._ask_rebirth(topic, node)
-        elif kind in ("DBIRTH", "DDEATH", "DDATA") and topic.device_id is not None:
-            devices = state.devices.setdefault(node, set())
-            if kind == "DBIRTH" and unreadable_birth(payload) is None:
-                devices.add(topic.device_id)
-            elif kind in ("DBIRTH", "DDEATH"):  # a DBIRTH the job quarantines is none
-                devices.discard(topic.device_id)
-            elif topic.device_id not in devices:
+        elif kind == "NDATA":
+            if undefined_metric(payload, state.births[node]):
                 self._ask_rebirth(topic, node)
+        elif kind in ("DBIRTH", "DDEATH", "DDATA") and topic.device_id is not None:
+            self._device_message(topic, node, payload)
+
+    def _device_message(self, topic: SparkplugTopic, node: tuple[str, str], payload: bytes) -> None:
+        """A born node's device: born by a DBIRTH the job takes (one it quarantines is none), ended by a
+        DDEATH; its data ask a rebirth when it is not born, or name a metric its DBIRTH does not define."""
+        assert topic.device_id is not None
+        devices = self.state.devices.setdefault(node, {})
+        if topic.message_type == "DBIRTH":
+            birth = birth_of(payload)
+            if birth is not None:
+                devices[topic.device_id] = birth
+            else:
+                devices.pop(topic.device_id, None)
+        elif topic.message_type == "DDEATH":
+            devices.pop(topic.device_id, None)
+        else:
+            birth = devices.get(topic.device_id)
+            if birth is None or undefined_metric(payload, birth):
+                self._ask_rebirth(topic, node)
+
+    def _forget(self, node: tuple[str, str]) -> None:
+        """The node's birth, and its devices', no longer in force."""
+        self.state.born.pop(node, None)
+        self.state.births.pop(node, None)
+        self.state.devices.pop(node, None)
 
     def _ask_rebirth(self, topic: SparkplugTopic, node: tuple[str, str]) -> None:
         now = self.clock()

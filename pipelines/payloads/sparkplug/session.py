@@ -450,16 +450,26 @@ def _birth(payload: Payload, record: Record) -> Birth:
     return birth
 
 
-def unreadable_birth(payload: bytes) -> str | None:
-    """Why a birth's payload puts no birth in force (the session quarantines it), or None when it does."""
+def birth_of(payload: bytes) -> Birth | None:
+    """What a birth's payload declares, or None when the session quarantines it (no birth in force)."""
     try:
         message = read_payload(payload)
         birth = _birth(message, Record("", "", 0, 0, payload))
         for metric in message.metrics:
             metric_value(metric, birth.datatypes[metric.name or ""])
-    except PayloadError as exc:
-        return str(exc)
-    return None
+    except PayloadError:
+        return None
+    return birth
+
+
+def undefined_metric(payload: bytes, birth: Birth) -> bool:
+    """Whether a data message names a metric (by alias, or by name) that ``birth`` does not define: the
+    session quarantines it as ``sparkplug_unknown_alias``. A payload that cannot be read is not that."""
+    try:
+        metrics = read_payload(payload).metrics
+    except PayloadError:
+        return False
+    return any(_resolve(metric, birth) is None for metric in metrics)
 
 
 def _resolve(metric: Metric, birth: Birth) -> tuple[str, str] | None:

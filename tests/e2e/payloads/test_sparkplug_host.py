@@ -403,3 +403,32 @@ def test_a_connection_the_broker_refuses_is_said_so_with_its_reason(broker, caps
     err = capsys.readouterr().err
     assert f"127.0.0.1:{broker.port} refused the connection: 0x85 client identifier not valid" in err
     assert "cannot reach" not in err
+
+
+def test_data_naming_an_alias_its_birth_did_not_define_brings_a_rebirth_request(broker):
+    """Data of a born node or device naming an alias its birth does not define (a metric added without a
+    rebirth) is quarantined by the telemetry job (sparkplug_unknown_alias), and the host asked nothing:
+    every message after it was quarantined until the node rebirthed for another reason."""
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        level = MetricOut(1.5, "Double", name="Level", alias=1)
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", encode([bdseq_metric(0), level], timestamp_ms=1, seq=0), 0)
+        device_birth = encode([MetricOut(2.0, "Float", name="T", alias=10)], timestamp_ms=2, seq=1)
+        node.publish("spBv1.0/plant1/DBIRTH/gw9/pump", device_birth, 0)
+        known = encode([MetricOut(2.5, "Double", alias=1, with_datatype=False)], timestamp_ms=3, seq=2)
+        node.publish("spBv1.0/plant1/NDATA/gw9", known, 0)
+        by_name = encode([MetricOut(3.0, "Float", name="T", with_datatype=False)], timestamp_ms=4, seq=3)
+        node.publish("spBv1.0/plant1/DDATA/gw9/pump", by_name, 0)
+        await asyncio.to_thread(commands.expect_none, 0.3)  # what the births define: no request
+        unknown = encode([MetricOut(3.5, "Float", alias=11, with_datatype=False)], timestamp_ms=5, seq=4)
+        node.publish("spBv1.0/plant1/DDATA/gw9/pump", unknown, 0)
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw9"
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
