@@ -14,9 +14,9 @@ connection's will, and ends nothing) means its aliases are unknown here, and so 
 born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
 quarantines as unreadable is none), and so does data naming a metric its birth does not define; it asks
 that node for a rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained: the node births
-itself and every device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads the births from the
-brokers' logs; the rebirth brings a birth into the log when the one a node sent has been deleted by retention
-or was never received.
+itself and every device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads
+the births from the brokers' logs; the rebirth brings a birth into the log when the one a node sent has been
+deleted by retention or was never received.
 """
 
 from __future__ import annotations
