@@ -13,6 +13,7 @@ NOT_FOUND = "not_found"
 FORMAT_UNAVAILABLE = "format_unavailable"
 FORBIDDEN = "forbidden"
 BUSY = "busy"
+EXPECTATION_FAILED = "expectation_failed"
 
 
 class OffsetsApiError(Exception):

@@ -30,7 +30,15 @@ from broker_edge.storage import LogStore, PositionOutOfRange
 
 from . import errors as codes
 from .formats import ARROW_CONTENT_TYPE, PARTITION_METADATA_KEYS
-from .requests import ANSWER_OVERHEAD, ApiError, ApiLimits, access_of, format_param, int_param
+from .requests import (
+    ANSWER_OVERHEAD,
+    ApiError,
+    ApiLimits,
+    ExpectHandler,
+    access_of,
+    format_param,
+    int_param,
+)
 
 __all__ = ["add_partition_routes", "position_out_of_range"]
 
@@ -40,11 +48,16 @@ SLICE_S = 0.002
 DEFAULT_MAX_ENTRIES = 100_000
 
 
-def add_partition_routes(app: web.Application, store: LogStore, limits: ApiLimits) -> None:
+def add_partition_routes(
+    app: web.Application, store: LogStore, limits: ApiLimits, expect: ExpectHandler | None = None
+) -> None:
+    """The partitions' endpoints; ``expect`` answers their ``Expect`` header (aiohttp's when None)."""
     handlers = _PartitionHandlers(store, limits)
-    app.router.add_get("/v1/partitions", handlers.list_partitions)
-    app.router.add_get("/v1/partitions/{partition}/position", handlers.position_for_timestamp)
-    app.router.add_get("/v1/partitions/{partition}/records", handlers.records)
+    app.router.add_get("/v1/partitions", handlers.list_partitions, expect_handler=expect)
+    app.router.add_get(
+        "/v1/partitions/{partition}/position", handlers.position_for_timestamp, expect_handler=expect
+    )
+    app.router.add_get("/v1/partitions/{partition}/records", handlers.records, expect_handler=expect)
 
 
 def position_out_of_range(error: PositionOutOfRange) -> ApiError:

@@ -8,11 +8,11 @@ import importlib.util
 import json
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from broker_edge.security.access import EVERYONE, Access
 from broker_edge.storage.persistence import check_filter
@@ -26,8 +26,10 @@ __all__ = [
     "MAX_JSON_BODY",
     "ApiError",
     "ApiLimits",
+    "ExpectHandler",
     "access_of",
     "check_escapes",
+    "expect_handler",
     "format_param",
     "int_param",
     "is_number",
@@ -82,6 +84,34 @@ class ApiError(Exception):
         if self.close:
             response.force_close()
         return response
+
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+"""What answers a request's ``Expect`` header before its handler runs (a response ends the request)."""
+
+
+def expect_handler(authenticate: Callable[[web.Request], Access]) -> ExpectHandler:
+    """Answers ``Expect: 100-continue`` only once ``authenticate`` admits the request (a stranger gets its
+    401 at once and is never invited to send its body, RFC 9110 10.1.1), and any other expectation with
+    417 in JSON, where aiohttp answered it in plain text."""
+
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        if request.version != HttpVersion11:
+            return None  # (HTTP/1.0 has no interim answers: the body just follows)
+        expectation = request.headers.get("Expect", "")
+        if expectation.strip().lower() != "100-continue":
+            shown = expectation if len(expectation) <= 40 else expectation[:40] + "..."
+            message = f"Expect {shown!r} cannot be met: only 100-continue is"
+            return ApiError(417, codes.EXPECTATION_FAILED, message, close=True).response()
+        try:
+            authenticate(request)
+        except ApiError as refusal:
+            return refusal.response()
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # (as aiohttp's own: the answer itself has not started)
+        return None
+
+    return expect
 
 
 def access_of(request: web.Request) -> Access:

@@ -81,6 +81,7 @@ from .requests import (
     ApiLimits,
     access_of,
     check_escapes,
+    expect_handler,
     format_param,
     int_param,
     is_number,
@@ -231,14 +232,15 @@ def create_app(
     app.on_response_prepare.append(_store_header(store))
     handlers = _Handlers(store, limits or ApiLimits())
     app.on_shutdown.append(handlers.stop_waiting)
-    app.router.add_get("/v1/logs", handlers.list_logs)
-    app.router.add_get("/v1/logs/{topic}", handlers.log_info)
-    app.router.add_get("/v1/logs/{topic}/records", handlers.records)
-    app.router.add_get("/v1/logs/{topic}/offset", handlers.offset_for_timestamp)
-    app.router.add_post("/v1/fetch", handlers.fetch_many)
+    expect = expect_handler(authenticate)
+    app.router.add_get("/v1/logs", handlers.list_logs, expect_handler=expect)
+    app.router.add_get("/v1/logs/{topic}", handlers.log_info, expect_handler=expect)
+    app.router.add_get("/v1/logs/{topic}/records", handlers.records, expect_handler=expect)
+    app.router.add_get("/v1/logs/{topic}/offset", handlers.offset_for_timestamp, expect_handler=expect)
+    app.router.add_post("/v1/fetch", handlers.fetch_many, expect_handler=expect)
     from .partitions import add_partition_routes  # (it builds on this module's helpers)
 
-    add_partition_routes(app, store, handlers.limits)
+    add_partition_routes(app, store, handlers.limits, expect)
     for add_routes in routes:
         add_routes(app)
     return app

@@ -164,3 +164,44 @@ def test_a_fetch_body_naming_a_field_twice_answers_400_naming_it(
     assert (error["error"], error["parameter"]) == ("bad_request", "body")
     assert error["message"] == f"{name} is given 2 times in one object; give it once"
     assert not tracebacks(caplog)
+
+
+FETCH_BODY = b'{"fetches": [{"topic": "plant/1/temp", "offset": 0}], "format": "jsonl", "max_records": 1}'
+
+
+def expect_continue(
+    port: int, authorization: bytes, expectation: bytes = b"100-continue"
+) -> tuple[bytes, bytes]:
+    """What the API answers to a fetch's headers asking ``Expect``, then (when it invites the body) to the
+    body: the first answer and the rest."""
+    head = (
+        b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\n" + authorization + b"Expect: " + expectation + b"\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(FETCH_BODY)
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head)
+        first = sock.recv(65536)
+        rest = b""
+        if first.startswith(b"HTTP/1.1 100"):
+            sock.sendall(FETCH_BODY)
+            while more := sock.recv(65536):
+                rest += more
+    return first, rest
+
+
+def test_expect_100_continue_invites_the_body_of_an_admitted_reader_only(secured_api: ApiHarness):
+    """A stranger is answered 401 at once and never invited to send its body (RFC 9110, 10.1.1)."""
+    admitted = expect_continue(secured_api.port, b"Authorization: Bearer " + TOKEN.encode() + b"\r\n")
+    stranger = expect_continue(secured_api.port, b"")
+
+    assert admitted[0].startswith(b"HTTP/1.1 100 Continue") and admitted[1].startswith(b"HTTP/1.1 200")
+    assert stranger[0].startswith(b"HTTP/1.1 401") and stranger[1] == b""
+    assert json.loads(stranger[0].partition(b"\r\n\r\n")[2])["error"] == "unauthorized"
+
+
+def test_an_expectation_other_than_100_continue_answers_417_in_json(api: ApiHarness):
+    first, _ = expect_continue(api.port, b"", b"200-ok")
+
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 417") and b"application/json" in head
+    assert json.loads(body)["error"] == "expectation_failed"
