@@ -58,7 +58,10 @@ def retention_pass(
     for part in partitions:
         for segment in [s for s in part.segments if s.state == SEALED]:
             alive = False
-            for groups in _group_slices(segment):
+            for groups in _group_slices(part, segment):
+                if groups is None:
+                    alive = True  # groups it cannot read are not past retention
+                    break
                 for group in groups:
                     topic_id = group.topic_id
                     if topic_id >= len(table):
@@ -93,8 +96,8 @@ def retention_pass(
             continue
         dead: list[Segment] = []
         for segment in [s for s in part.segments if s in candidates and s.state == SEALED]:
-            for groups in _group_slices(segment):
-                if not _all_dead(part, segment, groups, table):
+            for groups in _group_slices(part, segment):
+                if groups is None or not _all_dead(part, segment, groups, table):
                     break
                 yield report
             else:
@@ -140,11 +143,25 @@ def _sealed_of(segment: Segment) -> SealedIndex:
     return sealed
 
 
-def _group_slices(segment: Segment) -> Iterator[list[Group]]:
-    """A sealed segment's groups, `SLICE_GROUPS` at a time (one pread each)."""
+def _group_slices(part: PartitionLog, segment: Segment) -> Iterator[list[Group] | None]:
+    """A sealed segment's groups, `SLICE_GROUPS` at a time (one pread each); then None if its index holds
+    fewer groups than its header says (cut or damaged since it was sealed): the segment is to be kept."""
     sealed = _sealed_of(segment)
     for first in range(0, sealed.groups, SLICE_GROUPS):
-        yield sealed.groups_from(first, SLICE_GROUPS)
+        groups = sealed.groups_from(first, SLICE_GROUPS)
+        if len(groups) < min(SLICE_GROUPS, sealed.groups - first):
+            log.error(
+                "retention keeps segment %d of partition %d: its sealed index %s holds %d of its %d groups "
+                "(cut or damaged since it was sealed)",
+                segment.number,
+                part.number,
+                sealed.path,
+                first + len(groups),
+                sealed.groups,
+            )
+            yield None
+            return
+        yield groups
 
 
 def _all_dead(part: PartitionLog, segment: Segment, groups: list[Group], table: TopicTable) -> bool:

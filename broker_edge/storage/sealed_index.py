@@ -474,10 +474,12 @@ class SealedIndex:
         return int.from_bytes(data, "little") if len(data) == 4 else -1
 
     def groups_from(self, first: int, count: int) -> list[Group]:
-        """Groups `first .. first + count - 1` (fewer at the end): one pread, a slice of a long walk."""
+        """Groups `first .. first + count - 1` (fewer at the end, or where the file was cut): one pread, a
+        slice of a long walk."""
         count = max(0, min(count, self.groups - first))
         data = self.pool.pread(self.path, GROUP.size * count, self._groups_at + first * GROUP.size)
-        return [Group(*fields) for fields in GROUP.iter_unpack(data)]
+        whole = len(data) - len(data) % GROUP.size
+        return [Group(*fields) for fields in GROUP.iter_unpack(memoryview(data)[:whole])]
 
     def all_groups(self) -> list[Group]:
         """Every group (retention, the sealer applying the segment): one pread of the groups."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from broker_edge.storage import LogStore, OffsetOutOfRange, StorageConfig
 from broker_edge.storage.retention import SLICE_GROUPS
+from broker_edge.storage.sealed_index import GROUP, HEADER
 from tests.unit.broker_edge.storage.log_helpers import (
     BASE_TIME_MS,
     assert_matches,
@@ -242,3 +244,27 @@ async def _cpu_per_loop_turn(work) -> list[float]:
         gc.enable()
     await task
     return turns
+
+
+@pytest.mark.parametrize("cut", [0, GROUP.size // 2])
+def test_a_segment_whose_sealed_index_reads_short_is_not_deleted(tmp_path: Path, cut: int):
+    """A sealed index cut while the broker runs (groups missing at the end of the file) is never taken for a
+    segment of fewer groups: retention deleted the segment once the groups it could read were past
+    retention, with the records of the topics whose groups it could not read (not expired)."""
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=1000))
+    store.open()
+    store.append("expired", make_record(0, timestamp_ms=BASE_TIME_MS))
+    store.append("kept", make_record(1, timestamp_ms=BASE_TIME_MS + 10_000))
+    store.flush()
+    _fill(store, "filler", until_segments=2)
+    store.wait_sealed()
+    first = store.partition_logs[0].segments[0]
+    index = tmp_path / "log" / "00" / f"{first.number:020d}.index"
+    groups_at = HEADER.size + 4 * len(first.sealed.summary)
+    os.truncate(index, groups_at + GROUP.size + cut)  # only the group of "expired" (topic id 0) is whole
+
+    store.apply_retention(now_ms=BASE_TIME_MS + 5000)
+
+    assert first in store.partition_logs[0].segments
+    assert store.start_offset("kept") == 0
+    store.close()
