@@ -182,6 +182,10 @@ def reader_authenticator(tokens: ReaderTokens | None) -> Authenticator:
     def authenticate(request: web.Request) -> Access:
         if tokens is None:
             return EVERYONE
+        given = request.headers.getall("Authorization", ())
+        if len(given) > 1:  # (one field, RFC 9110 5.3: which of them a proxy read is anyone's guess)
+            message = f"Authorization is given {len(given)} times; give it once"
+            raise ApiError(400, codes.BAD_REQUEST, message, close=True)
         access = tokens.access(request.headers.get("Authorization"))
         if access is None:
             raise ApiError(401, codes.UNAUTHORIZED, "missing or invalid bearer token")

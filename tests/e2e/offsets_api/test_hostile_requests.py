@@ -205,3 +205,23 @@ def test_an_expectation_other_than_100_continue_answers_417_in_json(api: ApiHarn
     head, _, body = first.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 417") and b"application/json" in head
     assert json.loads(body)["error"] == "expectation_failed"
+
+
+@pytest.mark.parametrize("second", [b"Bearer wrong", TOKEN.encode()], ids=["then-wrong", "twice"])
+def test_a_request_with_two_authorization_headers_answers_400(secured_api: ApiHarness, second: bytes):
+    """Authorization is one field (RFC 9110, 5.3): of two, one would be read and the other ignored, and
+    which one a proxy on the way read is anyone's guess."""
+    request = (
+        b"GET /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
+        b"Authorization: "
+        + (b"Bearer " + second if not second.startswith(b"Bearer") else second)
+        + b"\r\n\r\n"
+    )
+
+    status, _, body = answer_to(secured_api.port, request)
+
+    assert status == 400
+    assert json.loads(body) == {
+        "error": "bad_request",
+        "message": "Authorization is given 2 times; give it once",
+    }
