@@ -238,10 +238,10 @@ class ClusterSessions:
             if over_quota:
                 return "session_quota"  # checked before the session leaves the broker holding it
             if current is None:  # no record was there: the session, if any, is this node's own
-                state, left_behind = await self._bring_here(None, client_id, claim.clean_start)
+                state, left_behind, saved = await self._bring_here(None, client_id, claim.clean_start)
             else:
                 record, revision = current
-                state, left_behind = await self._bring_here(record, client_id, claim.clean_start)
+                state, left_behind, saved = await self._bring_here(record, client_id, claim.clean_start)
                 persistent_state = state if claim.expiry_interval > 0 else None
                 claimed = replace(
                     claimed,
@@ -263,7 +263,7 @@ class ClusterSessions:
         self.owned[client_id] = claimed.generation
         self._saved.pop(client_id, None)
         if state is not None and not claim.clean_start:
-            self._restore(state)
+            self._restore(state, saved)
         now = time.time()
         if left_behind is not None and (claim.clean_start or left_behind.due(now) <= now):
             # its session ends now, or its delay has passed: published once, here (a new connection
@@ -318,8 +318,9 @@ class ClusterSessions:
 
     async def _bring_here(
         self, record: SessionRecord | None, client_id: str, clean_start: bool
-    ) -> tuple[dict[str, Any] | None, SavedWill | None]:
-        """Make this node the only holder of the session: ``(state to restore, will its dead holder left)``.
+    ) -> tuple[dict[str, Any] | None, SavedWill | None, bool]:
+        """Make this node the only holder of the session: ``(state to restore, will its dead holder left,
+        whether the state is one saved earlier rather than handed over now)``.
 
         Held by another live member: it hands the session over (or discards it, for a clean start). Held
         by a node that is no longer a member: its saved state. Held here: a connection still open is taken
@@ -333,22 +334,22 @@ class ClusterSessions:
                 try:
                     held, state = await self._take_over(record.node, client_id, clean_start)
                     if held or clean_start:
-                        return state, None
-                    return record.state, None  # it restarted without the session: what it saved
+                        return state, None, False
+                    return record.state, None, True  # it restarted without the session: what it saved
                 except PeerLinkDown:
                     if not clean_start and record.node in self.view.members:
                         raise  # alive as far as etcd knows, and not answering: the client retries
             # the holder died: what it saved last (a clean start discards it, and ends its will's wait)
-            return (None if clean_start else record.state), record.will
+            return (None if clean_start else record.state), record.will, True
         if local is not None:
             if local.connection is not None:
                 _disconnect_taken_over(local.connection)
             if clean_start:
                 self._discard_local(client_id, fire_will=True)
-            return None, None
+            return None, None, False
         if record is not None and not clean_start:
-            return record.state, None  # held here, and lost in a crash since
-        return None, None
+            return record.state, None, True  # held here, and lost in a crash since
+        return None, None, False
 
     async def _take_over(
         self, node: str, client_id: str, clean_start: bool
@@ -375,9 +376,10 @@ class ClusterSessions:
         state = answer.get("state")
         return bool(answer.get("held")), state if isinstance(state, dict) else None
 
-    def _restore(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any], saved: bool) -> None:
         """Put a session from elsewhere into the router; the CONNECT resuming it at once gives it its
-        Session Expiry Interval (until then it must not expire)."""
+        Session Expiry Interval (until then it must not expire). A ``saved`` state (its holder died) reads
+        the topics created since from their start, wherever they are."""
         broker = self.broker
         acl = broker.acl
         try:
@@ -393,7 +395,7 @@ class ClusterSessions:
             log.error("a session handed over could not be restored (%s); it starts empty", exc)
             return
         session = broker.router.sessions.get(state.get("client_id", ""))
-        if session is not None:
+        if saved and session is not None:  # (a state handed over now names every topic there is)
             self._read_topics_created_since(session)
 
     def _read_topics_created_since(self, session: Session) -> None:
