@@ -9,7 +9,8 @@ guard:
   closed; when every open connection has authenticated or is busy, the new one is answered 503 (a JSON
   error) and closed. So strangers holding connections open cannot keep readers out: they only push each
   other out. (A member of a cluster has its own endpoint, which strangers cannot even finish a TLS
-  handshake with.)
+  handshake with.) With TLS, at most ``max_connections`` handshakes are in progress besides: a socket
+  accepted beyond them is closed at once and counted as refused, so silent sockets hold no more.
 - **Time.** A connection must deliver each request's headers within ``request_timeout_s`` of its first
   byte (or of the connection opening), and a TLS client its handshake, or it is closed; an idle kept-alive
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
@@ -99,6 +100,10 @@ class _Guard:
         """Connections closed because a request (or a TLS handshake) did not arrive in time."""
         self.stalled = 0
         """Connections aborted because their peer took nothing written to them for ``send_timeout_s``."""
+
+    def refused_handshake(self) -> None:
+        """A socket closed at accept: ``max_connections`` TLS handshakes were in progress."""
+        self.refused += 1
 
     def admit(self) -> bool:
         """Whether a new connection may open: there is room, or an idle connection that never authenticated
@@ -425,6 +430,8 @@ async def start_guarded_site(
                 on_tls_failure or (lambda _peer, _reason, _error: None),
                 sock=sock,
                 reuse_port=reuse_port,
+                room=lambda: max_connections,
+                on_full=lambda _peer: guard.refused_handshake(),
             )
         elif sock is None:
             server = await loop.create_server(

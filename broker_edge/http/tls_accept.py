@@ -9,8 +9,11 @@ listeners (``transports.tcp``) and the HTTPS sites of the guard (``http.guard``:
 API and admin endpoints with TLS) serve this way.
 
 Accepting costs one task for the listener and one per handshake in progress (until it ends, within the
-handshake timeout). A process out of descriptors (EMFILE, ENFILE) pauses accepting for ``ACCEPT_PAUSE_S``,
-as asyncio's own servers do, the connections waiting in the kernel's backlog meanwhile.
+handshake timeout). Handshakes in progress are bounded by ``room()`` (what the listener's connection limit
+leaves): a socket accepted beyond it is closed at once and told to ``on_full(peer)``, so silent sockets
+that never send a ClientHello hold no more descriptors than the limit allows. A process out of
+descriptors (EMFILE, ENFILE) pauses accepting for ``ACCEPT_PAUSE_S``, as asyncio's own servers do, the
+connections waiting in the kernel's backlog meanwhile.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable
 
 from broker_edge.process.sockets import listening_sockets
 
-__all__ = ["ACCEPT_PAUSE_S", "HandshakeFailure", "TlsServer", "failure_reason", "start_tls_server"]
+__all__ = ["ACCEPT_PAUSE_S", "Full", "HandshakeFailure", "TlsServer", "failure_reason", "start_tls_server"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ ACCEPT_BATCH = 100
 
 HandshakeFailure = Callable[[str, str, BaseException], None]
 """``on_failure(peer "host:port", reason, error)``: a handshake failed (``reason``: ``failure_reason``)."""
+Full = Callable[[str], None]
+"""``on_full(peer "host:port")``: a socket was closed at accept, the handshakes in progress at ``room()``."""
 
 
 def failure_reason(error: BaseException) -> str:
@@ -64,8 +69,12 @@ class TlsServer:
         handshake_timeout_s: float,
         on_failure: HandshakeFailure,
         serving: bool = True,
+        room: Callable[[], int] | None = None,
+        on_full: Full | None = None,
     ) -> None:
         self.sockets = sockets
+        self._room = room
+        self._on_full = on_full
         self._protocol_factory = protocol_factory
         self._ssl_context = ssl_context
         self._handshake_timeout_s = handshake_timeout_s
@@ -115,6 +124,11 @@ class TlsServer:
                 self._start_handshake(conn, address)
 
     def _start_handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
+        if self._room is not None and len(self._handshakes) >= self._room():
+            conn.close()
+            if self._on_full is not None:
+                self._on_full(_peer(address))
+            return
         conn.setblocking(False)
         task = asyncio.get_running_loop().create_task(self._handshake(conn, address))
         self._handshakes.add(task)
@@ -131,8 +145,11 @@ class TlsServer:
             )
         except (OSError, TimeoutError) as error:
             conn.close()
-            peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
-            self._on_failure(peer, failure_reason(error), error)
+            self._on_failure(_peer(address), failure_reason(error), error)
+
+
+def _peer(address: tuple[str, int] | str) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 async def start_tls_server(
@@ -146,11 +163,16 @@ async def start_tls_server(
     sock: socket.socket | None = None,
     reuse_port: bool = False,
     serving: bool = True,
+    room: Callable[[], int] | None = None,
+    on_full: Full | None = None,
 ) -> TlsServer:
     """Listen on every address of ``host:port``, as ``loop.create_server`` does (or on the listening
     ``sock``; ``reuse_port``: shared with other processes), and serve TLS connections (``serving=False``:
-    once ``start_serving`` is called); ``OSError`` if it cannot bind."""
+    once ``start_serving`` is called); ``OSError`` if it cannot bind. ``room()``: how many handshakes may
+    be in progress now (None: any number); a socket beyond it is closed and told to ``on_full``."""
     if sock is not None:
         sock.setblocking(False)
     sockets = [sock] if sock is not None else listening_sockets(host, port, backlog, reuse_port)
-    return TlsServer(sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure, serving)
+    return TlsServer(
+        sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure, serving, room, on_full
+    )

@@ -7,7 +7,9 @@ write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so ``pause_wri
 subscriber exactly when its unsent bytes pass that bound. TLS listeners accept their sockets themselves
 (``http.tls_accept``), the handshake bounded by the CONNECT timeout, so that a failed handshake is
 known with its peer and reason: counted (``tls_error``, and ``tls_handshake_failures_total`` by listener
-and reason) and logged as a refusal (``report_tls_failures``).
+and reason) and logged as a refusal (``report_tls_failures``). Sockets in their handshake count against
+``limits.max_connections`` with the connections open (``tls_room``), as a plain TCP socket that has not
+sent its CONNECT does: one beyond it is closed at accept and counted as a ``max_connections`` refusal.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.connection.terms import ListenerRuntime
     from broker_edge.engine.handlers.context import BrokerContext
     from broker_edge.protocol.packets import Connect
+    from broker_edge.security.limits import ConnectionAdmission
 
 __all__ = [
     "BACKLOG",
@@ -46,6 +49,7 @@ __all__ = [
     "report_tls_failures",
     "start_accepting",
     "start_tcp_listener",
+    "tls_room",
 ]
 
 _log = logging.getLogger("broker_edge.connection")
@@ -58,6 +62,18 @@ class TurnsHost(Protocol):
     """What a TCP connection reads of its broker besides ``ConnectionHost``: the loop's read turns."""
 
     read_turns: ReadTurns
+
+
+class AdmittingHost(Protocol):
+    """What a TLS listener reads of its broker besides ``ConnectionHost``: its connection admission."""
+
+    admission: ConnectionAdmission
+
+
+def tls_room(broker: ConnectionHost) -> int:
+    """How many TLS handshakes may be in progress on a listener: ``limits.max_connections`` less the
+    connections open, all listeners together."""
+    return broker.config.limits.max_connections - cast(AdmittingHost, broker).admission.active
 
 
 class TcpConnection(StreamConnection):
@@ -250,6 +266,8 @@ async def start_tcp_listener(
             BACKLOG,
             reuse_port=config.reuse_port,
             serving=serving,
+            room=lambda: tls_room(broker),
+            on_full=lambda _peer: broker.counters.refused("max_connections"),
         )
     return await asyncio.get_running_loop().create_server(
         lambda: TcpConnection(broker, listener),
