@@ -83,6 +83,33 @@ class TopicFormat:
         return f"{NAMESPACE}/{'+' if group == '{group_id}' else group}/#"
 
 
+def check_sparkplug_groups(topic_template: str, formats: Sequence[TopicFormat]) -> None:
+    """No telemetry template (``topic_template``, or another format's entry) in a Sparkplug B group a
+    ``sparkplug_b`` entry reads: its payloads would be read twice, as readings (every one quarantined) and
+    by the Sparkplug B query."""
+    groups = {
+        entry.topic_template.split("/")[1]: index
+        for index, entry in enumerate(formats)
+        if entry.format == "sparkplug_b"
+    }
+    templates = {"topic_template": topic_template} | {
+        f"formats[{index}].topic_template": entry.topic_template
+        for index, entry in enumerate(formats)
+        if entry.format != "sparkplug_b"
+    }
+    for key, template in templates.items():
+        levels = template.split("/")
+        if levels[0] != NAMESPACE or len(levels) < 2:
+            continue
+        for group, index in groups.items():
+            if group == "{group_id}" or group == levels[1] or levels[1].startswith("{"):
+                raise ConfigError(
+                    key,
+                    f"its topics are in the Sparkplug B group(s) formats[{index}] reads: "
+                    "their payloads would be read twice, once as readings",
+                )
+
+
 def check_formats(formats: Sequence[TopicFormat], path: str = "formats", whole: str | None = None) -> None:
     """No topic template twice (which format would win?); the first is named by ``whole``, the list's key
     from the file's top (``path`` is the key the error is raised at, which a loader may prefix)."""

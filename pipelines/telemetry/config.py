@@ -17,7 +17,7 @@ from typing import Any, Literal
 from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from pipelines.maintenance.config import MaintenanceConfig
-from pipelines.payloads.config import TopicFormat, check_formats, field_formats
+from pipelines.payloads.config import TopicFormat, check_formats, check_sparkplug_groups, field_formats
 from pipelines.payloads.formats import FieldFormat
 from pipelines.spark_interval import interval_ms
 from pipelines.supervisor import RestartConfig
@@ -191,6 +191,7 @@ class PayloadConfig:
                 TopicTemplate(entry.topic_template)
             except ValueError as exc:
                 raise ConfigError(f"formats[{index}].topic_template", str(exc)) from None
+        check_sparkplug_groups(self.topic_template, self.formats)
         if not self.fields:
             raise ConfigError("fields", "declare at least one payload field")
         for name, type_name in self.fields.items():

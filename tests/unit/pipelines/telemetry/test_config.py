@@ -106,6 +106,26 @@ def test_empty_section_means_defaults():
             {"payload": {"formats": [{"topic_template": "d/{device_id}", "format": "protobuf"}]}},
             "telemetry.payload.formats[0].protobuf",
         ),
+        (  # a template in a Sparkplug B group the sparkplug_b entry reads: its payloads read twice
+            {
+                "payload": {
+                    "topic_template": "spBv1.0/{site}/NDATA/{device_id}",
+                    "formats": [{"topic_template": "spBv1.0/{group_id}", "format": "sparkplug_b"}],
+                }
+            },
+            "telemetry.payload.topic_template",
+        ),
+        (
+            {
+                "payload": {
+                    "formats": [
+                        {"topic_template": "spBv1.0/plant1", "format": "sparkplug_b"},
+                        {"topic_template": "spBv1.0/plant1/DDATA/gw/{device_id}", "format": "cbor"},
+                    ]
+                }
+            },
+            "telemetry.payload.formats[1].topic_template",
+        ),
         (
             {
                 "payload": {
