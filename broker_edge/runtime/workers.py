@@ -380,7 +380,10 @@ class Member:
         os.set_blocking(reports, False)
         self.reports, self.serving, self.reload_due, self.heard_at = reports, False, False, None
         self.pid, self.started_at, self.start_at = pid, time.monotonic(), None
-        self.pid_file.write_text(f"{pid}\n")
+        try:  # information only: a full disk must not end the command
+            self.pid_file.write_text(f"{pid}\n")
+        except OSError as error:
+            log.warning("member %s is pid %d: %s not written (%s)", self.node, pid, self.pid_file, error)
 
     def reload(self) -> None:
         """SIGHUP to its process (one that serves): it reads its files and certificates again."""

@@ -443,3 +443,32 @@ def test_started_again_while_members_of_a_killed_command_still_run_names_them(tm
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)  # its SIGTERM, pending, stops it
     wait_until(lambda: not any(_alive(pid) for pid in pids.values()), 30, "the members stopped")
+
+
+def test_a_member_started_again_on_a_full_disk_leaves_its_pid_file_and_serves(tmp_path):
+    """A member crashing while its disk is full (no room for its ``w<n>.pid``; here a directory in its
+    place) ended the command with 'cannot start: [Errno 28] No space left on device', every member with it.
+    The pid file is only information: a WARNING says it was not written, and the member starts again."""
+    port = free_ports(1)[0]
+    config = write_config(tmp_path, port)
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config), "--workers", "2"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes(), 60, "both members serving")
+        pid_file = tmp_path / "data" / "workers" / "w1.pid"
+        w1 = int(pid_file.read_text())
+        pid_file.unlink()
+        pid_file.mkdir()
+        os.kill(w1, signal.SIGKILL)
+        wait_until(lambda: log.read_text().count("broker started:") >= 3, 60, "w1 started again")
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert f"{pid_file} not written" in log.read_text()
+    finally:
+        stop_workers(process)
+    assert process.returncode == 0, log.read_text()[-3000:]
