@@ -72,14 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between two attempts to connect again once the connection is lost (default 1)",
     )
+    parser.add_argument("--username", help="the user name to log in with (default: none, anonymous)")
+    parser.add_argument(
+        "--password-file",
+        type=password_file,
+        help="a file holding the password of --username (its first line)",
+    )
     return parser
+
+
+def password_file(text: str) -> bytes:
+    """The password in the file ``text`` names: its first line, without the line's end."""
+    try:
+        with open(text, "rb") as file:
+            return file.readline().rstrip(b"\r\n")
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {error.strerror}") from None
 
 
 def host_of(args: argparse.Namespace) -> SparkplugHost:
     """The host application the command line asks for."""
     host, port = args.broker
     return SparkplugHost(
-        host, port, args.host_id, rebirth_interval_s=args.rebirth_interval, retry_s=args.reconnect_delay
+        host,
+        port,
+        args.host_id,
+        rebirth_interval_s=args.rebirth_interval,
+        retry_s=args.reconnect_delay,
+        username=args.username,
+        password=args.password_file,
     )
 
 

@@ -75,9 +75,13 @@ class SparkplugHost:
         rebirth_interval_s: float = 30.0,
         keep_alive_s: int = 30,
         retry_s: float = 1.0,
+        username: str | None = None,
+        password: bytes | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.address = (host, port)
+        self.login = (username, password)
+        """The user name and password it connects with (none: anonymous)."""
         self.host_id = host_id
         self.topic = state_topic(host_id)
         self.rebirth_interval_s = rebirth_interval_s
@@ -116,6 +120,8 @@ class SparkplugHost:
             session_expiry_s=0,
             keep_alive=self.keep_alive_s,
             will=will,
+            username=self.login[0],
+            password=self.login[1],
         )
         self._lost = asyncio.Event()
         self.client.on_disconnect = lambda _: self._lost.set()

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from broker_edge.security.auth import PasswordFile
 from pipelines.cli import main
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
 from pipelines.payloads.sparkplug.messages import read_payload
 from pipelines.payloads.sparkplug.schema import payload_class
+from pipelines.sparkplug_host.cli import build_parser, host_of
 from pipelines.sparkplug_host.host import SparkplugHost
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.payloads.test_sparkplug_broker import edge_node, expect
@@ -429,6 +431,41 @@ def test_data_naming_an_alias_its_birth_did_not_define_brings_a_rebirth_request(
         node.publish("spBv1.0/plant1/DDATA/gw9/pump", unknown, 0)
         [request] = await expect(commands, 1)
         assert request.topic == "spBv1.0/plant1/NCMD/gw9"
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_host_with_an_exempt_account_asks_more_nodes_for_a_rebirth_than_a_clients_topic_quota(
+    start_broker, tmp_path
+):
+    """Each rebirth request is a topic the host's client creates (the broker logs the Sparkplug B
+    namespace), and limits.max_topics_per_client (1000 by default) refused the NCMDs to nodes past it,
+    at QoS 0 without a word; with no way to log in, the host could not be the exempt account the limit
+    leaves out. ``--username`` and ``--password-file`` log it in."""
+    passwords = tmp_path / "passwd"
+    PasswordFile.set_password(passwords, "scada", "pw-scada", create=True)
+    PasswordFile.set_password(passwords, "gateway", "pw-gateway")
+    (tmp_path / "scada.password").write_text("pw-scada\n")
+    broker = start_broker(
+        listeners=[{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
+        auth={"password_file": str(passwords)},
+        limits={"max_topics_per_client": 3, "exempt_users": ["scada"]},
+    )
+    commands = PahoClient(broker.port, "commands", username="gateway", password="pw-gateway")
+    commands.subscribe("spBv1.0/+/NCMD/#", 0)
+    nodes = [PahoClient(broker.port, f"gw{n}", username="gateway", password="pw-gateway") for n in range(5)]
+    argv = ["--broker", f"127.0.0.1:{broker.port}", "--host-id", "scada", "--username", "scada"]
+    args = build_parser().parse_args([*argv, "--password-file", str(tmp_path / "scada.password")])
+
+    async def scenario() -> None:
+        sparkplug = host_of(args)
+        await sparkplug.start()
+        data = encode([MetricOut(1.0, "Double", alias=1, with_datatype=False)], timestamp_ms=1, seq=1)
+        for n, node in enumerate(nodes):
+            node.publish(f"spBv1.0/plant1/NDATA/gw{n}", data, 0)
+        requests = await expect(commands, 5)
+        assert sorted(r.topic for r in requests) == [f"spBv1.0/plant1/NCMD/gw{n}" for n in range(5)]
         await sparkplug.stop()
 
     asyncio.run(scenario())

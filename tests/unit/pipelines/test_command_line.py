@@ -143,6 +143,10 @@ HOST = ["sparkplug-host", "--broker", "127.0.0.1:9"]
         ([*HOST, "--host-id", ""], "a host id is not empty"),
         ([*HOST, "--host-id", "é" * 32_761], "a host id is at most 65520 bytes of UTF-8, got 65522"),
         ([*HOST, "--host-id", os.fsdecode(b"a\xffb")], "a host id is UTF-8 text, got 'a\\udcffb'"),
+        (
+            [*HOST, "--password-file", "/nonexistent/pw"],
+            "cannot read /nonexistent/pw: No such file or directory",
+        ),
         ([*HOST, "--rebirth-interval", "nan"], "expected seconds, 0 or more, got 'nan'"),
         ([*HOST, "--rebirth-interval", "-1"], "expected seconds, 0 or more, got '-1'"),
         ([*HOST, "--reconnect-delay", "0"], "expected seconds, more than 0, got '0'"),
