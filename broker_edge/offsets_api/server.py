@@ -100,7 +100,12 @@ log = logging.getLogger(__name__)
 LIST_CHUNK = 1024
 """Logs listed between two yields to the event loop (about 4 ms of CPU: their `LogInfo`s, JSON and write)."""
 SLICE_S = 0.002
-"""Work a multi-topic fetch does between two yields to the event loop."""
+"""Work a multi-topic fetch, or a read of many records, does between two yields to the event loop."""
+READ_SLICE = 1024
+"""Records read at a time (``read_in_slices``): a few milliseconds of CPU at most, their checks mostly."""
+INLINE_RECORDS = 1024
+"""Answers of more records are built in a thread of the loop's executor (100,000 records' JSON lines took
+the loop for most of a second)."""
 
 
 def forbidden(topic: str, access: Access) -> ApiError:
@@ -477,12 +482,12 @@ class _Handlers:
         read = self.store.read_runs if output == "arrow" else self.store.read
         share = self._share([topic], max_bytes)
         hold(request, share)  # what the read and the answer built from it may hold
-        records = read(topic, offset, max_records, max_bytes)
+        records = await read_in_slices(read, topic, offset, max_records, max_bytes)
         if not records and wait_ms:
             settle(request, 0)  # nothing is held while it waits
             await self._wait_for_data({topic: offset}, wait_ms)
             hold(request, self._share([topic], max_bytes))
-            records = read(topic, offset, max_records, max_bytes)
+            records = await read_in_slices(read, topic, offset, max_records, max_bytes)
         info = self.store.log_info(topic)
         count, next_offset = _count_and_next(records, offset)
         positions = {
@@ -496,14 +501,8 @@ class _Handlers:
             END_OFFSET_HEADER: str(info.end_offset),
             RECORD_COUNT_HEADER: str(count),
         }
-        if output == "arrow":
-            metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
-            runs = cast("list[FrameRun]", records)  # read_runs above
-            body: Any = _arrow_body([(topic, runs)], metadata)
-        elif output == "jsonl":
-            body = jsonl_body(jsonl_record(topic, record) for record in cast("list[Record]", records))
-        else:
-            body = frames_body(cast("list[Record]", records))
+        metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
+        body = await _built(count, _records_body, output, topic, records, metadata)
         return web.Response(body=body, headers=headers, content_type=FORMATS[output])
 
     async def fetch_many(self, request: web.Request) -> web.Response:
@@ -524,9 +523,8 @@ class _Handlers:
             # built in a thread (the runs hold immutable bytes): 10,000 topics' rows are many milliseconds
             body: Any = await asyncio.get_running_loop().run_in_executor(None, _arrow_body, chunks, metadata)
         else:
-            lines = [{"results": results}]
-            lines += [jsonl_record(topic, record) for topic, records in chunks for record in records]
-            body = jsonl_body(lines)
+            count = sum(result.get("records", 0) for result in results.values())
+            body = await _built(count, _batch_lines, results, chunks)
         return web.Response(body=body, content_type=FORMATS[output])
 
     async def _json_body(self, request: web.Request) -> dict:
@@ -600,7 +598,11 @@ class _Handlers:
             info = self._info(fetch.topic)
             offset = positions[fetch.topic] = _resolve_offset(fetch.offset, info)
             try:
-                records = read(fetch.topic, offset, fetch.max_records, budget) if budget > 0 else []
+                records = (
+                    await read_in_slices(read, fetch.topic, offset, fetch.max_records, budget)
+                    if budget > 0
+                    else []
+                )
             except (UnknownTopic, OffsetOutOfRange, CorruptRecord) as error:
                 api_error = api_error_for(error)
                 assert api_error is not None
@@ -626,6 +628,62 @@ class _Handlers:
                 "records": count,
             }
         return chunks, results, positions
+
+
+async def read_in_slices(
+    read: Callable[[str, int, int, int], list[Any]], topic: str, offset: int, max_records: int, max_bytes: int
+) -> list[Any]:
+    """What ``read(topic, offset, max_records, max_bytes)`` (``LogStore.read`` or ``read_runs``) returns,
+    read ``READ_SLICE`` records at a time with the event loop served between slices (every ``SLICE_S`` of
+    work): 100,000 records read whole held MQTT up for a few hundred milliseconds. Only the first slice
+    may pass ``max_bytes`` (with its one record); an error met after some records (retention, a damaged
+    record) ends the read there, and the next read from its end says it."""
+    items: list[Any] = []
+    slice_end = time.monotonic() + SLICE_S
+    while max_records > 0 and max_bytes > 0:
+        try:
+            got = read(topic, offset, min(max_records, READ_SLICE), max_bytes)
+        except (OffsetOutOfRange, CorruptRecord):
+            if items:
+                return items
+            raise
+        size = sum(item.size for item in got)
+        if not got or (items and size > max_bytes):  # the end, or a record over what is left
+            return items
+        items += got
+        count, offset = _count_and_next(got, offset)
+        max_records -= count
+        max_bytes -= size
+        if time.monotonic() >= slice_end:
+            await asyncio.sleep(0)
+            slice_end = time.monotonic() + SLICE_S
+    return items
+
+
+async def _built(count: int, build: Callable[..., Any], *args: Any) -> Any:
+    """``build(*args)``: at once for an answer of a few records, else in a thread of the loop's executor
+    (the records it reads hold immutable bytes)."""
+    if count <= INLINE_RECORDS:
+        return build(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, build, *args)
+
+
+def _records_body(
+    output: str, topic: str, records: Sequence[Any], metadata: Mapping[bytes, bytes]
+) -> memoryview | bytes:
+    """The body of a topic's read in ``output`` (its ``metadata`` goes into an Arrow stream)."""
+    if output == "arrow":
+        return _arrow_body([(topic, cast("list[FrameRun]", records))], metadata)
+    if output == "jsonl":
+        return jsonl_body(jsonl_record(topic, record) for record in cast("list[Record]", records))
+    return frames_body(cast("list[Record]", records))
+
+
+def _batch_lines(results: dict[str, dict[str, Any]], chunks: Sequence[tuple[str, list[Record]]]) -> bytes:
+    """A batch fetch's JSON lines: its results, then every topic's records."""
+    lines = [{"results": results}]
+    lines += [jsonl_record(topic, record) for topic, records in chunks for record in records]
+    return jsonl_body(lines)
 
 
 def _readable_topic(request: web.Request) -> str:
