@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 SLICE_GROUPS = 4096
 """Groups looked at between two yields of a pass."""
 
+_NO_GROUP = 2**63
+
 
 @dataclass(slots=True)
 class RetentionReport:
@@ -51,18 +53,31 @@ def retention_pass(
     now_ms: int,
     delete: Callable[[PartitionLog, list[Segment]], None],
     size_limits: bool,
+    shortest_ms: int | None = None,
 ) -> Iterator[RetentionReport]:
-    """One pass over every partition; yields the report so far after each slice (the last yield is final)."""
+    """One pass over every partition; yields the report so far after each slice (the last yield is final).
+
+    `shortest_ms`, the shortest `retention_ms` of any log (None: judge every sealed segment), spares reading
+    the groups of a segment whose groups' oldest newest time, kept from the pass that read them all, is not
+    past it: none of them can be past retention by age (a sealed segment's groups never change)."""
     report = RetentionReport()
     touched: dict[int, set[Segment]] = {}
+    young_from = None if shortest_ms is None else now_ms - shortest_ms
     for part in partitions:
         for segment in [s for s in part.segments if s.state == SEALED]:
-            alive = False
+            known = segment.oldest_group_ms
+            if young_from is not None and known is not None and known >= young_from:
+                continue
+            alive, whole = False, True
+            oldest = _NO_GROUP
             for groups in _group_slices(part, segment):
                 if groups is None:
                     alive = True  # groups it cannot read are not past retention
+                    whole = False
                     break
                 for group in groups:
+                    if group.newest_time < oldest:
+                        oldest = group.newest_time
                     topic_id = group.topic_id
                     if topic_id >= len(table):
                         continue
@@ -75,6 +90,7 @@ def retention_pass(
                     else:
                         alive = True
                 yield report
+            segment.oldest_group_ms = oldest if whole else None
             if not alive and _sealed_of(segment).groups:
                 touched.setdefault(part.number, set()).add(segment)
     if size_limits:

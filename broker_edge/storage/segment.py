@@ -92,6 +92,7 @@ class Segment:
         "log_path",
         "newest_time",
         "number",
+        "oldest_group_ms",
         "open_index",
         "open_path",
         "pending",
@@ -132,6 +133,9 @@ class Segment:
         self.open_index: OpenIndex | None = None
         self.first_time = -(2**63)
         self.newest_time = -(2**63)
+        self.oldest_group_ms: int | None = None
+        """Sealed: the oldest newest time of its groups, once a retention pass read them all (None: not yet):
+        later passes read none of its groups while that is not past the shortest retention."""
 
     @property
     def row_count(self) -> int:

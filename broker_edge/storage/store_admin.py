@@ -64,7 +64,13 @@ class Admin(StoreState):
         )
         report = RetentionReport()
         for report in retention_pass(
-            self._partitions, self._table, self._log_config, now_ms, self._delete_segments, size_limits
+            self._partitions,
+            self._table,
+            self._log_config,
+            now_ms,
+            self._delete_segments,
+            size_limits,
+            self._shortest_age(),
         ):
             yield report
         if report.topics_moved:
@@ -80,6 +86,12 @@ class Admin(StoreState):
             log.info(
                 "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted
             )
+
+    def _shortest_age(self) -> int | None:
+        """The shortest `retention_ms` a log is kept under (None: no log has an age bound)."""
+        ages = [self.config.log_config(rule).retention_ms for rule in self.rules.rules]
+        finite = [age for age in (*ages, self.config.retention_ms) if age is not None]
+        return min(finite) if finite else None
 
     def _roll_old_segments(self, now_ms: int) -> None:
         """Roll each partition whose active segment is `segment_ms` old though no append came to roll it;

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import LogStore, OffsetOutOfRange, StorageConfig
+from broker_edge.storage import LogStore, OffsetOutOfRange, PersistRule, StorageConfig
 from broker_edge.storage.retention import SLICE_GROUPS
 from broker_edge.storage.sealed_index import GROUP, HEADER
 from tests.unit.broker_edge.storage.log_helpers import (
@@ -268,3 +268,34 @@ def test_a_segment_whose_sealed_index_reads_short_is_not_deleted(tmp_path: Path,
     assert first in store.partition_logs[0].segments
     assert store.start_offset("kept") == 0
     store.close()
+
+
+def test_a_pass_reads_no_groups_of_segments_too_young_to_hold_expired_records(tmp_path: Path):
+    """A pass reads again the groups of a segment only when one of them may be past the shortest retention
+    (their oldest newest time is kept from the pass that read them): every pass read every group of every
+    sealed segment, so a fleet's week of records (a group per topic and segment) cost each pass minutes of
+    the loop's CPU with nothing to delete. A rule of a short retention (of no log here) makes every segment
+    worth reading again, for comparison."""
+    costs = {}
+    short = PersistRule("short/#", retention_ms=1000)
+    for name, rules in (("young", [PersistRule("#")]), ("judged", [short, PersistRule("#")])):
+        store = LogStore(tmp_path / name, StorageConfig(segment_bytes=200_000, persist=rules))
+        store.open()
+        for round_number in range(8):
+            for number in range(SLICE_GROUPS):
+                store.append(f"fleet/device-{number}", make_record(round_number, timestamp_ms=BASE_TIME_MS))
+            store.flush()
+        store.wait_sealed()
+        assert len(store.partition_logs[0].segments) > 4
+        store.apply_retention(now_ms=BASE_TIME_MS + 60_000)  # reads every group once
+        gc.disable()
+        try:
+            began = time.thread_time()
+            report = store.apply_retention(now_ms=BASE_TIME_MS + 60_000)
+            costs[name] = time.thread_time() - began
+        finally:
+            gc.enable()
+        assert report.topics_moved == 0 and store.start_offset("fleet/device-0") == 0
+        store.close()
+
+    assert costs["young"] < costs["judged"] / 3, costs
