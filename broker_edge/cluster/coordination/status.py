@@ -250,7 +250,7 @@ def cluster_main(argv: list[str] | None = None) -> int:
     try:
         status = asyncio.run(read_status(urls, prefix, args.token, args.timeout, tls, auth))
     except EtcdError as exc:
-        print(f"timestone cluster status: {exc}{_tls_hint(tls)}", file=sys.stderr)
+        print(f"timestone cluster status: {exc}{_tls_hint(tls)}{_workers_hint(args)}", file=sys.stderr)
         return 1
     text = json.dumps(status.to_dict(), indent=2) if args.json else render(status, ",".join(urls))
     try:
@@ -268,6 +268,21 @@ def _tls_hint(tls: EtcdTlsConfig | None) -> str:
     if tls.certfile is None:
         return " (over TLS: does etcd ask for a client certificate? give --etcd-cert and --etcd-key)"
     return " (over TLS: did --etcd-cacert sign etcd's certificate, and etcd's CA --etcd-cert?)"
+
+
+def _workers_hint(args: argparse.Namespace) -> str:
+    """Whose etcd did not answer, when ``--config`` named no cluster: that of ``timestone broker --workers``,
+    which runs only while the command does (on a port free at its start)."""
+    if not args.config or args.etcd:
+        return ""
+    from broker_edge.settings.broker import load_broker_config
+
+    if load_broker_config(args.config).cluster is not None:
+        return ""
+    return (
+        f" (the etcd of timestone broker --workers --config {args.config}, which runs only with it: "
+        "is it running?)"
+    )
 
 
 def _etcd_settings(

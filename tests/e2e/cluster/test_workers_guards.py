@@ -472,3 +472,29 @@ def test_a_member_started_again_on_a_full_disk_leaves_its_pid_file_and_serves(tm
     finally:
         stop_workers(process)
     assert process.returncode == 0, log.read_text()[-3000:]
+
+
+def test_cluster_status_of_a_stopped_command_says_its_etcd_runs_only_with_it(tmp_path):
+    """Its etcd runs only while the command does: status of a stopped one said only 'Connection refused' of
+    an etcd URL the operator never gave; it now says whose etcd that is and asks whether it runs."""
+    config = write_config(tmp_path, free_ports(1)[0])
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config), "--workers", "2"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes(), 60, "both members serving")
+    finally:
+        stop_workers(process)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done
+    assert "timestone broker --workers" in done.stderr and "is it running?" in done.stderr, done.stderr
