@@ -264,7 +264,7 @@ class LimitsConfig:
     0 = unlimited."""
     messages_burst_per_client: int = 200
     """PUBLISHes one client may send at once above that rate."""
-    max_topics_per_client: int = 1_000
+    max_topics_per_client: int = 10_000
     """Topic logs one client id may create by publishing (v5: 0x97 beyond it); 0 = unlimited."""
     max_topics_per_identity: int = 10_000
     """Topic logs one user name (or, anonymous, one non-loopback address) may create, all its client ids

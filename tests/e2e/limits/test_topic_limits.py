@@ -230,3 +230,20 @@ def test_many_client_ids_of_one_user_share_its_topic_quota_and_leave_room_for_ot
     pipeline.connect("ota-engine", username="pipeline", password=b"pw-pipeline")
     assert [_publish(pipeline, f"actions/{n}", n + 1).reason_code for n in range(20)] == [0x10] * 20
     assert len(_logs(broker)) == 12 + 1 + 20
+
+
+def test_a_gateway_publishing_for_a_thousand_devices_has_every_topic_logged_by_default(brokers):
+    """A gateway (a Sparkplug B edge node: DBIRTH, DDATA and DDEATH per device) creates three logs per
+    device from one client id. The default per-client quota takes a gateway of a thousand devices, where
+    it refused every topic past the thousandth (at QoS 0 without a word to the gateway)."""
+    broker = brokers()
+    gateway = RawClient(broker.port, 5)
+    gateway.connect("edge-node-1")
+    topics = [f"spBv1.0/plant/{kind}/edge-node-1/d{n}" for n in range(1000) for kind in ("DBIRTH", "DDATA")]
+    topics += [f"spBv1.0/plant/DDEATH/edge-node-1/d{n}" for n in range(1000)]
+    gateway.send(b"".join(encode(Publish(topic, b"reading", 0), 5) for topic in topics))
+    gateway.send_packet(PingReq())
+    assert isinstance(gateway.recv(), PingResp)  # every publish before it was taken
+
+    assert broker.drops("topic_quota") == 0
+    assert len(_logs(broker)) == 3000

@@ -440,7 +440,7 @@ def test_a_host_with_an_exempt_account_asks_more_nodes_for_a_rebirth_than_a_clie
     start_broker, tmp_path
 ):
     """Each rebirth request is a topic the host's client creates (the broker logs the Sparkplug B
-    namespace), and limits.max_topics_per_client (1000 by default) refused the NCMDs to nodes past it,
+    namespace), and limits.max_topics_per_client (then 1000 by default) refused the NCMDs to nodes past it,
     at QoS 0 without a word; with no way to log in, the host could not be the exempt account the limit
     leaves out. ``--username`` and ``--password-file`` log it in."""
     passwords = tmp_path / "passwd"
