@@ -36,6 +36,7 @@ guard:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -341,17 +342,41 @@ def _budget_middleware(budget: MemoryBudget, is_member: Callable[[web.Request], 
                 body = response.body
                 if isinstance(body, bytes | bytearray | memoryview):
                     reservation.settle(memoryview(body).nbytes)
-                try:
-                    await response.prepare(request)
-                    await response.write_eof()
-                except ConnectionError:
-                    pass  # the client went away: aiohttp ends the request as it would have
+                response = await _send(request, response)
 
             return response
         finally:
             reservation.release()
 
     return within_budget
+
+
+WRITE_PIECE = 256 * 1024
+"""Bytes of an answer written at a time, each waiting for room on the connection (``_send``)."""
+
+
+async def _send(request: web.Request, response: web.Response) -> web.StreamResponse:
+    """Send ``response``; a body over ``WRITE_PIECE`` goes a piece at a time, each waiting for room on the
+    connection. Written whole, a TLS connection encrypts it whole into its socket's buffer at once: the
+    answer left the budget before the reader had it, and a reader that stopped reading left it there for
+    as long as its connection lived, its writing never paused (so never timed, ``send_timeout_s``)."""
+    body = response.body
+    whole = memoryview(body).cast("B") if isinstance(body, bytes | bytearray | memoryview) else None
+    if whole is None or whole.nbytes <= WRITE_PIECE or request.method == "HEAD":
+        with contextlib.suppress(ConnectionError):  # gone: aiohttp ends the request as it would have
+            await response.prepare(request)
+            await response.write_eof()
+        return response
+    stream = web.StreamResponse(status=response.status, reason=response.reason, headers=response.headers)
+    stream.content_length = whole.nbytes
+    if response.keep_alive is False:
+        stream.force_close()
+    with contextlib.suppress(ConnectionError):
+        await stream.prepare(request)
+        for start in range(0, whole.nbytes, WRITE_PIECE):
+            await stream.write(whole[start : start + WRITE_PIECE])  # (waits while writing is paused)
+        await stream.write_eof()
+    return stream
 
 
 class GuardedRunner:

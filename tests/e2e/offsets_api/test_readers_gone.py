@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import logging
 import socket
+import ssl
 import struct
 import time
 from pathlib import Path
@@ -17,8 +18,12 @@ from broker_edge.offsets_api.requests import ApiLimits
 from broker_edge.security.http_budget import MemoryBudget
 from broker_edge.storage import AppendRecord, LogStore
 from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record
+from tests.tls_certs import client_ssl_context, make_test_pki
 
 MIB = 1 << 20
+BIG_READ = f"/v1/logs/big/records?offset=0&max_bytes={25 * MIB}&format=frames"
+"""The whole 24 MiB of the ``big`` log: 24 of a 25 MiB budget."""
+ANOTHER_READ = f"/v1/logs/big/records?offset=0&max_bytes={2 * MIB}&format=frames"
 
 
 def status_of(harness: ApiHarness, target: str) -> int:
@@ -90,9 +95,8 @@ def big_log(tmp_path: Path):
 
 def test_an_answer_nobody_reads_is_dropped_and_frees_the_budget(big_log: ApiHarness, caplog):
     caplog.set_level(logging.DEBUG)
-    whole = f"/v1/logs/big/records?offset=0&max_bytes={25 * MIB}&format=frames"
-    stalled = reader_that_stops(big_log.port, whole)
-    another = f"/v1/logs/big/records?offset=0&max_bytes={2 * MIB}&format=frames"
+    stalled = reader_that_stops(big_log.port, BIG_READ)
+    another = ANOTHER_READ
     time.sleep(0.2)
     assert status_of(big_log, another) == 503  # the stalled answer holds 24 of the 25 MiB
 
@@ -114,8 +118,7 @@ def test_an_answer_nobody_reads_is_dropped_and_frees_the_budget(big_log: ApiHarn
 
 
 def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(big_log: ApiHarness):
-    whole = f"/v1/logs/big/records?offset=0&max_bytes={25 * MIB}&format=frames"
-    sock = reader_that_stops(big_log.port, whole)
+    sock = reader_that_stops(big_log.port, BIG_READ)
     sock.settimeout(5)
     head = b""
     while b"\r\n\r\n" not in head:
@@ -131,3 +134,43 @@ def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(big_log: ApiHarn
     sock.close()
 
     assert received == length  # (24 MiB, taken in pieces with pauses shorter than the 1 s)
+
+
+def test_a_tls_answer_nobody_reads_holds_the_budget_until_it_is_dropped(tmp_path: Path, caplog):
+    """Over TLS, an answer written whole was encrypted whole into the socket's buffer: the budget let go of
+    it at once, and the 24 MiB stayed there for as long as the connection (for ever: nobody reads it)."""
+    caplog.set_level(logging.DEBUG)
+    pki = make_test_pki(tmp_path / "pki")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pki.server_cert, pki.server_key)
+    limits = ApiLimits(send_timeout_s=1.0)
+    harness = ApiHarness(tmp_path / "store", ssl_context=server, limits=limits, budget=MemoryBudget(25 * MIB))
+    try:
+        payload = bytes(range(256)) * (MIB // 256)
+        harness.append("big", *(AppendRecord(payload=payload, qos=1) for _ in range(24)))
+        context = client_ssl_context(pki)
+        stalled = context.wrap_socket(socket.socket(), server_hostname="127.0.0.1")
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", harness.port))
+        stalled.sendall(f"GET {BIG_READ} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        time.sleep(0.3)
+
+        def status() -> int:
+            connection = http.client.HTTPSConnection("127.0.0.1", harness.port, context=context, timeout=10)
+            try:
+                connection.request("GET", ANOTHER_READ)
+                response = connection.getresponse()
+                response.read()
+                return response.status
+            finally:
+                connection.close()
+
+        assert status() == 503  # the answer is held, not yet sent
+        deadline = time.monotonic() + 5
+        while status() != 200:
+            assert time.monotonic() < deadline, "the budget is still held by an answer nobody reads"
+            time.sleep(0.2)
+        stalled.close()
+    finally:
+        harness.close()
+    assert any("took none of its answer" in r.getMessage() for r in caplog.records)
