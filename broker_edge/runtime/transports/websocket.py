@@ -4,6 +4,9 @@ aiohttp gives each WebSocket a handler task, so a WebSocket client costs a task 
 The bytes of each binary message are fed to a connection exactly as TCP bytes are: MQTT packets may
 span messages or share one. A message is taken only while the loop's turn has bytes left to read
 (``turns.ReadTurns``), else in a later turn. Writes are batched into one binary message per loop iteration.
+A closed connection whose socket is still open ``CLOSE_GRACE_S`` later (a client that stopped reading:
+the last messages or the close frame wait for it) is aborted, and an abort ends the socket at once: a
+client that never reads cannot keep its socket, its handler or the broker's stop waiting.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["WebSocketTransport", "start_websocket_listener"]
 
 log = logging.getLogger(__name__)
+
+CLOSE_GRACE_S = 2.0
+"""How long a closed WebSocket connection may take to send what it has left before its socket is aborted."""
 
 
 class WebSocketTransport:
@@ -105,12 +111,21 @@ class WebSocketTransport:
         if self._closing:
             return
         self._closing = True
-        if not self._sending:
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self._abort_unclosed)
+        if not self._sending:  # else closed once the send ends
             asyncio.get_running_loop().create_task(self._ws.close())
+
+    def _abort_unclosed(self) -> None:
+        transport = self._request.transport
+        if transport is not None and not transport.is_closing():
+            self.abort()
 
     def abort(self) -> None:
         self._closing = True
         self._pending.clear()
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()  # at once: a send waiting for the client to read ends with it
         asyncio.get_running_loop().create_task(self._ws.close())
 
     def is_reading(self) -> bool:

@@ -1,0 +1,89 @@
+"""MQTT over WebSocket as a client that stops reading sees it: its connection's writes are bounded, and the
+broker still ends it (at stop, or when it closes the connection) in bounded time."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import time
+
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Connect, Subscribe, Subscription
+from tests.e2e.broker_clients import PahoClient, wait_for
+
+UPGRADE = (
+    "GET /mqtt HTTP/1.1\r\nHost: broker\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+)
+
+
+def frame(payload: bytes) -> bytes:
+    """One masked binary frame from a client, payload under 126 bytes."""
+    mask = os.urandom(4)
+    return bytes([0x82, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def stalled_websocket_subscriber(port: int, client_id: str) -> socket.socket:
+    """A WebSocket client subscribed to ``t/#`` with a small receive window, that the test does not read."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(UPGRADE.format(key=base64.b64encode(os.urandom(16)).decode()).encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+    connect = encode(Connect(protocol_version=5, client_id=client_id, keep_alive=60), 5)
+    sock.sendall(frame(connect) + frame(encode(Subscribe(1, [Subscription("t/#", 0)]), 5)))
+    return sock
+
+
+def paused(broker, client_id: str) -> bool:
+    """Whether the broker's writes to ``client_id`` are paused: its client stopped reading them."""
+    connections = broker.broker.connections
+    return broker.call(lambda: next(c for c in connections if c.client_id == client_id).terms.paused)
+
+
+def test_a_broker_with_a_websocket_client_that_stopped_reading_stops_at_once(start_broker):
+    broker = start_broker(
+        listeners=[
+            {"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0},
+            {"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0},
+        ],
+        limits={"outgoing_buffer_bytes": 65_536, "messages_per_second_per_client": 0},
+    )
+    stalled = stalled_websocket_subscriber(broker.port_of("ws"), "stalled")
+    assert wait_for(lambda: broker.connected("stalled"))
+    publisher = PahoClient(broker.port_of("tcp"), "publisher", version=5)
+    for _ in range(10_000):
+        publisher.client.publish("t/x", b"z" * 1000)
+    assert wait_for(lambda: paused(broker, "stalled"))
+    started = time.monotonic()
+    broker.stop()
+    assert time.monotonic() - started < 4  # not aiohttp's 60 s shutdown timeout
+    stalled.close()
+
+
+def open_websocket_sockets(broker) -> int:
+    """Sockets the broker's WebSocket listener holds open (its HTTP guard's count)."""
+    listener = broker.broker._runners[0]
+    return broker.call(lambda: len(listener.guard.open))
+
+
+def test_a_websocket_client_that_stopped_reading_loses_its_socket_when_the_broker_closes_it(start_broker):
+    broker = start_broker(
+        listeners=[
+            {"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0},
+            {"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0},
+        ],
+        limits={"outgoing_buffer_bytes": 65_536, "messages_per_second_per_client": 0},
+    )
+    stalled = stalled_websocket_subscriber(broker.port_of("ws"), "device")
+    assert wait_for(lambda: broker.connected("device"))
+    publisher = PahoClient(broker.port_of("tcp"), "publisher", version=5)
+    for _ in range(10_000):
+        publisher.client.publish("t/x", b"z" * 1000)
+    assert wait_for(lambda: paused(broker, "device"))
+    PahoClient(broker.port_of("tcp"), "device", version=5)  # takes the client id over: the old one is closed
+    assert open_websocket_sockets(broker) == 1
+    assert wait_for(lambda: open_websocket_sockets(broker) == 0, timeout=4)
+    stalled.close()
