@@ -81,11 +81,11 @@ RESTART_DELAY_MAX_S = 30.0
 STEADY_S = 60.0
 """A member that ran this long before it exited is started again after the first wait."""
 STOP_TIMEOUT_S = 30.0
-HUNG_S = 10.0
-"""A member that serves and says nothing for this long (it says it serves every ``HEARTBEAT_S``) hangs:
-stopped (SIGSTOP), deadlocked, its loop blocked. Its lease ran out long before (the cluster took it for
-dead): it is killed and started again, as a member that crashed."""
 """How long the members may take to stop after SIGTERM before they are killed."""
+HUNG_S = 10.0
+"""A member that serves and says nothing for this long (it says it serves every ``main.HEARTBEAT_S``)
+hangs: stopped (SIGSTOP), deadlocked, its loop blocked. Its lease ran out long before (the cluster took it
+for dead): it is killed and started again, as a member that crashed."""
 FORGET_TIMEOUT_S = 10.0
 ETCD_START_TIMEOUT_S = 20.0
 ETCD_RETRY_S = 1.0
