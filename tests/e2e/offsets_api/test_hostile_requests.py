@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 
 import pytest
 
@@ -224,4 +225,26 @@ def test_a_request_with_two_authorization_headers_answers_400(secured_api: ApiHa
     assert json.loads(body) == {
         "error": "bad_request",
         "message": "Authorization is given 2 times; give it once",
+    }
+
+
+def test_a_fetch_body_said_to_be_over_the_bound_answers_413_before_it_is_sent(api: ApiHarness):
+    """Its Content-Length says it all: the client is not kept waiting for a body that will be refused
+    (it waited request_timeout_s, then got 408)."""
+    request = b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n"
+    started = time.monotonic()
+
+    with socket.create_connection(("127.0.0.1", api.port), timeout=5) as sock:
+        sock.sendall(request)
+        answer = sock.makefile("rb")
+        status = int(answer.readline().split()[1])
+        headers = dict(line.decode().strip().split(": ", 1) for line in iter(answer.readline, b"\r\n"))
+        body = answer.read(int(headers["Content-Length"]))
+
+    assert time.monotonic() - started < 2
+    assert status == 413 and headers["Connection"] == "close"
+    assert json.loads(body) == {
+        "error": "request_entity_too_large",
+        "message": "the body is 2000000 bytes; a fetch's is at most 1048576",
+        "parameter": "body",
     }
