@@ -6,7 +6,9 @@ span messages or share one. A message is taken only while the loop's turn has by
 (``turns.ReadTurns``), else in a later turn. Writes are batched into one binary message per loop iteration.
 A closed connection whose socket is still open ``CLOSE_GRACE_S`` later (a client that stopped reading:
 the last messages or the close frame wait for it) is aborted, and an abort ends the socket at once: a
-client that never reads cannot keep its socket, its handler or the broker's stop waiting.
+client that never reads cannot keep its socket, its handler or the broker's stop waiting. aiohttp gathers a
+message whole, up to ``limits.max_packet_size`` + 16 bytes; a larger one is a packet too large, as on TCP:
+the connection's DISCONNECT (v5: 0x95) goes before aiohttp's close (``MqttWebSocket``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
+from broker_edge.protocol.errors import PacketTooLarge
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
 from broker_edge.security.tls import peer_common_name
@@ -101,6 +104,25 @@ class WebSocketTransport:
         if self._closing and not self._ws.closed:
             await self._ws.close()
 
+    async def too_large(self) -> None:
+        """A message over ``max_packet_size``, which aiohttp is about to close the socket for: end the
+        connection as for a packet too large, sending its last words (v5: DISCONNECT 0x95) first."""
+        connection = self._connection
+        if connection is None or self._closing or self._ws.closed:
+            return
+        self._sending = True  # the last words are sent here, before aiohttp's close frame
+        try:
+            connection.protocol_error(PacketTooLarge("a WebSocket message over max_packet_size + 16 bytes"))
+            connection.flush()
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if data:
+                await self._ws.send_bytes(data)
+        except (ConnectionError, RuntimeError) as exc:
+            log.debug("websocket send failed: %s", exc)
+        finally:
+            self._sending = False
+
     def get_write_buffer_size(self) -> int:
         return self._buffered
 
@@ -142,6 +164,19 @@ class WebSocketTransport:
             return self._peername if self._peername is not None else default
         transport = self._request.transport
         return transport.get_extra_info(name, default) if transport is not None else default
+
+
+class MqttWebSocket(web.WebSocketResponse):
+    """aiohttp's WebSocket whose close for a message too big (``WSCloseCode.MESSAGE_TOO_BIG``) ends the MQTT
+    connection first (``WebSocketTransport.too_large``)."""
+
+    mqtt: WebSocketTransport | None = None
+
+    async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
+        transport, self.mqtt = self.mqtt, None
+        if code == WSCloseCode.MESSAGE_TOO_BIG and transport is not None:
+            await transport.too_large()
+        return await super().close(code=code, message=message, drain=drain)
 
 
 FRAME_HEAD_MAX = 14
@@ -188,9 +223,10 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
     turns = cast(TurnsHost, broker).read_turns
 
     async def serve(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16)
+        ws = MqttWebSocket(protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16)
         await ws.prepare(request)
         transport = WebSocketTransport(ws, request, limits.outgoing_buffer_bytes)
+        ws.mqtt = transport
         connection = StreamConnection(broker, listener)
         transport._connection = connection
         if listener.tls and request.transport is not None:

@@ -1,15 +1,21 @@
-"""MQTT over WebSocket as a client that stops reading sees it: its connection's writes are bounded, and the
-broker still ends it (at stop, or when it closes the connection) in bounded time."""
+"""MQTT over WebSocket as clients see it: a client that stops reading is still ended by the broker (at stop,
+or when it closes the connection) in bounded time; a packet over the Maximum Packet Size is answered as on
+TCP, whatever the WebSocket messages carrying it."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import socket
 import time
 
+import aiohttp
+
+from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, Subscribe, Subscription
+from broker_edge.protocol.packets import ConnAck, Connect, Disconnect, Publish, Subscribe, Subscription
+from broker_edge.protocol.reason_codes import ReasonCode
 from tests.e2e.broker_clients import PahoClient, wait_for
 
 UPGRADE = (
@@ -87,3 +93,35 @@ def test_a_websocket_client_that_stopped_reading_loses_its_socket_when_the_broke
     assert open_websocket_sockets(broker) == 1
     assert wait_for(lambda: open_websocket_sockets(broker) == 0, timeout=4)
     stalled.close()
+
+
+def test_a_websocket_message_over_max_packet_size_gets_disconnect_0x95_as_on_tcp(start_broker):
+    """A v5 client sending a packet larger than the Maximum Packet Size of its CONNACK gets DISCONNECT 0x95
+    (Packet too large) before the close, whether the packet comes in one WebSocket message or in several."""
+    broker = start_broker(
+        listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0}],
+        limits={"max_packet_size": 1024},
+    )
+    connect = encode(Connect(protocol_version=5, client_id="big", keep_alive=60), 5)
+    oversized = encode(Publish(topic="t", payload=b"x" * 2000), 5)
+
+    async def session(frames: list[bytes]) -> tuple[bytes, aiohttp.WSMsgType]:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.ws_connect(f"http://127.0.0.1:{broker.port_of('ws')}/mqtt", protocols=("mqtt",)) as ws,
+        ):
+            await ws.send_bytes(connect)
+            received = (await ws.receive(timeout=5)).data
+            for data in frames:
+                await ws.send_bytes(data)
+            while (message := await ws.receive(timeout=5)).type == aiohttp.WSMsgType.BINARY:
+                received += message.data
+            return received, message.type
+
+    for frames in ([oversized], [oversized[:1000], oversized[1000:]]):
+        received, end = asyncio.run(session(frames))
+        connack, disconnect = PacketDecoder(role="client", protocol_version=5).feed(received)
+        assert isinstance(connack, ConnAck) and connack.reason_code == 0
+        assert isinstance(disconnect, Disconnect) and disconnect.reason_code == ReasonCode.PACKET_TOO_LARGE
+        assert end in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    assert broker.disconnects("packet_too_large") == 2
