@@ -260,7 +260,10 @@ def plan_end_offsets(
             if available or (topic in checkpointed and begin != checkpointed[topic]):
                 backlog.append((broker, topic, begin, available))
 
-    tie_breaks = [zlib.crc32(f"{broker}\0{topic}\0{begin}".encode()) for broker, topic, begin, _ in backlog]
+    batch = sum(begin for *_, begin, _ in backlog)  # moves every batch: the lottery below is drawn anew
+    tie_breaks = [
+        zlib.crc32(f"{broker}\0{topic}\0{begin}\0{batch}".encode()) for broker, topic, begin, _ in backlog
+    ]
     shares = _share(max_records, [available for *_, available in backlog], tie_breaks)
     for (broker, topic, begin, _), take in zip(backlog, shares, strict=True):
         if take or topic in start.get(broker, {}):
@@ -271,15 +274,22 @@ def plan_end_offsets(
 def _share(limit: int | None, available: list[int], tie_breaks: list[int]) -> list[int]:
     """Split ``limit`` records among backlogs in proportion to their size.
 
-    Rounding leftovers go to the largest remainders; ties are broken by a key that changes as offsets move,
-    so a topic that always loses the rounding to its alphabetical elders is not starved batch after batch.
+    Rounding leftovers go first to backlogs whose share rounded down to nothing (a quiet topic behind a
+    hot one that brings more than ``limit`` each batch would otherwise never be read), drawn by
+    ``tie_breaks``, which change every batch, so none is passed over batch after batch (there is at least
+    one leftover whenever a share rounds down to nothing); then to the largest remainders.
     """
     total = sum(available)
     if limit is None or total <= limit:
         return list(available)
     quotas = [limit * size // total for size in available]
     order = sorted(
-        range(len(available)), key=lambda index: (-(limit * available[index] % total), tie_breaks[index])
+        range(len(available)),
+        key=lambda index: (
+            quotas[index] > 0,
+            -(limit * available[index] % total) * (quotas[index] > 0),
+            tie_breaks[index],
+        ),
     )
     for index in order[: limit - sum(quotas)]:
         quotas[index] += 1

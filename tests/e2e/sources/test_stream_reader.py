@@ -191,3 +191,19 @@ def test_min_partitions_defaults_to_the_sessions_parallelism_else_the_planners_c
     parallelism = spark.sparkContext.defaultParallelism
     assert shipped.default_min_partitions == parallelism  # pickled by value, not as the plain class
     assert shipped(options).streamReader(SCHEMA).options.min_partitions == parallelism
+
+
+def test_a_quiet_topic_is_not_starved_by_a_hot_topic_that_outpaces_max_records(edge: EdgeBroker) -> None:
+    """Behind a hot topic that brings more than maxRecordsPerTrigger every batch, each quiet device topic's
+    one record still gets read within a few batches (its proportional share rounds down to 0)."""
+    quiet = [f"plant/q{number}/temp" for number in range(10)]
+    for topic in quiet:
+        edge.fill(topic, 1)
+    source = reader(edge, startingOffsets="earliest", maxRecordsPerTrigger="100")
+    offsets = roundtrip(source.initialOffset())
+    for batch in range(40):
+        edge.fill("plant/hot/temp", 150, first=150 * batch)
+        offsets = roundtrip(source.latestOffset(offsets, source.getDefaultReadLimit()))
+    unread = [topic for topic in quiet if plain(offsets)["e1"][topic] == 0]
+    assert unread == []
+    assert plain(offsets)["e1"]["plant/hot/temp"] == 40 * 100 - len(quiet)
