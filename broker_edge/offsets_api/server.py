@@ -645,8 +645,9 @@ async def read_in_slices(
     items: list[Any] = []
     slice_end = time.monotonic() + SLICE_S
     while max_records > 0 and max_bytes > 0:
+        asked = min(max_records, READ_SLICE)
         try:
-            got = read(topic, offset, min(max_records, READ_SLICE), max_bytes)
+            got = read(topic, offset, asked, max_bytes)
         except (OffsetOutOfRange, CorruptRecord):
             if items:
                 return items
@@ -656,6 +657,8 @@ async def read_in_slices(
             return items
         items += got
         count, offset = _count_and_next(got, offset)
+        if count < asked:  # the end, max_bytes or a damaged record: no need to ask again
+            return items
         max_records -= count
         max_bytes -= size
         if time.monotonic() >= slice_end:
