@@ -35,7 +35,9 @@ class ClusterLister:
     def __init__(self, cluster: str, bootstrap: Sequence[str], settings: FetchSettings) -> None:
         self.cluster = cluster
         self.settings = settings
-        self.discovery = ClusterDiscovery(bootstrap, settings.auth_token, settings.timeout_ms / 1000)
+        self.discovery = ClusterDiscovery(
+            bootstrap, settings.auth_token, settings.timeout_ms / 1000, settings.tls
+        )
 
     def layout(self) -> ClusterLayout:
         """The current layout, asking members in turn, for ``fetchRetries`` more rounds with backoff.

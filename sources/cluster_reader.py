@@ -72,8 +72,9 @@ class _Router:
     def __init__(self, cluster: ClusterFetch, topics: Sequence[str]) -> None:
         self.cluster = cluster
         self.layout = cluster.layout
+        settings = cluster.settings
         self.discovery = ClusterDiscovery(
-            cluster.bootstrap, cluster.settings.auth_token, cluster.settings.timeout_ms / 1000
+            cluster.bootstrap, settings.auth_token, settings.timeout_ms / 1000, settings.tls
         )
         self.discovery.layout = cluster.layout
         self.down: set[str] = set()

@@ -23,6 +23,7 @@ from broker_edge.config.endpoints import BrokerEndpoint, is_base_url, parse_endp
 from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import SHARE_PREFIX, topic_matches, validate_topic_filter
+from broker_edge.security.client_tls import ClientTls
 from broker_edge.settings.uplink import site_topic
 
 __all__ = [
@@ -74,6 +75,9 @@ _KNOWN = {
         "readBy",
         "sites",
         "endAtQueryStart",
+        "caFile",
+        "certFile",
+        "keyFile",
     )
 }
 READ_BY = ("partitions", "topics")
@@ -142,6 +146,9 @@ class SourceOptions:
     sites: bool = False
     """The brokers (or the cluster) are an uplink hub: each site's topic ``$site/<site_id>/<topic>`` is read
     as broker ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
+    tls: ClientTls | None = None
+    """The CAs ``https://`` brokers are checked with, and the certificate presented to them (``caFile``,
+    ``certFile``, ``keyFile``; None: the system's CAs, no certificate)."""
     end_at_query_start: bool = False
     """Read what the brokers held when the query started, then nothing more: what ``availableNow`` does on
     Spark 4.2+, for a processing-time query on Spark 4.0 and 4.1 (``pipelines.available_now``)."""
@@ -230,9 +237,29 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             maximum=MAX_BYTES_PER_FETCH,
         ),
         read_by=_choice(lowered, "readBy", READ_BY),
+        tls=_parse_tls(lowered),
     )
     _check_start_topics(parsed)
     return parsed
+
+
+_TLS_OPTIONS = {"cafile": "caFile", "certfile": "certFile", "keyfile": "keyFile"}
+"""The TLS options, by the ``ClientTls`` field each sets."""
+
+
+def _parse_tls(options: Mapping[str, str]) -> ClientTls | None:
+    """``caFile``, ``certFile`` and ``keyFile`` (None: none given), their files loaded now, so that one that
+    does not load fails the query at its start naming its option, not each task."""
+    files = {field: _optional_text(options, option) for field, option in _TLS_OPTIONS.items()}
+    if not any(files.values()):
+        return None
+    try:
+        tls = ClientTls(**files)
+        tls.context()
+    except ConfigError as error:
+        option = _TLS_OPTIONS[error.path]
+        raise SourceOptionError(option, error.detail) from None
+    return tls
 
 
 def _check_start_topics(options: SourceOptions) -> None:

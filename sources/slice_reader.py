@@ -25,8 +25,10 @@ from broker_edge.offsets_api.errors import (
     BrokerUnavailable,
     CorruptRecordError,
     OffsetOutOfRangeError,
+    TlsRefused,
     UnknownTopicError,
 )
+from broker_edge.security.client_tls import ClientTls, context_for
 
 from .broker_stores import answer_store_matches
 from .offsets_planner import DataLossError, Slice
@@ -82,13 +84,17 @@ class BrokerUnreachableError(RuntimeError):
 
 
 class BrokerAuthError(PermissionError):
-    """A broker refused the token (authToken / authToken.<broker id>)."""
+    """A broker refused the token (authToken / authToken.<broker id>), or TLS between the two failed for a
+    reason no retry mends (``TlsRefused``: caFile, certFile, keyFile)."""
 
     def __init__(self, broker: str, url: str, cause: BaseException, options: str | None = None) -> None:
-        super().__init__(
-            f"timestone source: broker {broker!r} ({url}) refused the token: {cause} "
-            f"(see {options or f'the options authToken, authToken.{broker}'})"
-        )
+        if isinstance(cause, TlsRefused):
+            text = f"TLS failed: {cause} (see the options caFile, certFile, keyFile)"
+        else:
+            text = (
+                f"refused the token: {cause} (see {options or f'the options authToken, authToken.{broker}'})"
+            )
+        super().__init__(f"timestone source: broker {broker!r} ({url}) {text}")
         self.broker = broker
 
 
@@ -110,6 +116,8 @@ class FetchSettings:
     """The broker is an uplink hub: rows of ``$site/<site_id>/<topic>`` show the site and its topic."""
     store: str | None = None
     """The store the task's slices were planned on (``broker_stores``; None: not known, not checked)."""
+    tls: ClientTls | None = None
+    """The CAs (and client certificate) an ``https://`` broker is checked with (``caFile``, ``certFile``)."""
 
     def client(self) -> OffsetsClient:
         """A client retrying transient failures ``retries`` times, backing off exponentially."""
@@ -117,6 +125,7 @@ class FetchSettings:
             self.url,
             self.auth_token,
             timeout_s=self.timeout_ms / 1000,
+            ssl_context=context_for(self.url, self.tls),
             retries=self.retries,
             retry_backoff_s=self.retry_backoff_ms / 1000,
         )
@@ -126,6 +135,8 @@ class FetchSettings:
         began = time.monotonic()
         try:
             return request()
+        except TlsRefused as error:
+            raise BrokerAuthError(self.broker, self.url, error) from error
         except BrokerUnavailable as error:
             raise BrokerUnreachableError(self.broker, self.url, time.monotonic() - began, error) from error
         except AuthError as error:

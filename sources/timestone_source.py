@@ -184,6 +184,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 options.fail_on_data_loss,
                 "the option authToken (shared by the cluster's members)" if options.reads_cluster else None,
                 options.sites,
+                tls=options.tls,
             )
             for name, url, token in sources
         }

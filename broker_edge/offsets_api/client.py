@@ -29,6 +29,7 @@ from broker_edge.offsets_api.results import (
 
 from .arrow_format import read_arrow_stream
 from .errors import (
+    TLS_CLIENT_REFUSED,
     AuthError,
     BadRequestError,
     BrokerUnavailable,
@@ -37,6 +38,7 @@ from .errors import (
     OffsetOutOfRangeError,
     OffsetsApiError,
     PositionOutOfRangeError,
+    TlsRefused,
     UnknownTopicError,
     error_from_body,
 )
@@ -306,7 +308,15 @@ class OffsetsClient:
                 data = response.read()
             except ssl.SSLCertVerificationError as error:
                 self.close()
-                raise BrokerUnavailable(f"{self.base_url}: TLS verification failed: {error}") from error
+                raise TlsRefused(f"{self.base_url}: TLS verification failed: {error}") from error
+            except ssl.SSLError as error:
+                self.close()
+                if error.reason in TLS_CLIENT_REFUSED:
+                    raise TlsRefused(
+                        f"{self.base_url}: the broker refused this client's certificate: {error}"
+                    ) from error
+                last_error = error
+                continue
             except (OSError, http.client.HTTPException) as error:
                 self.close()
                 last_error = error

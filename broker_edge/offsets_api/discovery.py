@@ -19,6 +19,7 @@ from typing import Any
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import AuthError, BrokerUnavailable, OffsetsApiError
 from broker_edge.placement import Member, PartitionState, partition_of
+from broker_edge.security.client_tls import ClientTls, context_for
 
 __all__ = ["ClusterDiscovery", "ClusterLayout", "ClusterUnreachableError", "parse_layout"]
 
@@ -111,12 +112,20 @@ class ClusterDiscovery:
     refused token is raised at once (every member shares the cluster's token, so asking on is pointless).
     """
 
-    def __init__(self, bootstrap: Sequence[str], token: str | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         if not bootstrap:
             raise ValueError("at least one member's offsets API URL is needed")
         self.bootstrap = tuple(url.rstrip("/") for url in bootstrap)
         self.token = token
         self.timeout_s = timeout_s
+        self.tls = tls
+        """The CAs (and client certificate) members' ``https://`` addresses are checked with."""
         self.layout: ClusterLayout | None = None
 
     def candidates(self, avoid: Collection[str] = ()) -> list[str]:
@@ -136,8 +145,9 @@ class ClusterDiscovery:
         failures: list[tuple[str, BaseException]] = []
         stale: ClusterLayout | None = None
         for url in self.candidates(avoid):
+            context = context_for(url, self.tls)  # files that do not load: ConfigError, not a dead member
             try:
-                with OffsetsClient(url, self.token, timeout_s=self.timeout_s, retries=0) as client:
+                with OffsetsClient(url, self.token, self.timeout_s, context, retries=0) as client:
                     layout = parse_layout(client.cluster())
             except AuthError:
                 raise

@@ -88,6 +88,26 @@ class BrokerUnavailable(Exception):
     """The broker could not be reached (or kept failing) after the configured retries."""
 
 
+class TlsRefused(BrokerUnavailable):
+    """The TLS handshake failed for a reason no retry mends: the broker's certificate is not trusted (another
+    CA, expired, another host's name), or the broker refused this client's certificate (none, another CA's,
+    revoked). Raised at once, without retries."""
+
+
+TLS_CLIENT_REFUSED = frozenset(
+    {
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "TLSV1_ALERT_ACCESS_DENIED",
+    }
+)
+"""OpenSSL's reasons for the alerts a server sends when it refuses the client's certificate."""
+
+
 def error_from_body(status: int, body: dict) -> OffsetsApiError:
     """The typed error for an error answer (`body` is its JSON object)."""
     code = str(body.get("error", "unknown"))
