@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import OffsetsApiError
+from broker_edge.security.client_tls import ClientTls, context_for
 from sources.options import SourceOptions
 
 __all__ = ["PROBE_TIMEOUT_S", "BrokersUnreachable", "require_brokers"]
@@ -23,12 +24,18 @@ class BrokersUnreachable(Exception):
 
 
 def _answer(
-    url: str, token: str | None, pattern: str | None, timeout_s: float, member: bool = False
+    url: str,
+    token: str | None,
+    pattern: str | None,
+    timeout_s: float,
+    tls: ClientTls | None,
+    member: bool = False,
 ) -> str | None:
     """Why the offsets API at ``url`` cannot be read (``member``: as a cluster member's), or None when it
     answered."""
+    context = context_for(url, tls)
     try:
-        with OffsetsClient(url, token=token, timeout_s=timeout_s, retries=0) as client:
+        with OffsetsClient(url, token, timeout_s, context, retries=0) as client:
             client.list_logs(pattern)
             if member:
                 client.cluster()
@@ -50,7 +57,7 @@ def require_brokers(options: SourceOptions, timeout_s: float = PROBE_TIMEOUT_S) 
     pattern = options.topics[0] if len(options.topics) == 1 else None
     if options.reads_cluster:
         reasons = {
-            url: _answer(url, options.auth_token, pattern, timeout_s, member=True)
+            url: _answer(url, options.auth_token, pattern, timeout_s, options.tls, member=True)
             for url in options.bootstrap_servers
         }
         if all(reasons.values()):
@@ -59,7 +66,7 @@ def require_brokers(options: SourceOptions, timeout_s: float = PROBE_TIMEOUT_S) 
         return
     down = {}
     for broker in options.brokers:
-        why = _answer(broker.offsets_api, broker.token, pattern, timeout_s)
+        why = _answer(broker.offsets_api, broker.token, pattern, timeout_s, options.tls)
         if why is not None:
             down[broker.name] = f"{broker.name} ({broker.offsets_api}): {why}"
     if down:

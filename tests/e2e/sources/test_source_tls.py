@@ -13,6 +13,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from broker_edge.runtime.local_pki import LocalPki
+from pipelines.preflight import BrokersUnreachable, require_brokers
 from sources.options import SourceOptionError, parse_options
 from tests.e2e.commitlog.e2e_helpers import publish_numbered
 from tests.e2e.conftest import RunningBroker
@@ -112,3 +113,18 @@ def test_tls_files_that_do_not_load_fail_the_options_naming_the_option(tmp_path:
         {**base, "cafile": str(pki.ca.cert), "CERTFILE": str(reader.cert), "keyFile": str(reader.key)}
     )
     assert options.tls is not None and options.tls.cafile == str(pki.ca.cert)
+
+
+def test_an_available_now_runs_check_of_the_brokers_uses_the_same_files(
+    secured: tuple[RunningBroker, str], pki: LocalPki
+) -> None:
+    """The telemetry job's check before an ``--available-now`` run (``pipelines.preflight``) reads the
+    brokers as the source does: with ``caFile``, ``certFile`` and ``keyFile``."""
+    _broker, url = secured
+    reader = pki.client("spark-reader")
+    options = {"brokers": f"edge={url}", "topics": "plant/#", "authToken": TOKEN}
+    files = {"caFile": str(pki.ca.cert), "certFile": str(reader.cert), "keyFile": str(reader.key)}
+
+    require_brokers(parse_options({**options, **files}))
+    with pytest.raises(BrokersUnreachable, match="certificate verify failed"):
+        require_brokers(parse_options(options))
