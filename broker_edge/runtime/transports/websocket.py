@@ -24,6 +24,7 @@ from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_byte
 from broker_edge.protocol.errors import PacketTooLarge
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
+from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -209,6 +210,23 @@ class PreConnectBytes:
         return True
 
 
+async def _read(ws: web.WebSocketResponse, connection: StreamConnection, turns: ReadTurns) -> None:
+    """Hand ``connection`` the bytes of each binary message, each within a turn's read budget."""
+    async for message in ws:
+        if message.type == WSMsgType.BINARY:
+            while connection.held and not ws.closed:
+                await asyncio.sleep(0.01)
+            while not turns.spend(len(message.data)):  # this turn's bytes are read: the next one
+                await turns.next_turn()
+            connection.data_received(message.data)
+        elif message.type == WSMsgType.TEXT:
+            connection.abort()  # MQTT over WebSocket is binary only
+            connection.flush()
+            return
+        elif message.type == WSMsgType.ERROR:
+            return
+
+
 async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> GuardedRunner:
     """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it.
 
@@ -234,19 +252,9 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         try:
-            async for message in ws:
-                if message.type == WSMsgType.BINARY:
-                    while connection.held and not ws.closed:
-                        await asyncio.sleep(0.01)
-                    while not turns.spend(len(message.data)):  # this turn's bytes are read: the next one
-                        await turns.next_turn()
-                    connection.data_received(message.data)
-                elif message.type == WSMsgType.TEXT:
-                    connection.abort()  # MQTT over WebSocket is binary only
-                    connection.flush()
-                    break
-                elif message.type == WSMsgType.ERROR:
-                    break
+            await _read(ws, connection, turns)
+        except ConnectionError as exc:  # the client went while a pong or a close frame was being written
+            log.debug("websocket of %s ended: %s", connection.peer_address(), exc)
         finally:
             connection.connection_lost(None)
         return ws

@@ -8,7 +8,9 @@ import asyncio
 import base64
 import os
 import socket
+import struct
 import time
+from functools import partial
 
 import aiohttp
 
@@ -125,3 +127,21 @@ def test_a_websocket_message_over_max_packet_size_gets_disconnect_0x95_as_on_tcp
         assert isinstance(disconnect, Disconnect) and disconnect.reason_code == ReasonCode.PACKET_TOO_LARGE
         assert end in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     assert broker.disconnects("packet_too_large") == 2
+
+
+def ping(payload: bytes = b"") -> bytes:
+    """A masked WebSocket ping frame from a client."""
+    mask = os.urandom(4)
+    return bytes([0x89, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_a_websocket_client_gone_while_its_pings_are_answered_is_no_traceback(start_broker, caplog):
+    broker = start_broker(listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0}])
+    for client_id in ("pinger-1", "pinger-2", "pinger-3"):
+        sock = stalled_websocket_subscriber(broker.port_of("ws"), client_id)
+        assert wait_for(partial(broker.connected, client_id))
+        sock.sendall(ping() * 30_000)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset while the broker answers the pings
+        assert wait_for(lambda: not broker.connected(client_id))  # noqa: B023 (waited for here)
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
