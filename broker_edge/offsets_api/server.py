@@ -29,6 +29,7 @@ import json
 import logging
 import ssl
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -250,6 +251,7 @@ def create_app(
     from .partitions import add_partition_routes  # (it builds on this module's helpers)
 
     add_partition_routes(app, store, handlers.limits, expect)
+    app.router.add_get("/v1/logs/{rest:.+}", _unescaped_topic, expect_handler=expect)
     for add_routes in routes:
         add_routes(app)
     return app
@@ -691,6 +693,21 @@ def _batch_lines(results: dict[str, dict[str, Any]], chunks: Sequence[tuple[str,
     lines = [{"results": results}]
     lines += [jsonl_record(topic, record) for topic, records in chunks for record in records]
     return jsonl_body(lines)
+
+
+async def _unescaped_topic(request: web.Request) -> web.StreamResponse:
+    """``/v1/logs/plant/1/temp/records``: a topic sent with its slashes (404 saying how to send it)."""
+    rest = request.match_info["rest"]
+    topic, _, endpoint = rest.rpartition("/")
+    if endpoint not in ("records", "offset"):
+        topic, endpoint = rest, ""
+    suggested = "/v1/logs/" + urllib.parse.quote(topic, safe="") + (f"/{endpoint}" if endpoint else "")
+    shown = suggested if len(suggested) <= 120 else suggested[:120] + "..."
+    raise ApiError(
+        404,
+        codes.NOT_FOUND,
+        f"no such endpoint: a topic in a path is one segment, each '/' of it sent as %2F ({shown})",
+    )
 
 
 def _readable_topic(request: web.Request) -> str:

@@ -248,3 +248,23 @@ def test_a_fetch_body_said_to_be_over_the_bound_answers_413_before_it_is_sent(ap
         "message": "the body is 2000000 bytes; a fetch's is at most 1048576",
         "parameter": "body",
     }
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/v1/logs/plant/1/temp/records?offset=0",
+        b"/v1/logs/plant/1/temp",
+        b"/v1/logs/plant/1/temp/offset?timestamp_ms=0",
+    ],
+)
+def test_a_topic_sent_with_its_slashes_answers_404_saying_how_to_send_it(api: ApiHarness, target: bytes):
+    """The first thing a curl user gets wrong: the answer says what to do, not just 'Not Found'."""
+    status, _, body = answer_to(
+        api.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+
+    assert status == 404
+    error = json.loads(body)
+    assert error["error"] == "not_found"
+    assert "%2F" in error["message"] and "plant%2F1%2Ftemp" in error["message"]
