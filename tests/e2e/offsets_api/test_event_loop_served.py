@@ -79,12 +79,19 @@ def fetch(harness: ApiHarness, target: str, body: bytes | None = None) -> tuple[
         connection.close()
 
 
+def least_held(harness: ApiHarness, target: str, body: bytes | None = None) -> tuple[int, bytes, float]:
+    """``fetch`` twice, with the shorter of the two holds: a thread of a loaded machine may wait its turn
+    for 100 ms once (a loop held by the read waits for it every time)."""
+    first, second = fetch(harness, target, body), fetch(harness, target, body)
+    return min(first, second, key=lambda answer: answer[2])
+
+
 @pytest.mark.parametrize("output", ["jsonl", "arrow", "frames"])
 def test_a_read_of_100000_records_leaves_the_loop_served(dense: ApiHarness, output: str):
     fetch(dense, f"/v1/logs/dense/records?offset=0&max_records=10&format={output}")  # (imports made)
     target = f"/v1/logs/dense/records?offset=0&max_records={RECORDS}&max_bytes={64 << 20}&format={output}"
 
-    status, data, held = fetch(dense, target)
+    status, data, held = least_held(dense, target)
 
     assert status == 200 and len(data) > RECORDS * 40
     assert held < LONGEST_HOLD_S, f"the loop went {held * 1000:.0f} ms unserved"
@@ -94,7 +101,7 @@ def test_a_batch_fetch_of_100000_records_leaves_the_loop_served(dense: ApiHarnes
     body = {"fetches": [{"topic": "dense", "offset": 0}], "max_records": RECORDS, "max_bytes": 64 << 20}
     fetch(dense, "/v1/fetch", json.dumps({**body, "max_records": 10}).encode())
 
-    status, data, held = fetch(dense, "/v1/fetch", json.dumps({**body, "format": "jsonl"}).encode())
+    status, data, held = least_held(dense, "/v1/fetch", json.dumps({**body, "format": "jsonl"}).encode())
 
     assert status == 200 and json.loads(data.split(b"\n", 1)[0])["results"]["dense"]["records"] == RECORDS
     assert held < LONGEST_HOLD_S, f"the loop went {held * 1000:.0f} ms unserved"
