@@ -34,6 +34,7 @@ __all__ = [
     "StartKind",
     "StartingOffsets",
     "parse_options",
+    "tls_options",
 ]
 
 EARLIEST = -2  # in a startingOffsets JSON, like Kafka
@@ -245,6 +246,14 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
 _TLS_OPTIONS = {"cafile": "caFile", "certfile": "certFile", "keyfile": "keyFile"}
 """The TLS options, by the ``ClientTls`` field each sets."""
+
+
+def tls_options(tls: ClientTls | None) -> dict[str, str]:
+    """The options that give the source ``tls``'s files (none for None)."""
+    if tls is None:
+        return {}
+    files = {option: getattr(tls, field) for field, option in _TLS_OPTIONS.items()}
+    return {option: path for option, path in files.items() if path is not None}
 
 
 def _parse_tls(options: Mapping[str, str]) -> ClientTls | None:

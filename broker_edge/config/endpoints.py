@@ -32,6 +32,9 @@ class BrokerEndpoint:
     """Bearer token of the offsets API, if it asks for one."""
     mqtt_host: str = "127.0.0.1"
     mqtt_port: int = 1883
+    mqtt_tls: bool = False
+    """MQTT over TLS (``mqtt_port`` a ``type: tls`` listener), the broker's certificate checked against the
+    job's ``tls.cafile`` (or the system's CAs)."""
     username: str | None = None
     """MQTT user name of a job that publishes (OTA)."""
     password: str | None = field(default=None, repr=False)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from broker_edge.config import ConfigError
 from broker_edge.config.endpoints import BrokerEndpoint
+from broker_edge.security.client_tls import ClientTls, context_for
 from pipelines.preflight import BrokersUnreachable
 
 __all__ = ["BrokerKind", "brokers_form_a_cluster", "live_endpoints", "probe"]
@@ -27,13 +28,17 @@ class BrokerKind(enum.Enum):
     DOWN = "down"
 
 
-def probe(endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S) -> BrokerKind:
-    """What ``endpoint`` is now: a cluster member, a standalone broker, or not answering."""
+def probe(
+    endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S, tls: ClientTls | None = None
+) -> BrokerKind:
+    """What ``endpoint`` is now: a cluster member, a standalone broker, or not answering (its ``https://``
+    offsets API checked with ``tls``)."""
     request = urllib.request.Request(f"{endpoint.offsets_api}{PROBE_PATH}", method="GET")
     if endpoint.token:
         request.add_header("Authorization", f"Bearer {endpoint.token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s):
+        context = context_for(endpoint.offsets_api, tls)
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context):
             return BrokerKind.MEMBER
     except urllib.error.HTTPError as error:
         if error.code == 401:
@@ -45,12 +50,14 @@ def probe(endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S) -> Broke
         return BrokerKind.DOWN
 
 
-def brokers_form_a_cluster(endpoints: Sequence[BrokerEndpoint], timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+def brokers_form_a_cluster(
+    endpoints: Sequence[BrokerEndpoint], timeout_s: float = PROBE_TIMEOUT_S, tls: ClientTls | None = None
+) -> bool:
     """True when the brokers that answer are all cluster members, False when all are standalone.
 
     A mix is a configuration error (one job cannot both publish once and publish to each broker); a list of
     which none answers is :class:`BrokersUnreachable` (nothing can be decided; set ``cluster`` to say)."""
-    kinds = {endpoint.name: probe(endpoint, timeout_s) for endpoint in endpoints}
+    kinds = {endpoint.name: probe(endpoint, timeout_s, tls) for endpoint in endpoints}
     answered = {kind for kind in kinds.values() if kind is not BrokerKind.DOWN}
     if not answered:
         raise BrokersUnreachable(
@@ -64,8 +71,11 @@ def brokers_form_a_cluster(endpoints: Sequence[BrokerEndpoint], timeout_s: float
 
 
 def live_endpoints(
-    endpoints: Sequence[BrokerEndpoint], first: int = 0, timeout_s: float = PROBE_TIMEOUT_S
+    endpoints: Sequence[BrokerEndpoint],
+    first: int = 0,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    tls: ClientTls | None = None,
 ) -> list[BrokerEndpoint]:
     """The members of ``endpoints`` that answer now, in list order starting from index ``first``."""
     ordered = [endpoints[(first + n) % len(endpoints)] for n in range(len(endpoints))]
-    return [endpoint for endpoint in ordered if probe(endpoint, timeout_s) is BrokerKind.MEMBER]
+    return [endpoint for endpoint in ordered if probe(endpoint, timeout_s, tls) is BrokerKind.MEMBER]

@@ -8,6 +8,7 @@ from broker_edge.config import ConfigError
 from broker_edge.config.endpoints import BrokerEndpoint
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
+from broker_edge.security.client_tls import ClientTls
 from pipelines.actions.buckets import DEFAULT_BUCKETS
 from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.supervisor import RestartConfig
@@ -22,6 +23,10 @@ class ActionsConfig:
     checkpoint_root: str = ".timestone/checkpoints/actions"
     """Spark checkpoints of the job's two streams (actions change feed, device status reports)."""
     brokers: list[BrokerEndpoint] = field(default_factory=lambda: [BrokerEndpoint()])
+    tls: ClientTls | None = None
+    """The CAs the brokers' certificates must chain to (``cafile``; none: the system's) and the job's own
+    certificate (``certfile``, ``keyfile``): for ``https://`` offsets APIs, and MQTT to ``mqtt_tls``
+    brokers."""
     cluster: bool | None = None
     """Whether ``brokers`` are members of one cluster: then each action is published once, through any live
     member, and reports are read once. False: separate brokers, each gets every action. None (default):
@@ -59,6 +64,11 @@ class ActionsConfig:
     def __post_init__(self) -> None:
         if not self.brokers:
             raise ConfigError("brokers", "at least one broker is needed")
+        if self.tls is not None:
+            try:
+                self.tls.context()  # files that do not load fail the start naming their key
+            except ConfigError as error:
+                raise ConfigError(f"tls.{error.path}", error.detail) from None
         first: dict[str, int] = {}
         for index, broker in enumerate(self.brokers):
             if broker.name in first:

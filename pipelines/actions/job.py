@@ -14,6 +14,7 @@ devices ignore an action id they have already seen.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
+from broker_edge.security.client_tls import ClientTls
 from pipelines.actions.arrow_rows import python_rows
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
@@ -44,6 +46,7 @@ from sinks.backends import Backend, open_table_store
 from sinks.foreach_batch import streaming_query_id
 from sinks.store import TableStore
 from sources import register_sources
+from sources.options import tls_options
 
 if TYPE_CHECKING:
     from pipelines.run_options import RunOptions
@@ -73,6 +76,7 @@ def _status_reports(
 ) -> DataFrame:
     reader = (
         spark.readStream.format("timestone")
+        .options(**tls_options(config.tls))
         .option("topics", config.status_topics)
         .option("startingOffsets", "earliest")
         .option("maxTopicsPerPartition", config.report_topics_per_task)
@@ -200,7 +204,9 @@ def start_actions_job(
     register_sources(spark)
     backend = cast(Backend, config.backend)  # one of Backend's values, checked by ActionsConfig
     store = store or open_table_store(spark, config.tables_root, backend=backend)
-    cluster = config.cluster if config.cluster is not None else brokers_form_a_cluster(config.brokers)
+    cluster = config.cluster
+    if cluster is None:
+        cluster = brokers_form_a_cluster(config.brokers, tls=config.tls)
     publisher = publisher or _publisher(config, cluster)
     engine = ActionsEngine(
         store,
@@ -269,9 +275,17 @@ def start_actions_job(
 def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:
     """Once through any live member of a cluster, or to each of separate brokers."""
     addresses = [(b.mqtt_host, b.mqtt_port) for b in config.brokers]
+    tls = [mqtt_tls(config, b) for b in config.brokers]
     first = config.brokers[0]
     kind = ClusterPublisher if cluster else MqttPublisher
-    return kind(addresses, username=first.username, password=first.password)
+    return kind(addresses, username=first.username, password=first.password, tls=tls)
+
+
+def mqtt_tls(config: ActionsConfig, broker: BrokerEndpoint) -> ssl.SSLContext | None:
+    """The TLS of the job's MQTT connections to ``broker`` (None: plain MQTT)."""
+    if not broker.mqtt_tls:
+        return None
+    return (config.tls or ClientTls()).context()
 
 
 def maintenance_target(spark: SparkSession | None, config: ActionsConfig) -> MaintenanceTarget:
@@ -296,7 +310,7 @@ def preflight(config: ActionsConfig, options: object) -> None:
     """Before Spark starts: whether the brokers form a cluster, when the config does not say (a mix is a
     ConfigError, no answer at all ``BrokersUnreachable``)."""
     if config.cluster is None:
-        brokers_form_a_cluster(config.brokers)
+        brokers_form_a_cluster(config.brokers, tls=config.tls)
 
 
 def run(spark: SparkSession, section: object, options: RunOptions) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 import zlib
 from collections.abc import Coroutine, Sequence
@@ -78,10 +79,13 @@ class MqttPublisher:
         password: str | None = None,
         timeout_s: float = 30.0,
         connections: int = CONNECTIONS,
+        tls: Sequence[ssl.SSLContext | None] = (),
     ) -> None:
         if connections < 1:
             raise ValueError("connections must be at least 1")
         self.brokers = [(host, port) for host, port in brokers]
+        self.tls = list(tls) or [None] * len(self.brokers)
+        """Each broker's TLS (None: plain MQTT), by index."""
         self.connections = connections
         self.client_id = client_id
         self.username = username
@@ -133,6 +137,7 @@ class MqttPublisher:
                 password=self.password,
                 keep_alive=30,
                 timeout_s=self.timeout_s,
+                ssl_context=self.tls[index],
             )
             self._clients[index, slot] = client
         return client
@@ -207,6 +212,7 @@ class ClusterPublisher(MqttPublisher):
         ack_timeout_s: float = 30.0,
         retry_s: float = 0.25,
         connections: int = CONNECTIONS,
+        tls: Sequence[ssl.SSLContext | None] = (),
     ) -> None:
         self.ack_timeout_s = ack_timeout_s
         self.retry_s = retry_s
@@ -215,7 +221,7 @@ class ClusterPublisher(MqttPublisher):
         self.moves = 0
         """Times the publisher moved to another member."""
         self._member = 0
-        super().__init__(brokers, client_id, username, password, timeout_s, connections)
+        super().__init__(brokers, client_id, username, password, timeout_s, connections, tls)
 
     async def _open(self) -> None:
         await self._current(self._thread.loop.time() + self.timeout_s, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -149,6 +150,7 @@ class MqttClient(asyncio.Protocol):
         timeout_s: float = 10.0,
         source_address: str | None = None,
         will: Will | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> MqttClient:
         """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
 
@@ -156,13 +158,19 @@ class MqttClient(asyncio.Protocol):
         messages (``Message.offset``; see docs/device-protocol.md). ``source_address`` binds the local end
         (e.g. one of several 127.0.0.x addresses, so that a fleet of more connections than one address has
         ephemeral ports can reach one broker port). ``will`` is published by the broker when the connection
-        ends without a DISCONNECT (a Sparkplug B edge node's NDEATH).
+        ends without a DISCONNECT (a Sparkplug B edge node's NDEATH). ``ssl_context``: MQTT over TLS (a
+        broker's ``type: tls`` listener), its certificate checked for ``host``.
         """
         loop = asyncio.get_running_loop()
         local_addr = (source_address, 0) if source_address else None
         _, client = await asyncio.wait_for(
             loop.create_connection(
-                lambda: cls(client_id, on_message, keep_alive), host, port, local_addr=local_addr
+                lambda: cls(client_id, on_message, keep_alive),
+                host,
+                port,
+                local_addr=local_addr,
+                ssl=ssl_context,
+                server_hostname=host if ssl_context is not None else None,
             ),
             timeout_s,
         )
