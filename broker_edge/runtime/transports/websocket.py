@@ -3,12 +3,13 @@
 aiohttp gives each WebSocket a handler task, so a WebSocket client costs a task (plain TCP clients do not).
 The bytes of each binary message are fed to a connection exactly as TCP bytes are: MQTT packets may
 span messages or share one. A message is taken only while the loop's turn has bytes left to read
-(``turns.ReadTurns``), else in a later turn. Writes are batched into one binary message per loop iteration.
-A closed connection whose socket is still open ``CLOSE_GRACE_S`` later (a client that stopped reading:
-the last messages or the close frame wait for it) is aborted, and an abort ends the socket at once: a
-client that never reads cannot keep its socket, its handler or the broker's stop waiting. aiohttp gathers a
-message whole, up to ``limits.max_packet_size`` + 16 bytes; a larger one is a packet too large, as on TCP:
-the connection's DISCONNECT (v5: 0x95) goes before aiohttp's close (``MqttWebSocket``).
+(``turns.ReadTurns``), else in a later turn; so is a ping (answered here, not by aiohttp). Writes are
+batched into one binary message per loop iteration. A closed connection whose socket is still open
+``CLOSE_GRACE_S`` later (a client that stopped reading: the last messages or the close frame wait for it)
+is aborted, and an abort ends the socket at once: a client that never reads cannot keep its socket, its
+handler or the broker's stop waiting. aiohttp gathers a message whole, up to ``limits.max_packet_size`` +
+16 bytes; a larger one is a packet too large, as on TCP: the connection's DISCONNECT (v5: 0x95) goes
+before aiohttp's close (``MqttWebSocket``).
 """
 
 from __future__ import annotations
@@ -210,10 +211,20 @@ class PreConnectBytes:
         return True
 
 
+CONTROL_FRAME_MIN = 6
+"""The shortest frame a client sends (2 bytes of header, 4 of mask): what an empty ping costs of a turn."""
+
+
 async def _read(ws: web.WebSocketResponse, connection: StreamConnection, turns: ReadTurns) -> None:
-    """Hand ``connection`` the bytes of each binary message, each within a turn's read budget."""
+    """Hand ``connection`` the bytes of each binary message and answer each ping, each within a turn's read
+    budget: a flood of pings is read over many turns, as a flood of packets is."""
     async for message in ws:
-        if message.type == WSMsgType.BINARY:
+        if message.type in (WSMsgType.PING, WSMsgType.PONG):
+            while not turns.spend(len(message.data) + CONTROL_FRAME_MIN):
+                await turns.next_turn()
+            if message.type == WSMsgType.PING:
+                await ws.pong(message.data)
+        elif message.type == WSMsgType.BINARY:
             while connection.held and not ws.closed:
                 await asyncio.sleep(0.01)
             while not turns.spend(len(message.data)):  # this turn's bytes are read: the next one
@@ -241,7 +252,9 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
     turns = cast(TurnsHost, broker).read_turns
 
     async def serve(request: web.Request) -> web.StreamResponse:
-        ws = MqttWebSocket(protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16)
+        ws = MqttWebSocket(
+            protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16, autoping=False
+        )
         await ws.prepare(request)
         transport = WebSocketTransport(ws, request, limits.outgoing_buffer_bytes)
         ws.mqtt = transport
