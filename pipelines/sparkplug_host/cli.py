@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 import sys
 
+from broker_edge.config import ConfigError
 from broker_edge.protocol import ReasonCode
+from broker_edge.security.client_tls import ClientTls
 from pipelines.fleet.cli import broker_address, signal_stop, zero_or_more
 from pipelines.fleet.client import ConnectionRefused
 from pipelines.sparkplug_host.host import SparkplugHost
@@ -78,7 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=password_file,
         help="a file holding the password of --username (its first line)",
     )
+    parser.add_argument(
+        "--tls", action="store_true", help="MQTT over TLS (implied by --cafile and --certfile)"
+    )
+    parser.add_argument(
+        "--cafile", help="PEM file of the CAs the broker's certificate must chain to (default: the system's)"
+    )
+    parser.add_argument("--certfile", help="PEM file of the certificate to present (mutual TLS)")
+    parser.add_argument("--keyfile", help="PEM file of --certfile's key (default: in --certfile)")
     return parser
+
+
+def tls_of(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS the command line asks for (None: plain MQTT); ``ConfigError`` naming the option whose file
+    does not load."""
+    if not (args.tls or args.cafile or args.certfile or args.keyfile):
+        return None
+    try:
+        return ClientTls(args.cafile, args.certfile, args.keyfile).context()
+    except ConfigError as error:
+        raise ConfigError(f"--{error.path}", error.detail) from None
 
 
 def password_file(text: str) -> bytes:
@@ -101,12 +123,17 @@ def host_of(args: argparse.Namespace) -> SparkplugHost:
         retry_s=args.reconnect_delay,
         username=args.username,
         password=args.password_file,
+        ssl_context=tls_of(args),
     )
 
 
 async def _run(args: argparse.Namespace) -> int:
     host, port = args.broker
-    sparkplug = host_of(args)
+    try:
+        sparkplug = host_of(args)
+    except ConfigError as error:
+        print(f"timestone sparkplug-host: {error}", file=sys.stderr)
+        return 2
     stop = signal_stop()
     try:
         await sparkplug.start()

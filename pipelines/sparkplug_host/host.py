@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -77,11 +78,14 @@ class SparkplugHost:
         retry_s: float = 1.0,
         username: str | None = None,
         password: bytes | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.address = (host, port)
         self.login = (username, password)
         """The user name and password it connects with (none: anonymous)."""
+        self.ssl_context = ssl_context
+        """MQTT over TLS (None: plain MQTT)."""
         self.host_id = host_id
         self.topic = state_topic(host_id)
         self.rebirth_interval_s = rebirth_interval_s
@@ -122,6 +126,7 @@ class SparkplugHost:
             will=will,
             username=self.login[0],
             password=self.login[1],
+            ssl_context=self.ssl_context,
         )
         self._lost = asyncio.Event()
         self.client.on_disconnect = lambda _: self._lost.set()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.security.auth import PasswordFile
 from pipelines.cli import main
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
@@ -469,3 +470,37 @@ def test_a_host_with_an_exempt_account_asks_more_nodes_for_a_rebirth_than_a_clie
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_host_reaches_a_tls_listener_with_the_ca_of_its_certificate(start_broker, tmp_path, capsys):
+    """A broker whose devices' listener serves TLS only, its certificate from our own CA: ``--cafile``
+    trusts that CA and the host's STATE birth is published over TLS; a CA file that does not load is a
+    wrong command line (status 2) naming the option."""
+    pki = LocalPki(tmp_path / "pki", name="plant-ca")
+    server = pki.server("edge")
+    tls = {"certfile": str(server.cert), "keyfile": str(server.key)}
+    broker = start_broker(
+        listeners=[
+            {"name": "plain", "type": "tcp", "host": "127.0.0.1", "port": 0},
+            {"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls},
+        ]
+    )
+    watcher = PahoClient(broker.port_of("plain"), "watcher")
+    watcher.subscribe("spBv1.0/STATE/scada", 1)
+    address = f"127.0.0.1:{broker.port_of('devices')}"
+    args = build_parser().parse_args(
+        ["--broker", address, "--host-id", "scada", "--cafile", str(pki.ca.cert)]
+    )
+
+    async def scenario() -> None:
+        sparkplug = host_of(args)
+        await sparkplug.start()
+        births = await expect(watcher, 1)
+        assert json.loads(births[0].payload)["online"] is True
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("no certificate\n")
+    assert main(["sparkplug-host", "--broker", address, "--cafile", str(not_pem)]) == 2
+    assert "--cafile: cannot load CA certificates from" in capsys.readouterr().err
