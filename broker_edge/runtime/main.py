@@ -251,8 +251,9 @@ def _ignore(_: str | None) -> None:
 
 def check_config(config_path: str | None, workers: int = 1) -> int:
     """``timestone broker --check [--workers N]``: load the config and read every file it names, as a start
-    does before anything is opened (and refuse what N members refuse); say the result and return the exit
-    status (0, or 2 for a configuration error). Nothing is bound, opened or written."""
+    does before anything is opened (and refuse what N members refuse, or settings needing more file
+    descriptors than the process may open); say the result and return the exit status (0, or 2 for a
+    configuration error). Nothing is bound, opened or written."""
     where = config_path if config_path is not None else "the embedded defaults"
     try:
         config = load_broker_config(config_path)
@@ -260,6 +261,10 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
             from broker_edge.runtime.workers import check_workers
 
             check_workers(config_path, config, workers)
+        else:
+            from broker_edge.runtime.broker import budget_descriptors
+
+            budget_descriptors(config)  # settings whose descriptors the process cannot hold, as a start
     except (ConfigError, OSError) as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -65,3 +65,19 @@ def test_without_a_file_the_embedded_defaults_are_checked(tmp_path: Path):
     assert done.stdout.startswith("timestone broker: the embedded defaults: configuration OK")
     assert "listeners default (tcp 127.0.0.1:1883)" in done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_whose_file_descriptors_the_process_cannot_hold_are_status_2_as_the_start_refuses_them(
+    tmp_path: Path,
+):
+    """A start shares the process's descriptors (``ulimit -n``) among its settings first and refuses one
+    that leaves none for a client: ``--check`` refuses it too, where it said the configuration was OK."""
+    config = tmp_path / "edge.yaml"
+    config.write_text(
+        yaml.safe_dump({"storage": {"directory": str(tmp_path / "data"), "max_open_files": 1_000_000_000}})
+    )
+    done = check("--config", str(config), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert "no file descriptor left for client connections" in done.stderr
+    assert "storage.max_open_files 1000000002" in done.stderr
+    assert not (tmp_path / "data").exists()
