@@ -412,6 +412,7 @@ async def start_guarded_site(
     on_tls_failure: HandshakeFailure | None = None,
     reuse_port: bool = False,
     send_timeout_s: float | None = None,
+    max_line_size: int = 8190,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -419,7 +420,8 @@ async def start_guarded_site(
     members' reserve. With TLS the site accepts its sockets itself (``http.tls_accept``): a failed
     handshake is told to ``on_tls_failure`` with the peer and why. ``reuse_port``: the address is shared with
     other processes (``SO_REUSEPORT``). ``send_timeout_s``: a connection whose peer takes none of its
-    answer for that long is aborted (None: never)."""
+    answer for that long is aborted (None: never). ``max_line_size``: the longest request line or header
+    taken (longer ones are answered 400)."""
     guard = _Guard(max_connections, request_timeout_s, send_timeout_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
@@ -431,6 +433,7 @@ async def start_guarded_site(
         keepalive_timeout=keepalive_s,
         lingering_time=request_timeout_s,
         auto_decompress=False,  # bodies are read as sent (``_request_started`` refuses encoded ones)
+        max_line_size=max_line_size,
     )
     await runner.setup()
     make_handler = runner.server

@@ -35,6 +35,7 @@ __all__ = [
     "is_number",
     "json_body",
     "pattern_param",
+    "request_line_for",
 ]
 
 ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
@@ -63,6 +64,8 @@ class ApiLimits:
     send_timeout_s: float = 30.0
     """Seconds a reader may take none of its answer before its connection is aborted (and what the answer
     held of the memory budget freed)."""
+    max_request_line: int = 8190
+    """Bytes of a request line (``request_line_for``: what the longest topic a path may name needs)."""
 
 
 class ApiError(Exception):
@@ -112,6 +115,12 @@ def expect_handler(authenticate: Callable[[web.Request], Access]) -> ExpectHandl
         return None
 
     return expect
+
+
+def request_line_for(max_topic_length: int) -> int:
+    """The longest request line a topic of ``max_topic_length`` bytes of UTF-8 makes in a path (each byte
+    ``%XX`` at worst, with the endpoint and a query around it), never less than aiohttp's 8,190."""
+    return max(8190, 3 * max_topic_length + 1024)
 
 
 def access_of(request: web.Request) -> Access:

@@ -303,6 +303,7 @@ async def serve_app(
         budget=budget,
         is_member=is_member,
         send_timeout_s=limits.send_timeout_s,
+        max_line_size=limits.max_request_line,
     )
     return runner, runner.port
 

@@ -467,9 +467,14 @@ class Broker(BrokerCore):
 
         async def serve(sock: socket.socket) -> GuardedRunner:
             from broker_edge.http.guard import start_guarded_site
+            from broker_edge.offsets_api.requests import request_line_for
             from broker_edge.offsets_api.server import ApiLimits, create_app, reader_authenticator
 
-            limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
+            limits = ApiLimits(
+                max_connections=api.max_connections,
+                request_timeout_s=api.request_timeout_s,
+                max_request_line=request_line_for(self.config.limits.max_topic_length),
+            )
             readers = reader_authenticator(self.reader_tokens)
             app = create_app(store, limits=limits, routes=self.offsets_api_routes, authenticate=readers)
             return await start_guarded_site(
@@ -482,6 +487,7 @@ class Broker(BrokerCore):
                 sock=sock,
                 budget=self.http_budget,  # readers: never the members' share
                 send_timeout_s=limits.send_timeout_s,
+                max_line_size=limits.max_request_line,
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):
