@@ -28,6 +28,7 @@ __all__ = [
     "ApiLimits",
     "ExpectHandler",
     "access_of",
+    "check_body_length",
     "check_escapes",
     "expect_handler",
     "format_param",
@@ -108,6 +109,7 @@ def expect_handler(authenticate: Callable[[web.Request], Access]) -> ExpectHandl
             return ApiError(417, codes.EXPECTATION_FAILED, message, close=True).response()
         try:
             authenticate(request)
+            check_body_length(request)
         except ApiError as refusal:
             return refusal.response()
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -121,6 +123,15 @@ def request_line_for(max_topic_length: int) -> int:
     """The longest request line a topic of ``max_topic_length`` bytes of UTF-8 makes in a path (each byte
     ``%XX`` at worst, with the endpoint and a query around it), never less than aiohttp's 8,190."""
     return max(8190, 3 * max_topic_length + 1024)
+
+
+def check_body_length(request: web.Request) -> None:
+    """413 for a body whose ``Content-Length`` is over ``MAX_JSON_BODY``, refused before it is read (or
+    invited: the client need not send it, nor wait for a 408)."""
+    said = request.content_length or 0
+    if said > MAX_JSON_BODY:
+        message = f"the body is {said} bytes; a fetch's is at most {MAX_JSON_BODY}"
+        raise ApiError(413, "request_entity_too_large", message, close=True, parameter="body")
 
 
 def access_of(request: web.Request) -> Access:

@@ -81,6 +81,7 @@ from .requests import (
     ApiError,
     ApiLimits,
     access_of,
+    check_body_length,
     check_escapes,
     expect_handler,
     format_param,
@@ -531,10 +532,7 @@ class _Handlers:
         return web.Response(body=body, content_type=FORMATS[output])
 
     async def _json_body(self, request: web.Request) -> dict:
-        said = request.content_length or 0
-        if said > MAX_JSON_BODY:  # (refused now: the client need not send it, nor wait for a 408)
-            message = f"the body is {said} bytes; a fetch's is at most {MAX_JSON_BODY}"
-            raise ApiError(413, "request_entity_too_large", message, close=True, parameter="body")
+        check_body_length(request)
         hold(request, min(request.content_length or MAX_JSON_BODY, MAX_JSON_BODY))
         try:
             data = await read_body(request, self.limits.request_timeout_s)

@@ -268,3 +268,13 @@ def test_a_topic_sent_with_its_slashes_answers_404_saying_how_to_send_it(api: Ap
     error = json.loads(body)
     assert error["error"] == "not_found"
     assert "%2F" in error["message"] and "plant%2F1%2Ftemp" in error["message"]
+
+
+def test_a_body_said_to_be_over_the_bound_is_not_invited_by_100_continue(api: ApiHarness):
+    head = b"POST /v1/fetch HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2000000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", api.port), timeout=5) as sock:
+        sock.sendall(head)
+        first = sock.recv(65536)
+
+    assert first.startswith(b"HTTP/1.1 413")
+    assert json.loads(first.partition(b"\r\n\r\n")[2])["error"] == "request_entity_too_large"
