@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ CONNECTION_LOGGER = "broker_edge.connection"
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Attributes every LogRecord has; anything else on a record came from ``extra`` and is a field.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# What a client may put in its id, user name or topics that a terminal or a line reader acts on: C0 and C1
+# controls (ANSI escapes, NUL), line and paragraph separators, bidi and zero-width format characters.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]")
 
 
 @dataclass
@@ -69,7 +73,7 @@ class JsonFormatter(logging.Formatter):
             document["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             document["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(document, default=str, ensure_ascii=False)
+        return _escape_unsafe(json.dumps(document, default=str, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):
@@ -81,6 +85,10 @@ class TextFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         moment = datetime.fromtimestamp(record.created, UTC)
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = _escape_unsafe(record.message)  # one line, whatever a client id or topic holds
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -94,9 +102,14 @@ class TextFormatter(logging.Formatter):
 
 def _text_value(value: Any) -> str:
     text = str(value)
-    if not text or any(c.isspace() or c in '"=' for c in text):
-        return json.dumps(text, ensure_ascii=False)
+    if not text or _UNSAFE.search(text) or any(c.isspace() or c in '"=' for c in text):
+        return _escape_unsafe(json.dumps(text, ensure_ascii=False))
     return text
+
+
+def _escape_unsafe(text: str) -> str:
+    """``text`` with each character of ``_UNSAFE`` written as a JSON escape (``\\n``, ``\\u001b``)."""
+    return _UNSAFE.sub(lambda match: json.dumps(match.group())[1:-1], text)
 
 
 _handler: logging.Handler | None = None

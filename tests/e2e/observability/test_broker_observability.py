@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_edge.observe.logs import JsonFormatter
+from broker_edge.observe.logs import JsonFormatter, TextFormatter
 from broker_edge.protocol.packets import PubAck, Publish
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
@@ -224,3 +224,25 @@ def test_every_connection_log_line_names_its_client(start_broker, broker_records
         assert record.client_id and record.listener == "tcp" and record.peer.startswith("127.0.0.1:")
         document = json.loads(JsonFormatter().format(record))
         assert document["client_id"] == record.client_id
+
+
+HOSTILE = "d\x1b[2J\x1b[31mred\x9b1m\u2028FORGED\u202eevil\x07\x7f"
+
+
+def test_a_client_id_with_control_characters_cannot_forge_or_colour_log_lines(start_broker, broker_records):
+    """A client id or user name holding ANSI escapes, C1 controls, a line or paragraph separator or a bidi
+    override is written escaped, in text as in JSON: one line per record, nothing a terminal acts on."""
+    broker = start_broker()
+    RawClient(broker.port, 5).connect(HOSTILE, username="u\x1b]0;title\x07\u2029x")
+    assert wait_for(lambda: any(r.getMessage() == "connected" for r in broker_records))
+    record = next(r for r in broker_records if r.getMessage() == "connected")
+    record.msg = "connected " + HOSTILE  # a message carrying client text is escaped the same way
+    text = TextFormatter().format(record)
+    json_line = JsonFormatter().format(record)
+    for line in (text, json_line):
+        assert len(line.splitlines()) == 1, line
+        assert all(c.isprintable() for c in line), repr(line)
+    assert "client_id=" + json.dumps(HOSTILE) in text
+    assert "connected " + json.dumps(HOSTILE)[1:-1] in text
+    document = json.loads(json_line)
+    assert document["client_id"] == HOSTILE and document["username"] == "u\x1b]0;title\x07\u2029x"
