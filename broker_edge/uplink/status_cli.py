@@ -67,6 +67,11 @@ def _fetch(broker: str, token: str | None) -> Any:
         with urllib.request.urlopen(request, timeout=10) as answer:
             body = answer.read()
     except urllib.error.HTTPError as error:
+        if error.code == 404 and _is_admin_endpoint(broker):
+            raise _Unanswered(
+                f"{broker} is a broker's admin endpoint (/metrics, /health), not its offsets API"
+                " (offsets_api.port, 9884 by default)"
+            ) from None
         if error.code == 404:
             raise _Unanswered(f"{broker} has no uplink (neither uplink: nor uplink_hub:)") from None
         raise _Unanswered(f"{broker} answered {error.code}") from None
@@ -78,6 +83,23 @@ def _fetch(broker: str, token: str | None) -> Any:
         raise _Unanswered(
             f"{broker} answered something that is not JSON: is it a broker's offsets API?"
         ) from None
+
+
+def _is_admin_endpoint(broker: str) -> bool:
+    """Whether ``broker`` answers ``/health`` as a broker's admin endpoint does (a JSON object with
+    ``status``), which the offsets API never serves."""
+    try:
+        with urllib.request.urlopen(broker.rstrip("/") + "/health", timeout=10) as answer:
+            body = answer.read(65536)
+    except urllib.error.HTTPError as error:
+        body = error.read(65536) if error.code == 503 else b""
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    try:
+        report = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(report, dict) and "status" in report
 
 
 def format_status(document: Any, now: float) -> str:

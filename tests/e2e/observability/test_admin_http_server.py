@@ -150,3 +150,16 @@ def test_admin_config() -> None:
     assert load_dataclass(AdminHttpConfig, {}) == AdminHttpConfig(True, "127.0.0.1", DEFAULT_ADMIN_PORT)
     with pytest.raises(ConfigError, match=r"^admin\.port: must be between 0 and 65535"):
         load_dataclass(AdminHttpConfig, {"port": 70000}, "admin")
+
+
+def test_uplink_status_pointed_at_the_admin_endpoint_says_so(start_broker, capsys):
+    """`timestone uplink status --broker` given the admin port (/metrics, /health) instead of the offsets
+    API's says which endpoint it reached, not that the broker has no uplink."""
+    from broker_edge.uplink.status_cli import uplink_main
+
+    broker = start_broker()
+    admin = f"http://127.0.0.1:{broker.broker.admin_port}"
+    assert uplink_main(["status", "--broker", admin]) == 1
+    said = capsys.readouterr().err
+    assert "has no uplink" not in said
+    assert "admin endpoint (/metrics, /health), not its offsets API" in said and len(said.splitlines()) == 1
