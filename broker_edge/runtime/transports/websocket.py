@@ -253,7 +253,10 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
 
     async def serve(request: web.Request) -> web.StreamResponse:
         ws = MqttWebSocket(
-            protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16, autoping=False
+            protocols=("mqtt", "mqttv3.1"),
+            max_msg_size=limits.max_packet_size + 16,
+            autoping=False,
+            compress=False,  # no permessage-deflate: a zlib state per connection, every message compressed
         )
         await ws.prepare(request)
         transport = WebSocketTransport(ws, request, limits.outgoing_buffer_bytes)

@@ -162,3 +162,24 @@ def test_websocket_pings_are_read_within_the_turns_budget_and_all_answered(start
         received += sock.recv(1 << 20)
     assert broker.metric("timestone_broker_read_turns_cut_total") > 0
     sock.close()
+
+
+def test_permessage_deflate_is_not_negotiated(start_broker):
+    """A client offering permessage-deflate gets the upgrade without it: compression would cost a zlib state
+    per connection (hundreds of KiB) and a compression of every message to every such subscriber."""
+    broker = start_broker(listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0}])
+
+    async def session() -> tuple[int, bytes]:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.ws_connect(
+                f"http://127.0.0.1:{broker.port_of('ws')}/mqtt", protocols=("mqtt",), compress=15
+            ) as ws,
+        ):
+            await ws.send_bytes(encode(Connect(protocol_version=5, client_id="deflater", keep_alive=60), 5))
+            message = await ws.receive(timeout=5)
+            return ws.compress, message.data
+
+    compress, received = asyncio.run(session())
+    assert compress == 0  # the broker's answer named no extension
+    assert isinstance(PacketDecoder(role="client", protocol_version=5).feed(received)[0], ConnAck)
