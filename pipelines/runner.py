@@ -94,7 +94,8 @@ PIPELINES: dict[str, Pipeline] = {
 }
 
 EXIT_STATUS = """exit status: 0 caught up (--available-now) or stopped (Ctrl-C, SIGTERM);
-1 failed while running; 2 a wrong command line or configuration (naming the dotted key);
+1 failed while running, or --metrics-port could not be served;
+2 a wrong command line or configuration (naming the dotted key);
 3 optional dependencies missing; 4 with --available-now, the brokers to read did not answer."""
 
 
@@ -145,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         one.add_argument(
             "--metrics-port",
-            type=int,
+            type=_port,
             default=None,
             metavar="PORT",
             help="serve the job's Prometheus metrics (query restarts) at http://127.0.0.1:PORT/metrics",
@@ -159,6 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
             help="lowest level logged (default INFO; DEBUG also shows Spark's, py4j's and GX's own logs)",
         )
     return parser
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: one the system picks), for ``--metrics-port``."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, 0 to 65535, got {text!r}")
+    return port
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -246,7 +258,15 @@ def pipeline_main(argv: list[str]) -> int:
     if validated is not None and pipeline.tables_root:
         print(notebooks_hint(str(attrgetter(pipeline.tables_root)(validated))), flush=True)
     if args.metrics_port is not None and options.metrics is not None:
-        options.metrics.serve(args.metrics_port)
+        try:
+            options.metrics.serve(args.metrics_port)
+        except OSError as exc:  # the port taken, or not ours to bind
+            where = f"127.0.0.1:{args.metrics_port}"
+            print(
+                f"{prefix}: --metrics-port {args.metrics_port}: cannot serve /metrics on {where}: {exc}",
+                file=sys.stderr,
+            )
+            return FAILED
     request: StopRequest | None = None
     try:
         spark = spark_session(args.spark_master, app_name=f"timestone-{args.name}")
