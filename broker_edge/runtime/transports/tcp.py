@@ -71,9 +71,10 @@ class AdmittingHost(Protocol):
 
 
 def tls_room(broker: ConnectionHost) -> int:
-    """How many TLS handshakes may be in progress on a listener: ``limits.max_connections`` less the
-    connections open, all listeners together."""
-    return broker.config.limits.max_connections - cast(AdmittingHost, broker).admission.active
+    """How many TLS handshakes may be in progress on a listener: the connection limit the admission holds
+    (``limits.max_connections``) less the connections open, all listeners together."""
+    admission = cast(AdmittingHost, broker).admission
+    return admission.max_connections - admission.active
 
 
 class TcpConnection(StreamConnection):
