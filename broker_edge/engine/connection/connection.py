@@ -506,7 +506,10 @@ class Connection(Outgoing):
 
     def protocol_error(self, error: MQTTError) -> None:
         """A packet broke the protocol: tell a v5 client why (DISCONNECT or CONNACK), then close."""
-        self.log().info("protocol error, closing: %s (0x%02X)", error.message, error.reason_code)
+        if self.terms.state != NEW:
+            self.log().info("protocol error, closing: %s (0x%02X)", error.message, error.reason_code)
+        elif not isinstance(error, PacketTooLarge):  # that one has its own refusal line
+            _refusal_line(self, "protocol_error", f"{error.message}, 0x{error.reason_code:02X}")
         if self.terms.state == NEW:
             if isinstance(error, UnsupportedProtocolVersion):
                 if error.protocol_version == MQTT_5:
@@ -527,16 +530,8 @@ class Connection(Outgoing):
         """More than ``limits.max_connect_packet_size`` before the CONNECT was read (a first packet declaring
         more, a WebSocket client's frames): a refusal counted and logged as ``connect_too_large``, then
         closed (``code``: the v5 CONNACK's, when the client's protocol level is known)."""
-        host = self.terms.host
-        host.counters.refusal_log.write(
-            self.log(),
-            host.now(),
-            "connect_too_large",
-            f"connection refused: connect_too_large ({detail})",
-            action="connect",
-            limit=host.config.limits.max_connect_packet_size,
-            **fields,
-        )
+        limit = self.terms.host.config.limits.max_connect_packet_size
+        _refusal_line(self, "connect_too_large", detail, limit=limit, **fields)
         self.refuse("connect_too_large", code, version=MQTT_5 if code is not None else None)
 
     def refuse(
@@ -650,7 +645,11 @@ class Connection(Outgoing):
                 self.terms.host.call_later(deadline - now, partial(keep_alive_due, self, deadline))
         elif state == NEW and now >= self.deadline:
             self.terms.host.counters.refused("connect_timeout")
-            self.log().info("no CONNECT within %.1f s", self.terms.host.config.limits.connect_timeout_s)
+            _refusal_line(
+                self,
+                "connect_timeout",
+                f"no CONNECT within {self.terms.host.config.limits.connect_timeout_s:.1f} s",
+            )
             self.abort()
 
     # -- flow control of incoming publishes ----------------------------------------------------------------
@@ -702,3 +701,11 @@ def keep_alive_expired(conn: Connection) -> None:
     """``conn`` sent nothing within 1.5 times its keep alive: closed (MQTT 3.1.2.10)."""
     conn.log().info("keep alive timeout (%d s)", conn.terms.keepalive)
     conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
+
+
+def _refusal_line(conn: Connection, reason: str, detail: str, **fields: Any) -> None:
+    """Say a refusal before CONNECT in the broker's rate-limited refusal lines (``RefusalLog``): a stranger
+    opening connection after connection cannot fill the log."""
+    host = conn.terms.host
+    message = f"connection refused: {reason} ({detail})"
+    host.counters.refusal_log.write(conn.log, host.now(), reason, message, action="connect", **fields)

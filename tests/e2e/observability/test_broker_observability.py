@@ -246,3 +246,26 @@ def test_a_client_id_with_control_characters_cannot_forge_or_colour_log_lines(st
     assert "connected " + json.dumps(HOSTILE)[1:-1] in text
     document = json.loads(json_line)
     assert document["client_id"] == HOSTILE and document["username"] == "u\x1b]0;title\x07\u2029x"
+
+
+def test_connections_refused_before_connect_write_rate_limited_refusal_lines(start_broker, broker_records):
+    """A stranger opening connections that send garbage, or nothing, before CONNECT is refused as
+    `protocol_error` or `connect_timeout`: each counted, and said in WARNING refusal lines limited to 20 per
+    reason per 10 s, as every refusal is, where each wrote an INFO line of its own without bound."""
+    broker = start_broker(limits={"connect_timeout_s": 0.2})
+    for _ in range(60):
+        with socket.create_connection(("127.0.0.1", broker.port)) as garbage:
+            garbage.sendall(b"\xff\xff\xff\xff\xff")
+            garbage.recv(16)
+    idle = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(30)]
+    assert wait_for(lambda: broker.refused("protocol_error") == 60)
+    assert wait_for(lambda: broker.refused("connect_timeout") == 30)
+    for sock in idle:
+        sock.close()
+    lines = [r for r in broker_records if r.name == "broker_edge.connection"]
+    for reason in ("protocol_error", "connect_timeout"):
+        said = [r for r in lines if getattr(r, "reason", None) == reason]
+        assert len(said) == 20, [r.getMessage() for r in said]
+        assert all(r.levelname == "WARNING" and r.action == "connect" for r in said)
+        assert said[0].getMessage().startswith(f"connection refused: {reason} (")
+    assert not [r for r in lines if r.levelno < logging.WARNING and r.client_id == "-"]
