@@ -628,11 +628,12 @@ class Connection(Outgoing):
         keepalive = self.terms.keepalive
         since = unfinished_since(self)
         if since and now - since > self.terms.host.config.limits.partial_packet_timeout_s:
-            self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
             if state == CONNECTED:
+                self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "a packet took too long to arrive")
             else:
                 self.terms.host.counters.refused("partial_timeout")
+                _refusal_line(self, "partial_timeout", "a packet took longer than partial_packet_timeout_s")
                 self.abort()
             return
         if state == CONNECTED:

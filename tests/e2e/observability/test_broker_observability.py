@@ -269,3 +269,22 @@ def test_connections_refused_before_connect_write_rate_limited_refusal_lines(sta
         assert all(r.levelname == "WARNING" and r.action == "connect" for r in said)
         assert said[0].getMessage().startswith(f"connection refused: {reason} (")
     assert not [r for r in lines if r.levelno < logging.WARNING and r.client_id == "-"]
+
+
+def test_connections_holding_an_unfinished_first_packet_write_rate_limited_refusal_lines(
+    start_broker, broker_records
+):
+    """Sockets that start a first packet and never finish it are refused as `partial_timeout`: counted, and
+    said in WARNING refusal lines limited to 20 per 10 s, where each wrote an INFO line without bound."""
+    broker = start_broker(limits={"partial_packet_timeout_s": 0.2})
+    slow = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(30)]
+    for sock in slow:
+        sock.sendall(b"\x10\x20\x00")
+    assert wait_for(lambda: broker.refused("partial_timeout") == 30)
+    for sock in slow:
+        sock.close()
+    lines = [r for r in broker_records if r.name == "broker_edge.connection"]
+    said = [r for r in lines if getattr(r, "reason", None) == "partial_timeout"]
+    assert len(said) == 20 and all(r.levelname == "WARNING" and r.action == "connect" for r in said)
+    assert said[0].getMessage().startswith("connection refused: partial_timeout (")
+    assert not [r for r in lines if r.levelno < logging.WARNING and r.client_id == "-"]
