@@ -15,6 +15,7 @@ before aiohttp's close (``MqttWebSocket``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_GRACE_S = 2.0
 """How long a closed WebSocket connection may take to send what it has left before its socket is aborted."""
+HELD_CHECK_S = 1.0
+"""How often a held connection's reader looks whether its client is still there while it waits."""
 
 
 class WebSocketTransport:
@@ -51,6 +54,7 @@ class WebSocketTransport:
         "_connection",
         "_peername",
         "_pending",
+        "_readable",
         "_request",
         "_sending",
         "_ws",
@@ -69,6 +73,9 @@ class WebSocketTransport:
         self._sending = False
         self._closing = False
         self._connection: StreamConnection | None = None
+        self._readable = asyncio.Event()
+        """Set while the connection reads (``pause_reading``/``resume_reading``), and once it ends."""
+        self._readable.set()
         self.high_water = high_water
 
     def write(self, data: bytes) -> None:
@@ -135,6 +142,7 @@ class WebSocketTransport:
         if self._closing:
             return
         self._closing = True
+        self._readable.set()  # a reader waiting for a release sees the end
         asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self._abort_unclosed)
         if not self._sending:  # else closed once the send ends
             asyncio.get_running_loop().create_task(self._ws.close())
@@ -146,6 +154,7 @@ class WebSocketTransport:
 
     def abort(self) -> None:
         self._closing = True
+        self._readable.set()
         self._pending.clear()
         transport = self._request.transport
         if transport is not None:
@@ -153,13 +162,25 @@ class WebSocketTransport:
         asyncio.get_running_loop().create_task(self._ws.close())
 
     def is_reading(self) -> bool:
-        return True
+        return self._readable.is_set()
 
     def pause_reading(self) -> None:
-        """Reading is paused by not taking the next message (see ``_serve``)."""
+        """Reading is paused by not taking the next message (``_read`` waits in ``until_readable``)."""
+        if not self._closing:
+            self._readable.clear()
 
     def resume_reading(self) -> None:
-        pass
+        self._readable.set()
+
+    @property
+    def open(self) -> bool:
+        """Whether the WebSocket is still there: not closed, its client not gone."""
+        return not self._ws.closed and self._request.transport is not None
+
+    async def until_readable(self) -> None:
+        """Wait until reading resumes (or the connection ends), at most ``HELD_CHECK_S``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._readable.wait(), HELD_CHECK_S)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "peername":
@@ -215,9 +236,11 @@ CONTROL_FRAME_MIN = 6
 """The shortest frame a client sends (2 bytes of header, 4 of mask): what an empty ping costs of a turn."""
 
 
-async def _read(ws: web.WebSocketResponse, connection: StreamConnection, turns: ReadTurns) -> None:
+async def _read(transport: WebSocketTransport, connection: StreamConnection, turns: ReadTurns) -> None:
     """Hand ``connection`` the bytes of each binary message and answer each ping, each within a turn's read
-    budget: a flood of pings is read over many turns, as a flood of packets is."""
+    budget: a flood of pings is read over many turns, as a flood of packets is. While the connection holds
+    its reading (over its message rate, owing acknowledgements, ...) the next message waits, untaken."""
+    ws = transport._ws
     async for message in ws:
         if message.type in (WSMsgType.PING, WSMsgType.PONG):
             while not turns.spend(len(message.data) + CONTROL_FRAME_MIN):
@@ -225,8 +248,8 @@ async def _read(ws: web.WebSocketResponse, connection: StreamConnection, turns: 
             if message.type == WSMsgType.PING:
                 await ws.pong(message.data)
         elif message.type == WSMsgType.BINARY:
-            while connection.held and not ws.closed:
-                await asyncio.sleep(0.01)
+            while connection.held and transport.open:
+                await transport.until_readable()
             while not turns.spend(len(message.data)):  # this turn's bytes are read: the next one
                 await turns.next_turn()
             connection.data_received(message.data)
@@ -268,7 +291,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         try:
-            await _read(ws, connection, turns)
+            await _read(transport, connection, turns)
         except ConnectionError as exc:  # the client went while a pong or a close frame was being written
             log.debug("websocket of %s ended: %s", connection.peer_address(), exc)
         finally:

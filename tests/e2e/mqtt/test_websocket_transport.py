@@ -183,3 +183,31 @@ def test_permessage_deflate_is_not_negotiated(start_broker):
     compress, received = asyncio.run(session())
     assert compress == 0  # the broker's answer named no extension
     assert isinstance(PacketDecoder(role="client", protocol_version=5).feed(received)[0], ConnAck)
+
+
+def test_a_held_websocket_connection_waits_without_polling_and_reads_again_once_released(start_broker):
+    """A WebSocket client over its message rate is held as a TCP one is: its transport stops reading (no
+    wake-up per 10 ms while it waits), and once the bucket refills its messages are read, none lost."""
+    broker = start_broker(
+        listeners=[
+            {"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0},
+            {"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0},
+        ],
+        limits={"messages_per_second_per_client": 2, "messages_burst_per_client": 1},
+    )
+    watcher = PahoClient(broker.port_of("tcp"), "watcher", version=5)
+    watcher.subscribe("held/#")
+    sock = stalled_websocket_subscriber(broker.port_of("ws"), "held")
+    assert wait_for(lambda: broker.connected("held"))
+    for n in range(4):
+        sock.sendall(frame(encode(Publish(topic=f"held/{n}", payload=b"x"), 5)))
+
+    def state() -> tuple[bool, bool]:
+        """Whether the connection is held, and whether its transport reads."""
+        connection = next(c for c in broker.broker.connections if c.client_id == "held")
+        return bool(connection.held), connection.transport.is_reading()
+
+    assert wait_for(lambda: broker.call(state) == (True, False))  # held: its transport does not read
+    assert sorted(m.topic for m in watcher.expect(4)) == [f"held/{n}" for n in range(4)]
+    assert wait_for(lambda: broker.call(state) == (False, True))
+    sock.close()
