@@ -312,16 +312,23 @@ def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
     if status.open_count:
         lines.append(f"not done  {status.open_count} device{'s' if status.open_count != 1 else ''}:")
         for execution in status.open_devices:
-            details = f" ({execution['status_details']})" if execution.get("status_details") else ""
-            since = execution.get("started_at") or execution.get("published_at") or execution.get("queued_at")
-            lines.append(
-                f"          {execution['device_id']} {execution['state']}{details} since {_time(since)}"
+            details = (
+                f" ({_printable(execution['status_details'])})" if execution.get("status_details") else ""
             )
+            since = execution.get("started_at") or execution.get("published_at") or execution.get("queued_at")
+            device = _printable(execution["device_id"])
+            lines.append(f"          {device} {execution['state']}{details} since {_time(since)}")
         if status.open_count > len(status.open_devices):
             lines.append(f"          ... and {status.open_count - len(status.open_devices)} more")
     if not status.ended:
         lines.append(job)
     return "\n".join(lines)
+
+
+def _printable(text: str) -> str:
+    """What a device sent (its id, its report's details) as one line a terminal shows as it is: a character
+    that is not printable (a newline, an ANSI escape) is written as Python escapes it (``\\n``, ``\\x1b``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def _progress(summary: dict, row: dict) -> str | None:

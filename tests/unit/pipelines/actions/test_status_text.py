@@ -89,3 +89,24 @@ def test_status_says_an_action_waits_for_its_start():
     ).row(NOW)  # fmt: skip
     text = describe(in_progress(row, 40), "", int(NOW.timestamp() * 1000))
     assert "waiting   for its start: nothing goes out before 2026-12-01 06:00:00 UTC" in text
+
+
+def test_status_shows_what_a_device_reported_escaped_one_line_per_device():
+    """A device's report details (and its id) holding a newline or ANSI escapes cannot forge a line of
+    `timestone ota status` nor colour or clear the operator's terminal: they are shown escaped."""
+    row = NewAction(
+        action_id="a-4", group="fleet", version="2.1.0", url="https://fw.example/f", sha256="0" * 64
+    ).row(NOW)  # fmt: skip
+    status = in_progress(row, 2)
+    forged = "flashing\n          dev-9 SUCCEEDED since 2026-11-25\x1b[2J\x1b[32m ok"
+    status.open_devices = [
+        {"device_id": "dev-1", "state": "IN_PROGRESS", "status_details": forged, "started_at": NOW},
+        {"device_id": "dev-\x1b[31m2", "state": "QUEUED", "queued_at": NOW},
+    ]
+    status.open_count = 2
+    lines = describe(status, "").splitlines()
+    shown = [line for line in lines if line.startswith("          dev-")]
+    assert len(shown) == 2, lines
+    assert all(c.isprintable() for line in lines for c in line), lines
+    assert "(flashing\\n          dev-9 SUCCEEDED since 2026-11-25\\x1b[2J\\x1b[32m ok)" in shown[0]
+    assert shown[1].startswith("          dev-\\x1b[31m2 QUEUED")
