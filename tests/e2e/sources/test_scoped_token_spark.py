@@ -39,8 +39,12 @@ def publish(broker: RunningBroker, ends: dict[str, int]) -> None:
     assert wait_for(lambda: broker.call(lambda: all(store.durable_end(t) == n for t, n in ends.items())))
 
 
-def read_available_now(spark: SparkSession, broker: RunningBroker, checkpoint: Path, **options: str) -> list:
-    """Every row a query with default options (but ``options``) reads, run to the end of what is there."""
+def read_available_now(
+    spark: SparkSession, broker: RunningBroker | str, checkpoint: Path, **options: str
+) -> list:
+    """Every row a query with default options (but ``options``) reads of ``broker`` (or the broker at that
+    URL), run to the end of what is there."""
+    url = broker if isinstance(broker, str) else f"http://127.0.0.1:{broker.broker.offsets_port}"
     rows: list = []
 
     def sink(frame: DataFrame, _batch_id: int) -> None:
@@ -48,7 +52,7 @@ def read_available_now(spark: SparkSession, broker: RunningBroker, checkpoint: P
 
     source = (
         spark.readStream.format("timestone")
-        .option("brokers", f"edge=http://127.0.0.1:{broker.broker.offsets_port}")
+        .option("brokers", f"edge={url}")
         .option("topics", "#")
         .options(**options)
         .load()

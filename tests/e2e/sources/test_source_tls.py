@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from broker_edge.runtime.local_pki import LocalPki
 from pipelines.preflight import BrokersUnreachable, require_brokers
 from sources.options import SourceOptionError, parse_options
 from tests.e2e.commitlog.e2e_helpers import publish_numbered
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.sources.test_scoped_token_spark import read_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
@@ -40,30 +41,10 @@ def secured(brokers: Callable[..., RunningBroker], pki: LocalPki) -> tuple[Runni
 
 
 def read_all(spark: SparkSession, url: str, checkpoint: Path, **options: str) -> list[tuple[str, int, bytes]]:
-    rows: list = []
-
-    def sink(frame: DataFrame, _batch_id: int) -> None:
-        rows.extend(frame.select("topic", "offset", "payload").collect())
-
-    source = (
-        spark.readStream.format("timestone")
-        .option("brokers", f"edge={url}")
-        .option("topics", "plant/#")
-        .option("startingOffsets", "earliest")
-        .option("authToken", TOKEN)
-        .option("fetchRetries", "0")
-        .options(**options)
-        .load()
-    )
-    query = source.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-    running = query.trigger(availableNow=True).start()
-    try:
-        running.awaitTermination(120)
-    finally:
-        running.stop()
-    error = running.exception()
-    if error is not None:
-        raise error
+    """Every record of ``plant/#`` on the broker at ``url``, read from the start (``read_available_now``
+    with this module's token and ``options``)."""
+    reading = {"startingOffsets": "earliest", "authToken": TOKEN, "fetchRetries": "0", **options}
+    rows = read_available_now(spark, url, checkpoint, topics="plant/#", **reading)
     return sorted((row.topic, row.offset, bytes(row.payload)) for row in rows)
 
 
