@@ -54,7 +54,9 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
     if (  # a topic of n characters has at most 4n UTF-8 bytes: most need only their levels counted here
         len(topic) << 2 > max_length or topic.count("/") >= max_levels
     ) and topic_over_limits(topic, max_length, max_levels):
-        conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
+        _disconnect(
+            ctx, conn, ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows"
+        )
         return
     packet_id = packet.packet_id
     path = ctx.publish_path
@@ -65,14 +67,17 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
             path.acknowledge_in_turn(conn, packet_id, 2, 0)  # duplicate: PUBREC again, never routed twice
             return
     if qos and conn.terms.v5 and conn.incoming_pending >= limits.receive_maximum:
-        conn.close(
-            ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum"
+        _disconnect(
+            ctx,
+            conn,
+            ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+            "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
         )
         return
     retain = packet.retain
     if retain and not ctx.config.retain.enabled:
         if conn.terms.v5:
-            conn.close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
+            _disconnect(ctx, conn, ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
             return
         retain = False
     acl = ctx.acl
@@ -195,6 +200,16 @@ def _refuse(
     if qos == 2 and not v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
         _hold_qos2(conn, session, packet_id)
     ctx.publish_path.acknowledge_in_turn(conn, packet_id, qos, reason_code if v5 else 0)
+
+
+def _disconnect(ctx: BrokerContext, conn: Client, code: ReasonCode, detail: str) -> None:
+    """Close ``conn`` for a PUBLISH no broker may take (v5: DISCONNECT with ``code``), said in the broker's
+    rate-limited refusal lines naming the client and why: a client that breaks the rule again at every
+    connection would otherwise be disconnected over and over with nothing in the log."""
+    reason = code.name.lower()
+    message = f"disconnected: {reason} ({detail})"
+    ctx.counters.refusal_log.write(conn.log, ctx.now(), reason, message, action="publish")
+    conn.close(code, detail)
 
 
 def _hold_qos2(conn: Client, session: Session, packet_id: int) -> None:

@@ -1,5 +1,7 @@
 """PUBLISH from a client: acknowledgement codes, QoS 2 de-duplication, aliases, ACL, limits (MQTT 3.3)."""
 
+import logging
+
 import pytest
 
 from broker_edge.protocol.codec import encode
@@ -104,6 +106,21 @@ def test_more_unacknowledged_qos1_than_receive_maximum_closes_with_0x93_mqtt_3_3
     publisher.connect("pub")
     answer = publisher.send(Publish("t", b"1", 2, packet_id=1), Publish("t", b"2", 2, packet_id=2))
     assert [(type(p), p.reason_code) for p in answer] == [(PubRec, 0x10), (Disconnect, 0x93)]
+
+
+def test_a_client_disconnected_for_a_publish_no_broker_may_take_is_said_in_the_rate_limited_lines(caplog):
+    """A client past Receive Maximum at every connection was disconnected over and over with nothing in the
+    log but a counter: each such disconnect is a refusal line naming the client and why, rate-limited."""
+    core = make_core(limits={"receive_maximum": 1})
+    with caplog.at_level(logging.INFO):
+        for attempt in range(30):
+            publisher = core.client()
+            publisher.connect(f"pub-{attempt}")
+            publisher.send(Publish("t", b"1", 2, packet_id=1), Publish("t", b"2", 2, packet_id=2))
+    said = [r for r in caplog.records if "disconnected: receive_maximum_exceeded" in r.getMessage()]
+    assert said and "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum" in said[0].getMessage()
+    assert getattr(said[0], "client_id", None) == "pub-0"
+    assert len(said) < 30  # rate-limited
 
 
 def test_a_topic_longer_than_the_limit_closes_the_connection_0x90():
