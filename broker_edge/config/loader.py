@@ -12,7 +12,8 @@ environment variable filled from a secret scope). A variable that is not set is 
 
 A number written with an exponent (``1e3``, ``2.5E-3``) is a float, as YAML 1.2 and JSON read it (YAML 1.1
 reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. An integer with
-leading zeros is decimal (``010000`` is 10000, where YAML 1.1 reads octal 4096). A document that
+leading zeros is decimal (``010000`` is 10000, where YAML 1.1 reads octal 4096); digits joined by colons
+are a string (``10:00``, where YAML 1.1 reads base 60: 600). A document that
 is no YAML is refused in one line naming its line and column. A path setting that starts with ``~`` is in
 the home directory (``expand_home``).
 """
@@ -37,6 +38,8 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0
 _LEADING_ZERO_INT = re.compile(r"^[-+]?0[0-9_]+$")
 """An integer written with leading zeros, which YAML 1.1 reads as octal (``010000`` is 4096)."""
 _DECIMAL_TAG = "tag:timestone,2026:decimal"
+_COLON_NUMBER = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+"""Digits joined by colons (``10:00``), which YAML 1.1 reads as a base-60 number (600); YAML 1.2 a string."""
 
 
 class ConfigError(ValueError):
@@ -85,6 +88,10 @@ def _yaml_loader() -> type:
     ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
     ConfigLoader.add_implicit_resolver(_DECIMAL_TAG, _LEADING_ZERO_INT, list("-+0"))
     for first in "-+0":  # checked before YAML 1.1's octal: the number is the one written
+        resolvers = ConfigLoader.yaml_implicit_resolvers[first]
+        resolvers.insert(0, resolvers.pop())
+    ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:str", _COLON_NUMBER, list("-+0123456789"))
+    for first in "-+0123456789":  # checked before YAML 1.1's base 60: ``10:00`` is the string written
         resolvers = ConfigLoader.yaml_implicit_resolvers[first]
         resolvers.insert(0, resolvers.pop())
     return ConfigLoader
