@@ -171,14 +171,19 @@ def _counted_of(conn: Connection) -> int:
 
 def _close_over_budget(conn: Connection, own: OwnDecoder, address_bytes: int) -> None:
     """Close ``conn``, of the address holding the most unfinished bytes (``address_bytes``) when they passed
-    the budget; what it held leaves the budget at once (it will never finish it)."""
-    conn.log().warning(
-        "closed: packets in progress on all connections exceed max_partial_packet_bytes, and this client's "
-        "address holds the most of them (%d bytes)",
-        address_bytes,
+    the budget; what it held leaves the budget at once (it will never finish it). Said in the broker's
+    rate-limited refusal lines: an address opening connection after connection cannot fill the log."""
+    host = conn.terms.host
+    host.counters.refusal_log.write(
+        conn.log,
+        host.now(),
+        "partial_budget",
+        "closed: partial_budget (packets in progress on all connections exceed max_partial_packet_bytes, and "
+        "this client's address holds the most of them)",
+        action="connect" if conn.terms.state != CONNECTED else "read",
+        address_bytes=address_bytes,
     )
     _hold(conn, own, 0)
-    host = conn.terms.host
     if conn.terms.state == CONNECTED:
         conn.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
     else:

@@ -5,6 +5,8 @@ it are not refused for bytes that will never be read."""
 
 from __future__ import annotations
 
+import logging
+
 from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, PubAck, Publish
@@ -82,3 +84,22 @@ def test_over_the_budget_the_address_holding_the_most_gives_way_not_the_newcomer
     assert core.partial_bytes == 300 and {a: p.bytes for a, p in core.partial_peers.items()} == {
         "127.0.0.1": 300
     }
+
+
+def test_connections_closed_over_the_budget_are_said_in_the_rate_limited_refusal_lines(caplog):
+    """Each connection closed over the budget wrote its own WARNING: an address sending half packets from
+    connection after connection filled the log. They are refusal lines now, at most 20 per 10 s."""
+    core = make_core(limits={"max_partial_packet_bytes": BUDGET})
+    frame = encode(Publish("plant/firmware", b"x" * 2000), MQTT_5)
+    holder = core.client()
+    holder.connect("holder")
+    holder.send_bytes(frame[:600])
+    with caplog.at_level(logging.INFO):
+        for n in range(40):
+            hog = core.client()
+            hog.connect(f"hog-{n}")
+            hog.send_bytes(frame[:600])  # 1,200 bytes unfinished: the one that sent the last is closed
+            assert hog.closed
+    said = [r.getMessage() for r in caplog.records if "max_partial_packet_bytes" in r.getMessage()]
+    assert 1 <= len(said) <= 20
+    assert "closed: partial_budget" in said[0]
