@@ -25,7 +25,7 @@ from broker_edge.observe.logs import configure_logging
 from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
 from broker_edge.runtime import stop_signals
-from broker_edge.security.auth import PasswordFileError
+from broker_edge.security.auth import PasswordFile, PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 from broker_edge.storage.errors import StoreDamaged
 
@@ -249,6 +249,22 @@ def _ignore(_: str | None) -> None:
     pass
 
 
+def read_security_files(config: BrokerConfig) -> None:
+    """Read the password file, the ACL file and the readers' tokens file as a start reads them, so what
+    the start would refuse in them is a ``ConfigError`` naming the key (and the file's line)."""
+    from broker_edge.security.acl import AccessControl
+
+    if config.auth.password_file:
+        try:
+            PasswordFile.load(config.auth.password_file)
+        except PasswordFileError as error:
+            raise ConfigError("auth.password_file", str(error)) from None
+    if config.acl.file:
+        AccessControl.from_config(config.acl)
+    if config.offsets_api.enabled:
+        config.offsets_api.reader_tokens()
+
+
 def check_config(config_path: str | None, workers: int = 1) -> int:
     """``timestone broker --check [--workers N]``: load the config and read every file it names, as a start
     does before anything is opened (and refuse what N members refuse, or settings needing more file
@@ -257,6 +273,7 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
     where = config_path if config_path is not None else "the embedded defaults"
     try:
         config = load_broker_config(config_path)
+        read_security_files(config)
         if workers > 1:
             from broker_edge.runtime.workers import check_workers
 

@@ -81,3 +81,31 @@ def test_settings_whose_file_descriptors_the_process_cannot_hold_are_status_2_as
     assert "no file descriptor left for client connections" in done.stderr
     assert "storage.max_open_files 1000000002" in done.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_password_acl_or_tokens_file_that_a_start_refuses_is_refused_by_the_check(tmp_path: Path):
+    """What the start reads in those files (a password file's lines, an ACL file's rules, the readers'
+    tokens) is read by ``--check`` too: each was said OK while the start that followed exited 2."""
+    data = tmp_path / "data"
+    passwd, acl, tokens = tmp_path / "passwd", tmp_path / "acl.yaml", tmp_path / "tokens.yaml"
+    passwd.write_text("device-1:not a hash\n")
+    acl.write_text("rules:\n  - {permission: allow, action: all, topic: 'a/#', bogus: 1}\n")
+    tokens.write_text("tokens:\n  - {name: spark, token: " + "s" * 32 + ", topicz: ['#']}\n")
+    tokens.chmod(0o600)
+    config = tmp_path / "edge.yaml"
+    files = {
+        "auth": {"password_file": str(passwd)},
+        "acl": {"file": str(acl)},
+        "offsets_api": {"tokens_file": str(tokens)},
+    }
+    for section, expected in [
+        ("auth", f"auth.password_file: {passwd}:1: "),
+        ("acl", f"{acl}, line 2: rules[0].bogus: unknown key"),
+        ("offsets_api", "offsets_api.tokens_file: "),
+    ]:
+        document = {"storage": {"directory": str(data)}, section: files[section]}
+        config.write_text(yaml.safe_dump(document))
+        done = check("--config", str(config), cwd=tmp_path)
+        assert done.returncode == 2, (section, done.stdout)
+        assert expected in done.stderr, done.stderr
+        assert done.stdout == "" and not data.exists()
