@@ -112,6 +112,7 @@ class DeltaRsTableStore(TableStore):
         max_commit_attempts: int = 12,
     ) -> None:
         super().__init__(catalog)
+        _check_root(root)
         self.spark = spark
         # delta-rs reports local files by absolute path; Spark's basePath must be spelt the same way.
         self.root = root if "://" in root else os.path.abspath(root)
@@ -593,6 +594,17 @@ def _overlapping(actions: pa.Table, within: TimeRange) -> pa.Array:
         pc.less_equal(low, within.high_us), pc.greater_equal(pc.add(high, 999), within.low_us)
     )
     return pc.fill_null(overlaps, True).combine_chunks()  # no statistics: the file may hold anything
+
+
+def _check_root(root: str) -> None:
+    """delta-rs reads a '%' and two hex digits in a local path as a URL escape (it decodes even a
+    ``file://`` URI's path twice) and writes or looks for the table elsewhere: such a root is refused."""
+    directory = local_directory(root)
+    if directory is not None and urllib.parse.unquote(directory) != directory:
+        raise ValueError(
+            f"table root {directory!r} holds a '%' and two hex digits, which delta-rs reads as a URL "
+            "escape (its tables could not be created or read): choose a root without them"
+        )
 
 
 def _crowded_partitions(

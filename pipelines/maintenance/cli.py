@@ -94,7 +94,11 @@ def tables_main(argv: list[str]) -> int:
             from pipelines.runner import spark_session
 
             spark = spark_session(None, "timestone-tables")
-        target: MaintenanceTarget = module.maintenance_target(spark, config)
+        try:
+            target: MaintenanceTarget = module.maintenance_target(spark, config)
+        except ValueError as exc:  # a root the backend cannot address
+            print(f"timestone tables maintain {name}: {exc}", file=sys.stderr)
+            return 2
         if not any(target.store.exists(table) for table in target.tables):
             where = getattr(target.store, "root", None) or "its tables' place"
             print(f"{name}: no table of it under {where} yet: nothing to maintain")

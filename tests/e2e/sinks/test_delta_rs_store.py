@@ -377,3 +377,27 @@ def test_a_process_that_read_a_table_as_arrow_exits_cleanly(tmp_path):
             [sys.executable, "-c", script, str(tmp_path / "lake")], capture_output=True, text=True, timeout=60
         )
         assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-500:]
+
+
+@pytest.mark.parametrize("folder", ["my lake é", "pct%20lake"])
+def test_a_root_with_spaces_and_unicode_works_and_one_with_a_url_escape_is_refused(spark, tmp_path, folder):
+    """delta-rs reads '%20' in a local path as a URL escape ('pct%20lake' becomes 'pct lake') and fails
+    on its own log; such a root is refused at once, naming it. Spaces and unicode are maintained as usual."""
+    root = str(tmp_path / folder)
+    if "%" in folder:
+        with pytest.raises(ValueError, match=r"table root .*pct%20lake.* '%' and two hex digits"):
+            DeltaRsTableStore(spark, root)
+        with pytest.raises(ValueError, match="table root"):
+            DeltaRsTableStore(spark, "file://" + str(tmp_path / "100%2525 lake"))
+        return
+    store = DeltaRsTableStore(spark, root)
+    for batch in range(3):
+        data = arrow_rows("bronze_telemetry", [bronze_row(batch * 2 + i, day=1 + i) for i in range(2)])
+        assert store.append("bronze_telemetry", data, "q", batch)
+    spark_batch = spark_rows(spark, "bronze_telemetry", [bronze_row(100 + i, day=1 + i) for i in range(2)])
+    assert store.append("bronze_telemetry", spark_batch, "q", 3)
+    assert store.compact("bronze_telemetry", 16 << 20, 2) == 8
+    assert store.vacuum("bronze_telemetry", 0) == 8
+    assert store.tidy_log("bronze_telemetry") is not None
+    assert store.read("bronze_telemetry").count() == 8
+    assert store.read_arrow("bronze_telemetry").num_rows == 8
