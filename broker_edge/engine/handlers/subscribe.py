@@ -7,6 +7,8 @@ SUBACK so a client always sees the acknowledgement first.
 A subscription replays a topic's commitlog when it names a start: the v5 user property ``offset`` on the
 SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the v3 filter form
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
+A v5 SUBACK refusing a filter (invalid, a malformed ``offset``, a replay not possible) says why in its
+reason string.
 A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see
 ``broker_edge.engine.cursors``), unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the
 properties would make the SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. The SUBACK waits
@@ -25,6 +27,7 @@ from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.packets import SubAck, Subscribe
+from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import SUBACK_FAILURE_V3, ReasonCode
 from broker_edge.protocol.topics import (
     parse_offset_filter,
@@ -58,6 +61,24 @@ def _refused(
     )
 
 
+_NO_REPLAY_LOG = "replay refused: this broker keeps no commitlog (storage.enabled is false)"
+_NO_REPLAY_SHARED = "replay refused: a shared subscription is not replayed from an offset"
+
+
+def _reasons(ctx: BrokerContext, outside: list[OffsetOutOfRange], whys: list[str]) -> Properties | None:
+    """The v5 SUBACK properties saying why: refused filters first, then replays started elsewhere."""
+    replays = ctx.replays
+    properties = replays.out_of_range_properties(outside) if outside and replays is not None else None
+    if not whys:
+        return properties
+    more = f" (and {len(whys) - 1} more filters refused)" if len(whys) > 1 else ""
+    reason = whys[0] + more
+    if properties is None:
+        return Properties(reason_string=reason)
+    properties.reason_string = f"{reason}; {properties.reason_string}"
+    return properties
+
+
 def _filter_bytes(session: Session) -> int:
     """UTF-8 bytes of the filters ``session`` holds (``limits.max_subscription_bytes_per_client``)."""
     return sum(len(key.encode()) for key in session.subscriptions or ())
@@ -81,6 +102,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
     codes: list[int] = []
     retained: list[tuple[str, SubscriptionOptions]] = []
     outside: list[OffsetOutOfRange] = []
+    whys: list[str] = []  # why filters were refused, for the v5 SUBACK's reason string
     replaying = False
     for sub in packet.subscriptions:
 
@@ -96,7 +118,8 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
                     raise InvalidTopic(str(exc), ReasonCode.TOPIC_FILTER_INVALID) from None
             group, topic_filter = parse_shared(key)
             validate_topic_filter(topic_filter)
-        except InvalidTopic:
+        except InvalidTopic as exc:
+            whys.append(str(exc))
             fail(ReasonCode.TOPIC_FILTER_INVALID)
             continue
         if topic_over_limits(topic_filter, limits.max_topic_length, limits.max_topic_levels):
@@ -107,6 +130,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
             fail(ReasonCode.NOT_AUTHORIZED)
             continue
         if start is not None and (replays is None or group is not None):
+            whys.append(_NO_REPLAY_SHARED if group is not None else _NO_REPLAY_LOG)
             fail(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             continue
         existing = session.subscriptions.get(key) if session.subscriptions else None
@@ -135,8 +159,8 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
 
     def acknowledge() -> None:
         properties = None
-        if outside and v5 and conn.terms.problem_information and replays is not None:
-            properties = replays.out_of_range_properties(outside)
+        if v5 and conn.terms.problem_information:
+            properties = _reasons(ctx, outside, whys)
         suback = SubAck(packet.packet_id, codes, properties)
         if properties is not None and len(encode(suback, conn.version)) > conn.terms.max_packet_out:
             suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not

@@ -23,11 +23,13 @@ def test_suback_grants_the_requested_qos_per_filter_in_order_mqtt_3_8_4_6():
 
 
 def test_an_invalid_filter_fails_alone_0x8f_in_v5_0x80_in_v3():
-    for version, failure in ((5, 0x8F), (MQTT_3_1_1, 0x80)):
+    """The v5 SUBACK says why in its reason string; MQTT 3.1.1 has no way to."""
+    why = Properties(reason_string="misplaced wildcard in topic filter 'a/#/b'")
+    for version, failure, properties in ((5, 0x8F, why), (MQTT_3_1_1, 0x80, None)):
         client = make_core().client(version)
         client.connect()
         assert client.send(Subscribe(1, [Subscription("a/#/b", 1), Subscription("ok", 1)])) == [
-            SubAck(1, [failure, 1])
+            SubAck(1, [failure, 1], properties)
         ]
 
 
@@ -76,7 +78,8 @@ def test_a_replay_without_a_commitlog_is_refused_0x83():
     client = make_core().client()
     client.connect()
     subscribe = Subscribe(1, [Subscription("a", 1)], Properties(user_properties=[("offset", "earliest")]))
-    assert client.send(subscribe) == [SubAck(1, [0x83])]
+    why = "replay refused: this broker keeps no commitlog (storage.enabled is false)"
+    assert client.send(subscribe) == [SubAck(1, [0x83], Properties(reason_string=why))]
 
 
 def test_subscription_identifier_is_carried_on_each_delivery_mqtt_3_8_4_17():
