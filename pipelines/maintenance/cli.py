@@ -117,11 +117,14 @@ def maintain(
     """One whole pass over the target's existing tables; ``retention_hours`` overrides the configured one
     for this vacuum (the tables' retention properties keep the configured one)."""
     tables = [name for name in target.tables if target.store.exists(name)]
-    policy = target.config.policy()
-    done = maintenance_pass(target.store, tables, policy, compact=False, vacuum=False)
-    if retention_hours is not None:
-        policy = replace(policy, retention_hours=retention_hours)
-    return done + maintenance_pass(target.store, tables, policy, retention=False, vacuum=vacuum)
+    configured = target.config.policy()
+    done = maintenance_pass(target.store, tables, configured, compact=False, vacuum=False)
+    policy = configured if retention_hours is None else replace(configured, retention_hours=retention_hours)
+    done += maintenance_pass(target.store, tables, policy, retention=False, vacuum=vacuum)
+    if policy != configured and vacuum:  # a part of an hour is passed to delta-rs as the table's property
+        restored = maintenance_pass(target.store, tables, configured, compact=False, vacuum=False)
+        done += [upkeep for upkeep in restored if upkeep.error]
+    return done
 
 
 def _needs_spark(config: object) -> bool:

@@ -1,0 +1,35 @@
+"""``timestone tables maintain --retention-hours`` overrides the retention of that one vacuum: the tables'
+retention property keeps the configured period, which other engines (a Databricks ``VACUUM``) honour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from deltalake import DeltaTable
+
+from pipelines.maintenance.cli import tables_main
+from sinks.delta_rs import DeltaRsTableStore
+from sinks.store import DELETED_FILE_RETENTION
+from tests.e2e.sinks.conftest import arrow_rows, bronze_row
+
+
+def test_a_part_of_an_hour_given_on_the_command_line_is_not_left_on_the_table(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "tables"
+    store = DeltaRsTableStore(None, str(root))
+    for batch in range(3):
+        data = arrow_rows("bronze_telemetry", [bronze_row(batch)])
+        assert store.append("bronze_telemetry", data, "q", batch)
+    document = tmp_path / "pipeline.yaml"
+    section = {
+        "source": {"brokers": ["edge1=http://127.0.0.1:9"]},
+        "tables": {"root": str(root), "backend": "delta-rs", "maintenance": {"retention_hours": 72}},
+        "stream": {"checkpoint": str(tmp_path / "checkpoint")},
+    }
+    document.write_text(yaml.safe_dump({"telemetry": section}))
+    argv = ["maintain", "telemetry", "--config", str(document), "--retention-hours", "0.5"]
+    assert tables_main(argv) == 0
+    configuration = DeltaTable(store.location("bronze_telemetry")).metadata().configuration
+    assert configuration[DELETED_FILE_RETENTION] == "interval 259200 seconds"  # 72 h, as configured
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and "vacuum" in out
