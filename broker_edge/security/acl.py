@@ -78,7 +78,7 @@ class AclConfig:
     rules: list[AclRule] = field(default_factory=list)
     """Rules checked in order, before those of ``file``."""
     default: Literal["allow", "deny"] | None = None
-    """Decision when no rule matches; unset = ``allow`` if there are no rules at all, else ``deny``."""
+    """Decision when no rule matches; unset: ``allow`` with no rules and no ``file``, else ``deny``."""
     file: str | None = None
     """YAML file with a ``rules:`` list (same layout), checked after the inline rules; re-read on reload."""
     cache_size: int = 65_536
@@ -95,6 +95,11 @@ def _configured_rules(config: AclConfig) -> list[AclRule]:
     if config.file:
         rules.extend(_file_rules(Path(config.file)))
     return rules
+
+
+def _default_of(config: AclConfig) -> Literal["allow", "deny"] | None:
+    """``default``, else ``deny`` when a ``file`` is named: one left empty by an edit closes the broker."""
+    return config.default or ("deny" if config.file else None)
 
 
 def _file_rules(path: Path) -> list[AclRule]:
@@ -275,7 +280,7 @@ class AccessControl:
     @classmethod
     def from_config(cls, config: AclConfig) -> AccessControl:
         """Inline rules, then those of ``config.file`` (a ``ConfigError`` names the file, line and field)."""
-        return cls(_configured_rules(config), config.default, config.cache_size)
+        return cls(_configured_rules(config), _default_of(config), config.cache_size)
 
     def reload(self, config: AclConfig) -> int:
         """Re-read ``config.file`` and put its rules (after the inline ones) in force; the number of rules.
@@ -284,7 +289,7 @@ class AccessControl:
         in force stay as they were. Decisions cached under the old rules are forgotten.
         """
         rules = _configured_rules(config)
-        self._install(rules, config.default)
+        self._install(rules, _default_of(config))
         return len(rules)
 
     def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
