@@ -436,7 +436,7 @@ class DeltaRsTableStore(TableStore):
         table.cleanup_metadata()
         if before is None or directory is None:
             return None
-        return before - _log_entries(directory)
+        return len(before - _log_entries(directory))  # the checkpoint written is no deleted entry
 
     def set_properties(self, name: str, properties: Mapping[str, str]) -> bool:
         table = self._open_for_write(name)
@@ -638,13 +638,13 @@ def _files_on_disk(directory: str) -> set[str]:
     return found
 
 
-def _log_entries(directory: str) -> int:
+def _log_entries(directory: str) -> set[str]:
     """Commit and checkpoint files in a local table's ``_delta_log``."""
     try:
         names = os.listdir(os.path.join(directory, "_delta_log"))
     except OSError:
-        return 0
-    return sum(1 for n in names if n.endswith((".json", ".parquet")))
+        return set()
+    return {n for n in names if n.endswith((".json", ".parquet"))}
 
 
 def _local_file(directory: str, path: str) -> str:

@@ -182,3 +182,9 @@ def test_retention_properties_are_set_on_the_table(bronze):
     assert configuration["delta.deletedFileRetentionDuration"] == "interval 259200 seconds"  # 72 h
     assert configuration["delta.logRetentionDuration"] == "interval 86400 seconds"  # 24 h
     assert configuration["delta.enableChangeDataFeed"] == "true"  # the declared properties stay
+
+
+def test_tidying_a_log_with_nothing_old_enough_reports_no_entry_deleted(bronze):
+    """The checkpoint it writes is not a deleted entry: 0, where it reported -1."""
+    assert bronze.tidy_log("bronze_telemetry") == 0  # the log retention (30 days by default) keeps all
+    assert bronze.tidy_log("bronze_telemetry") == 0
