@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
@@ -66,10 +67,25 @@ def read_changes(
     ``load_cdf`` returns ``string_view``/``binary_view`` columns, a ``uint64`` version, naive millisecond
     timestamps and partition columns last; Spark wants exactly the declared schema.
     """
-    table = DeltaTable(path, storage_options=storage_options)
-    changes = pa.table(table.load_cdf(starting_version=first_version, ending_version=last_version))
+    try:
+        table = DeltaTable(path, storage_options=storage_options)
+        changes = pa.table(table.load_cdf(starting_version=first_version, ending_version=last_version))
+    except (DeltaError, pa.ArrowException, OSError) as exc:
+        raise ChangesUnavailable(path, first_version, last_version, exc) from exc
     changes = conform(changes, schema, f"delta_cdf({path})", allow_missing_nullable=True, drop_extra=True)
     return changes.sort_by([("_commit_version", "ascending")])
+
+
+class ChangesUnavailable(ValueError):
+    """Versions of a table's change feed that cannot be read any more (vacuumed, or their log cleaned up)."""
+
+    def __init__(self, path: str, first: int, last: int, cause: Exception) -> None:
+        super().__init__(
+            f"delta_cdf: versions {first}..{last} of the table at {path} cannot be read ({cause}); the "
+            "files of older versions are kept for delta.deletedFileRetentionDuration (maintenance "
+            "retention_hours) and their log entries for delta.logRetentionDuration (maintenance "
+            "log_retention_hours): a stream must not lag further behind, or restart it from a later version"
+        )
 
 
 @dataclass(frozen=True)

@@ -252,3 +252,36 @@ def test_offsets_and_partitions_are_version_ranges(store):
     assert available_now.latestOffset({"version": 0}, ReadAllAvailable()) == {"version": 5}, (
         "later commits wait"
     )
+
+
+CDF_SCHEMA = pa.schema(
+    [
+        *DEFAULT_CATALOG["action_executions"].arrow_schema,
+        pa.field("_change_type", pa.string(), False),
+        pa.field("_commit_version", pa.int64(), False),
+        pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC"), False),
+    ]
+)
+
+
+def test_a_stream_lagging_behind_a_vacuum_fails_naming_the_table_and_the_retention(spark, store, tmp_path):
+    """Versions whose files a vacuum deleted: the query fails saying which table, which versions and which
+    retention setting, where it failed with an Arrow 'Object at location ... not found'."""
+    for batch in range(3):
+        store.merge("action_executions", executions(execution("d1", "QUEUED", batch + 1)), "f", batch)
+    store.vacuum("action_executions", 0)  # the files the merges replaced, at once
+    path = store.location("action_executions")
+    with pytest.raises(Exception, match=r"delta\.deletedFileRetentionDuration") as failure:
+        run_stream(spark, path, str(tmp_path / "checkpoint"), ChangeSink(), startingVersion="earliest")
+    assert path in str(failure.value) and "retention_hours" in str(failure.value)
+
+
+def test_versions_whose_log_was_cleaned_up_fail_naming_the_table_and_the_log_retention(store):
+    for batch in range(3):
+        store.merge("action_executions", executions(execution("d1", "QUEUED", batch + 1)), "f", batch)
+    store.set_properties("action_executions", {"delta.logRetentionDuration": "interval 0 seconds"})
+    assert store.tidy_log("action_executions")
+    path = store.location("action_executions")
+    with pytest.raises(ValueError, match=r"versions 0\.\.3 .*delta\.logRetentionDuration") as failure:
+        read_changes(path, 0, 3, CDF_SCHEMA)
+    assert path in str(failure.value) and "log_retention_hours" in str(failure.value)
