@@ -124,11 +124,11 @@ class _Work:
 class ReplayManager:
     """Cursor bookkeeping and log reads for every session (one per broker, owned by the router).
 
-    ``count_drop(reason)`` counts a message not delivered (the router's); ``loop`` runs the deferred pumps
-    and the positioning and forgetting left for later turns (None: all of it runs at once)."""
+    ``count_drop(reason, count=1)`` counts messages not delivered (the router's); ``loop`` runs the deferred
+    pumps and the positioning and forgetting left for later turns (None: all of it runs at once)."""
 
     def __init__(
-        self, store: LogStore, loop: asyncio.AbstractEventLoop | None, count_drop: Callable[[str], None]
+        self, store: LogStore, loop: asyncio.AbstractEventLoop | None, count_drop: Callable[..., None]
     ) -> None:
         self.store = store
         self.loop = loop
@@ -276,6 +276,21 @@ class ReplayManager:
 
     # -- reading ------------------------------------------------------------------------------------------
 
+    def _skip_retention(self, session: Session, topic: str, cursor: int, start: int) -> None:
+        """The records from ``cursor`` to ``start`` went by retention before ``session`` read them: they
+        are messages it never gets, counted (drop ``retention``, one each) and said at WARNING."""
+        self.count_drop("retention", start - cursor)
+        log.warning(
+            "log of %r starts at %d, after the cursor %d: %d messages went by retention before this "
+            "session read them; continuing at %d",
+            topic,
+            start,
+            cursor,
+            start - cursor,
+            start,
+            extra={"client_id": session.client_id},
+        )
+
     def pump(self, session: Session) -> None:
         """Deliver from the log to ``session`` while its window and buffer allow; drop caught-up cursors."""
         cursors = session.cursors
@@ -319,13 +334,7 @@ class ReplayManager:
                     records = store.read(topic, cursor, room, READ_MAX_BYTES)
                 except OffsetOutOfRange as exc:
                     if cursor < exc.start:
-                        log.info(
-                            "log of %r starts at %d, after the cursor %d (retention): continuing there",
-                            topic,
-                            exc.start,
-                            cursor,
-                            extra={"client_id": session.client_id},
-                        )
+                        self._skip_retention(session, topic, cursor, exc.start)
                         cursor = cursors[topic] = exc.start
                         continue
                     records = []

@@ -45,9 +45,9 @@ class BrokerCounters:
         """Times a client's reading was paused for its publishes not yet answered (``limits.receive_maximum``)
         since the server last took the count."""
 
-    def drop(self, reason: str) -> None:
-        """A message was not delivered (or not accepted) for ``reason``."""
-        self._drops[reason] = self._drops.get(reason, 0) + 1
+    def drop(self, reason: str, count: int = 1) -> None:
+        """``count`` messages were not delivered (or not accepted) for ``reason``."""
+        self._drops[reason] = self._drops.get(reason, 0) + count
 
     def drop_for(
         self, reason: str, now: float, log: Logger | Callable[[], Logger], message: str, **fields: Any

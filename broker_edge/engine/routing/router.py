@@ -69,7 +69,7 @@ class Router:
         *,
         retained: RetainedBounds | None = None,
         retain_enabled: bool = True,
-        count_drop: Callable[[str], None] | None = None,
+        count_drop: Callable[..., None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
@@ -87,7 +87,7 @@ class Router:
         self.retained_refusal: str | None = None
         """Why the last message ``retain`` was given was not kept (None: it was); its publisher is told."""
         self.retain_enabled = retain_enabled
-        self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
+        self.count_drop: Callable[..., None] = count_drop or (lambda reason, count=1: None)
         self.drop_for: Callable[[Session, str, Message], None] = lambda session, reason, message: (
             self.count_drop(reason)
         )

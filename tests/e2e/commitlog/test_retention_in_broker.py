@@ -33,3 +33,26 @@ def test_records_of_a_fleet_gone_quiet_expire_by_age(brokers):
     device.publish(DEVICES[0], "again", 1)
     device.disconnect()
     assert [(row["offset"], row["payload"]) for row in read_log(client, DEVICES[0])] == [(3, b"again")]
+
+
+def test_messages_retention_took_from_an_offline_session_are_counted_and_said(brokers, caplog):
+    """A persistent session offline past retention never gets the records retention deleted (its log is
+    bounded by retention): that was an INFO line and no count, so nothing an operator watches showed a
+    device missing messages. They are counted as the drop ``retention`` (one per message) and said at
+    WARNING naming the client; the session goes on from where the log starts now."""
+    broker = brokers(storage={"segment_ms": 300, "retention_ms": 600, "retention_interval_s": 0.1})
+    device = PahoClient(broker.port, "device-7", clean=False, session_expiry=300)
+    device.subscribe("fleet/device-7/cmd", 1)
+    device.disconnect()
+    publish_numbered(broker, "fleet/device-7/cmd", 5)
+    client = offsets_client(broker)
+    assert wait_for(lambda: client.list_logs("fleet/#")[0].start_offset == 5, timeout=10)
+    publisher = PahoClient(broker.port, "platform")
+    publisher.publish("fleet/device-7/cmd", "after", 1)
+
+    back = PahoClient(broker.port, "device-7", clean=False, session_expiry=300)
+
+    assert [message.payload for message in back.expect(1)] == [b"after"]
+    assert broker.drops("retention") == 5
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "retention" in r.getMessage()]
+    assert warnings and getattr(warnings[0], "client_id", None) == "device-7"
