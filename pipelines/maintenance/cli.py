@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -76,8 +77,8 @@ def tables_main(argv: list[str]) -> int:
     if args.config is not None and len(names) != 1:
         print("timestone tables maintain: --config needs exactly one pipeline", file=sys.stderr)
         return 2
-    if args.retention_hours is not None and args.retention_hours < 0:
-        print("timestone tables maintain: --retention-hours must be >= 0", file=sys.stderr)
+    if args.retention_hours is not None and not 0 <= args.retention_hours < math.inf:  # nan too
+        print("timestone tables maintain: --retention-hours must be a finite number >= 0", file=sys.stderr)
         return 2
     spark: SparkSession | None = None
     done: list[Upkeep] = []

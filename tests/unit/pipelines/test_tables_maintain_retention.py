@@ -33,3 +33,11 @@ def test_a_part_of_an_hour_given_on_the_command_line_is_not_left_on_the_table(tm
     assert configuration[DELETED_FILE_RETENTION] == "interval 259200 seconds"  # 72 h, as configured
     out = capsys.readouterr().out
     assert "FAILED" not in out and "vacuum" in out
+
+
+def test_a_retention_that_is_not_a_finite_number_is_refused_at_once(capsys) -> None:
+    """--retention-hours nan or inf: exit 2 naming the option, where each table's vacuum then FAILED."""
+    for value in ("nan", "inf", "-1"):
+        assert tables_main(["maintain", "telemetry", "--retention-hours", value]) == 2
+        err = capsys.readouterr().err
+        assert err == "timestone tables maintain: --retention-hours must be a finite number >= 0\n"
