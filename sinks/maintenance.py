@@ -118,8 +118,17 @@ def _run(operation: str, work: Callable[..., int | bool | None], name: str, *arg
         result = work(name, *args)
         count = int(result) if result is not None else None
     except Exception as exc:  # the rows are all there; the next pass tries again
-        log.warning("%s of %s failed: %s", operation, name, exc)
-        return Upkeep(name, operation, None, time.perf_counter() - began, f"{type(exc).__name__}: {exc}")
+        why = _first_line(exc)
+        log.warning("%s of %s failed: %s", operation, name, why)
+        log.debug("%s of %s failed", operation, name, exc_info=True)
+        return Upkeep(name, operation, None, time.perf_counter() - began, f"{type(exc).__name__}: {why}")
     upkeep = Upkeep(name, operation, count, time.perf_counter() - began)
     log.debug("%s", upkeep)
     return upkeep
+
+
+def _first_line(exc: Exception) -> str:
+    """The error's message up to its first line break (delta-rs appends a Rust backtrace when
+    ``RUST_BACKTRACE`` is set): one line per table and operation."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else repr(exc)
