@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,18 @@ class ConnectionRefused(ConnectionError):
         super().__init__(f"CONNECT refused with reason code 0x{reason_code:02x}")
         self.reason_code = reason_code
         self.server_reference = server_reference
+
+
+def past_the_end(suback: SubAck) -> bool:
+    """Whether the SUBACK of a replay says an asked offset is past its log's end (``offset_out_of_range``):
+    the broker's store is not the one the offset was read from, since offsets never go back in one."""
+    for key, value in suback.properties.user_properties if suback.properties else ():
+        if key == "offset_out_of_range":
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                told = json.loads(value)
+                if int(told["offset"]) > int(told["end_offset"]):
+                    return True
+    return False
 
 
 def server_address(reference: str) -> tuple[str, int] | None:
@@ -249,12 +262,18 @@ class MqttClient(asyncio.Protocol):
         self, topic_filter: str, qos: int = 1, user_properties: list[tuple[str, str]] | None = None
     ) -> list[int]:
         """Subscribe to one filter and return the SUBACK reason codes."""
+        return (await self.subscribe_answer(topic_filter, qos, user_properties)).reason_codes
+
+    async def subscribe_answer(
+        self, topic_filter: str, qos: int = 1, user_properties: list[tuple[str, str]] | None = None
+    ) -> SubAck:
+        """Subscribe to one filter and return the SUBACK (its properties say where a replay started)."""
         packet_id = next(self._packet_ids)
         properties = Properties(user_properties=user_properties) if user_properties else None
         future = self._expect("suback", packet_id)
         self._send(Subscribe(packet_id, [Subscription(topic_filter, qos)], properties))
         suback: SubAck = await future
-        return suback.reason_codes
+        return suback
 
     async def publish(
         self,

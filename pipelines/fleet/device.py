@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.actions.checks import http_url, sha256_hex, text
-from pipelines.fleet.client import ConnectionRefused, Message, MqttClient, connect_failure, referral
+from pipelines.fleet.client import (
+    ConnectionRefused,
+    Message,
+    MqttClient,
+    connect_failure,
+    past_the_end,
+    referral,
+)
 from pipelines.fleet.readings import reading_encoder
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -186,7 +193,12 @@ class SimulatedDevice:
         client.on_disconnect = lambda exc: self._on_disconnect(client)
         for topic in self.action_topics:
             start = self.offsets[topic]
-            await client.subscribe(topic, 1, [("offset", "earliest" if start is None else str(start))])
+            suback = await client.subscribe_answer(
+                topic, 1, [("offset", "earliest" if start is None else str(start))]
+            )
+            if start is not None and past_the_end(suback):
+                self.offsets[topic] = None  # a new store (offsets never go back in one): all of it is new
+                await client.subscribe(topic, 1, [("offset", "earliest")])
         self.stats["connects"] += 1
         self._failed_connects = 0
         for action_id, progress in self.actions.items():

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,3 +238,38 @@ def test_a_device_told_to_stop_or_go_offline_while_connecting_holds_no_connectio
             stats = harness.call(lambda: dict(harness.fleet.stats))
             assert (stats["connects"], stats["offline"]) == (2, 2)
             assert harness.fleet.connected() == 1
+
+
+def test_a_device_whose_held_offset_is_past_a_new_stores_end_reads_that_store_from_its_start(tmp_path):
+    """A broker whose logs were wiped starts them again at offset 0 (a new store, docs/commitlog.md). A
+    device back with offsets held from the old store asked for them; past the new end, the broker started it
+    at the end, so the actions published to the new store before it came back were never delivered to it.
+    Offsets never go backwards in one store: a device told its offset is past the end (the SUBACK's
+    ``offset_out_of_range``) reads that log again from its start."""
+    broker = BrokerProcess(tmp_path / "broker").start()
+    try:
+        spec = FleetSpec(brokers=[broker.address], count=1, groups=["g"])
+        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
+            device = harness.fleet.devices[0]
+            publisher = MqttPublisher([broker.address], client_id="operator-1")
+            for number in range(3):
+                action = {"action_id": f"old-{number}", "kind": "command", "command": "noop"}
+                publisher.publish("actions/groups/g", json.dumps(action).encode())
+            publisher.close()
+            harness.wait_until(lambda: harness.fleet.finished("old-2") == 1)
+            assert device.offsets["actions/groups/g"] == 3
+
+            harness.call(lambda: device.go_offline(3600))
+            broker.stop()
+            shutil.rmtree(broker.directory / "data" / "log")  # the logs wiped: a new store
+            broker.start()
+            publisher = MqttPublisher([broker.address], client_id="operator-2")
+            fresh = {"action_id": "new-0", "kind": "command", "command": "noop"}
+            publisher.publish("actions/groups/g", json.dumps(fresh).encode())
+            publisher.close()
+            harness.call(lambda: device.go_offline(0))
+
+            harness.wait_until(lambda: harness.fleet.finished("new-0") == 1, timeout_s=20)
+            assert device.offsets["actions/groups/g"] == 1
+    finally:
+        broker.stop()
