@@ -35,7 +35,7 @@ class MaintenanceConfig:
     """Seconds between two vacuums (and log checkpoints and clean-ups) of every table the job writes."""
     retention_hours: float = 168.0
     """Files compaction or merges replaced are deleted this long after (readers of older snapshots,
-    lagging change feeds and time travel need them until then)."""
+    lagging change feeds and time travel need them until then); at least ``log_retention_hours``."""
     log_retention_hours: float = 48.0
     """Delta log entries are kept this long (history and time travel go back this far)."""
     settle_s: float = 600.0
@@ -54,6 +54,12 @@ class MaintenanceConfig:
         for name in ("retention_hours", "log_retention_hours"):
             if getattr(self, name) < MIN_RETENTION_HOURS:
                 raise ConfigError(name, f"must be at least {MIN_RETENTION_HOURS:.4f} (a minute)")
+        if self.retention_hours < self.log_retention_hours:  # a version the log holds must stay readable
+            raise ConfigError(
+                "retention_hours",
+                f"must be at least log_retention_hours ({self.log_retention_hours:g}): time travel and "
+                "change feeds reach every version the log keeps, and need its files",
+            )
         if self.settle_s < 0:
             raise ConfigError("settle_s", "must be at least 0")
         if self.min_files < 2:
