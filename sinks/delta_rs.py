@@ -439,12 +439,22 @@ class DeltaRsTableStore(TableStore):
         return len(before - _log_entries(directory))  # the checkpoint written is no deleted entry
 
     def set_properties(self, name: str, properties: Mapping[str, str]) -> bool:
+        """Set the properties that differ; a commit lost to another change of the table's metadata (a
+        second maintainer setting the same ones) is tried again on the table as it is now."""
         table = self._open_for_write(name)
-        configuration = table.metadata().configuration
-        changed = {k: v for k, v in properties.items() if configuration.get(k) != v}
-        if changed:
-            table.alter.set_table_properties(changed, raise_if_not_exists=False)
-        return bool(changed)
+        for attempt in range(1, self.max_commit_attempts + 1):
+            configuration = table.metadata().configuration
+            changed = {k: v for k, v in properties.items() if configuration.get(k) != v}
+            if not changed:
+                return False
+            try:
+                table.alter.set_table_properties(changed, raise_if_not_exists=False)
+                return True
+            except CommitFailedError:
+                if attempt == self.max_commit_attempts:
+                    raise
+                table = self._open(name, fresh=True)
+        return False
 
     def data_files(self, name: str) -> int:
         return int(self._open(name).get_add_actions().num_rows)

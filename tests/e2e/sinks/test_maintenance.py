@@ -9,6 +9,7 @@ markers read back, and a replayed batch written again: it must still be skipped.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pyarrow as pa
@@ -20,7 +21,7 @@ from pyspark.sql.types import MapType
 
 from sinks import TableStore
 from sinks.delta_rs import DeltaRsTableStore
-from sinks.maintenance import LOG_RETENTION, RetentionPolicy, maintenance_pass
+from sinks.maintenance import LOG_RETENTION, RetentionPolicy, Upkeep, maintenance_pass
 from sinks.tables import DEFAULT_CATALOG
 from tests.e2e.sinks.conftest import bronze_row, execution_row
 
@@ -188,3 +189,35 @@ def test_tidying_a_log_with_nothing_old_enough_reports_no_entry_deleted(bronze):
     """The checkpoint it writes is not a deleted entry: 0, where it reported -1."""
     assert bronze.tidy_log("bronze_telemetry") == 0  # the log retention (30 days by default) keeps all
     assert bronze.tidy_log("bronze_telemetry") == 0
+
+
+def set_retention_at_once(root: str, name: str, policy: RetentionPolicy) -> list[Upkeep]:
+    """Two stores of the table, each setting the policy's retention properties at the same moment."""
+    start = threading.Barrier(2)
+    done: list[Upkeep] = []
+
+    def maintain() -> None:
+        store = DeltaRsTableStore(None, root)
+        store.ensure(name)
+        start.wait()
+        done.extend(maintenance_pass(store, [name], policy, compact=False, vacuum=False))
+
+    threads = [threading.Thread(target=maintain) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return done
+
+
+def test_two_maintainers_setting_the_retention_at_once_both_succeed(lake):
+    """The job's scheduler and a `timestone tables maintain` cron: the one whose property commit lost
+    ("Metadata changed since last commit") reloads and finds nothing left to set, where it FAILED."""
+    policy = RetentionPolicy(retention_hours=72, log_retention_hours=24)
+    for trial in range(8):
+        name = "bronze_telemetry" if trial % 2 else "silver_telemetry"
+        lake.ensure(name)
+        lake.set_properties(name, {LOG_RETENTION: f"interval {trial} seconds"})
+        assert [u.error for u in set_retention_at_once(lake.root, name, policy)] == [None, None]
+        configuration = DeltaTable(lake.location(name)).metadata().configuration
+        assert configuration[LOG_RETENTION] == "interval 86400 seconds"
