@@ -47,6 +47,7 @@ from broker_edge.process.descriptors import (
 from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.data_lock import DataDirectoryLock
+from broker_edge.runtime.retained_file import RetainedFile
 from broker_edge.runtime.session_store import SessionStore
 from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.limits import DEFAULT_MAX_CONNECTIONS
@@ -145,6 +146,8 @@ class Broker(BrokerCore):
         self.site_link: SiteLink | None = None
         """This site's uplink to its hub (``uplink:`` configured), after ``start``."""
         self.session_store: SessionStore | None = None
+        self.retained_file: RetainedFile | None = None
+        """A broker alone's retained messages across restarts (a commitlog and ``sessions.persist``)."""
         """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.listeners: list[ListenerRuntime] = []
         self.ports: dict[str, int] = {}
@@ -364,6 +367,10 @@ class Broker(BrokerCore):
                 can_subscribe,
             )
             self.session_store.restore()
+            if self.config.cluster is None:  # a member loads the set from the others
+                interval = self.config.sessions.persist_interval_s
+                self.retained_file = RetainedFile(Path(store.layout.meta), self.router, interval, self.loop)
+                self.retained_file.restore()
 
     def _bind_shortage_metrics(self, committer: GroupCommitter) -> None:
         """The commitlog's passing shortages by cause (``disk_full``, ``descriptor_shortage``): whether
@@ -527,6 +534,8 @@ class Broker(BrokerCore):
                 conn.flush()
         if self.session_store is not None:
             await self.session_store.close()  # a file it cannot write is logged, the old one stays
+        if self.retained_file is not None:
+            await self.retained_file.close()
         if self._retention is not None and not self._retention.done():
             self._retention.cancel()
         if self.store is not None:
@@ -649,6 +658,8 @@ class Broker(BrokerCore):
             self.slow_subscribers.tick(now)
             if self.session_store is not None:
                 self.session_store.tick(now)
+            if self.retained_file is not None:
+                self.retained_file.tick(now)
             self.flush_stats()
             if now >= self._next_sys:
                 self._next_sys = now + self.config.sys_topics.interval_s

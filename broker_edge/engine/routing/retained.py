@@ -46,7 +46,7 @@ class RetainedStore:
     drop messages whose v5 Message Expiry has passed when they are looked up, so expiry needs no timer.
     """
 
-    __slots__ = ("_by_owner", "_is_expired", "_root", "bounds", "bytes", "count")
+    __slots__ = ("_by_owner", "_is_expired", "_root", "bounds", "bytes", "changes", "count")
 
     def __init__(
         self, bounds: RetainedBounds | None = None, is_expired: Callable[[Any], bool] | None = None
@@ -56,6 +56,8 @@ class RetainedStore:
         self.bytes = 0
         """Bytes of every retained message (topics and payloads)."""
         self._by_owner: dict[str, int] = {}
+        self.changes = 0
+        """Messages retained or cleared since the start (a saved copy is current while this is unchanged)."""
         self.bounds = bounds if bounds is not None else RetainedBounds()
         self._is_expired = is_expired
 
@@ -90,6 +92,7 @@ class RetainedStore:
         else:
             self._uncount(node)
         node.message, node.size, node.owner = message, size, owner
+        self.changes += 1
         self.bytes += size
         if owner:
             self._by_owner[owner] = self._by_owner.get(owner, 0) + size
@@ -134,6 +137,7 @@ class RetainedStore:
         node.message = None
         self._uncount(node)
         self.count -= 1
+        self.changes += 1
         self._prune(topic.split("/"))
         return True
 
