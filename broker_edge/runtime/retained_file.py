@@ -3,11 +3,11 @@
 ``RetainedFile`` reads ``meta/retained.bin`` in the storage directory once at start and puts its messages
 back into the router's retained store (within the current bounds; one whose Message Expiry Interval passed
 while the broker was down is dropped), writes it when the set changed since the last write, every
-``sessions.persist_interval_s`` (written off the loop), and a last time at stop. The file is a header with
-the time it was written, then per message its topic, log offset and record frame (``engine.records``:
-payload, QoS, properties, publisher and what remains of its expiry). Every write is atomic (a temporary
-file, fsync, rename, fsync of the directory). A file that cannot be read is logged, moved aside and the
-broker starts without retained messages.
+``sessions.persist_interval_s`` (encoded and written off the loop), and a last time at stop. The file is
+a header with the time it was written, then per message its topic, log offset and record frame
+(``engine.records``: payload, QoS, properties, publisher and what remains of its expiry). Every write is
+atomic (a temporary file, fsync, rename, fsync of the directory). A file that cannot be read is logged,
+moved aside and the broker starts without retained messages.
 """
 
 from __future__ import annotations
@@ -134,11 +134,13 @@ class RetainedFile:
         if self.router.retained.changes != self._written or not self.path.exists():
             self._write(self._capture())
 
-    def _capture(self) -> bytes:
+    def _capture(self) -> list[tuple[str, Message]]:
+        """The set now (a list of references: encoding it is the writer's, off the loop)."""
         self._written = self.router.retained.changes
-        return _HEADER.pack(_MAGIC, time.time()) + encode_messages(self.router.retained.items())
+        return self.router.retained.items()
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, entries: list[tuple[str, Message]]) -> None:
+        data = _HEADER.pack(_MAGIC, time.time()) + encode_messages(entries)
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
             with open(temporary, "wb") as file:
