@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 from broker_edge.engine.message import Message
 from broker_edge.engine.recent_messages import RecentMessages
 from broker_edge.engine.records import message_of_record
+from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
 from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageError, UnknownTopic
@@ -133,6 +134,8 @@ class ReplayManager:
         self.store = store
         self.loop = loop
         self.count_drop = count_drop
+        self._said = LogSummary(log)
+        """Lines about messages lost to retention, one per interval (``_skip_retention``)."""
         self._messages = RecentMessages(SHARED_MESSAGES)
         self._keep_live_until = 0.0
         """``time.monotonic()`` until which live messages are kept for readers (``KEEP_LIVE_S``)."""
@@ -278,9 +281,12 @@ class ReplayManager:
 
     def _skip_retention(self, session: Session, topic: str, cursor: int, start: int) -> None:
         """The records from ``cursor`` to ``start`` went by retention before ``session`` read them: they
-        are messages it never gets, counted (drop ``retention``, one each) and said at WARNING."""
+        are messages it never gets, counted (drop ``retention``, one each) and said at WARNING, one line per
+        ``LogSummary`` interval (a fleet back after retention would write one per device and topic)."""
         self.count_drop("retention", start - cursor)
-        log.warning(
+        self._said.log(
+            logging.WARNING,
+            "retention",
             "log of %r starts at %d, after the cursor %d: %d messages went by retention before this "
             "session read them; continuing at %d",
             topic,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["LINES_PER_WINDOW", "WINDOW_S", "LogSummary", "Logger", "RefusalLog"]
@@ -110,11 +110,14 @@ class LogSummary:
     def interval_s(self) -> float:
         return self._allowance.window_s
 
-    def log(self, level: int, kind: str, message: str, *args: object) -> None:
+    def log(
+        self, level: int, kind: str, message: str, *args: object, extra: Mapping[str, object] | None = None
+    ) -> None:
+        """The line, unless one of ``kind`` was written within ``interval_s``; ``extra``: its fields."""
         left_out = self._allowance.take(kind, self.clock())
         if left_out is None:
             return
         if left_out:
             message += " (and %d more like it since the last such line)"
             args = (*args, left_out)
-        self.logger.log(level, message, *args)
+        self.logger.log(level, message, *args, extra=extra)

@@ -56,3 +56,28 @@ def test_messages_retention_took_from_an_offline_session_are_counted_and_said(br
     assert broker.drops("retention") == 5
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "retention" in r.getMessage()]
     assert warnings and getattr(warnings[0], "client_id", None) == "device-7"
+
+
+def test_a_fleet_back_after_retention_is_said_in_one_line_per_interval_not_one_per_device(brokers, caplog):
+    """Each device back after retention took its messages is counted; the WARNING is one line per interval
+    with how many more there were, not one per device and topic (a fleet reconnecting would flood the log)."""
+    broker = brokers(storage={"segment_ms": 300, "retention_ms": 600, "retention_interval_s": 0.1})
+    devices = [f"device-{n}" for n in range(4)]
+    for name in devices:
+        device = PahoClient(broker.port, name, clean=False, session_expiry=300)
+        device.subscribe(f"fleet/{name}/cmd", 1)
+        device.disconnect()
+        publish_numbered(broker, f"fleet/{name}/cmd", 3)
+    client = offsets_client(broker)
+    assert wait_for(lambda: all(info.start_offset == 3 for info in client.list_logs("fleet/#")), timeout=10)
+    publisher = PahoClient(broker.port, "platform")
+    for name in devices:
+        publisher.publish(f"fleet/{name}/cmd", "after", 1)
+
+    for name in devices:
+        back = PahoClient(broker.port, name, clean=False, session_expiry=300)
+        assert [message.payload for message in back.expect(1)] == [b"after"]
+
+    assert broker.drops("retention") == 12
+    said = [r for r in caplog.records if r.levelname == "WARNING" and "went by retention" in r.getMessage()]
+    assert len(said) == 1
