@@ -3,7 +3,8 @@
 A key is the dotted path a configuration error prints, list items included: ``telemetry.tables.root``,
 ``telemetry.quality.suites[0].expectations[1].column``. The value is read as YAML, so ``[a, b]`` is a list,
 ``null`` is None and ``!env NAME`` the value of that environment variable (read when the config is loaded,
-``broker_edge.config.loader``). Mappings missing on the way are created; a list item is replaced, or
+``broker_edge.config.loader``); a value YAML would cut short at a comment (``/data/lake #2``) is refused.
+Mappings missing on the way are created; a list item is replaced, or
 appended when its index is the list's length; a list the file does not hold cannot be indexed (its default
 is not in the file to change), and the error says to set the whole list instead.
 """
@@ -81,6 +82,17 @@ def _check_container(node: Any, steps: list[Step], index: int) -> None:
         raise ConfigError(parent, f"is a list: index its items, as {example}")
 
 
+def _refuse_comment(raw: str, key: str) -> None:
+    """``ConfigError`` when YAML would drop the end of ``raw`` as a comment (``/data/lake #2``)."""
+    tokens = [token for token in yaml.scan(raw) if not isinstance(token, yaml.StreamEndToken)]
+    end = max((token.end_mark.index for token in tokens), default=0)
+    if "#" in raw[end:]:
+        example = f"--set '{key}=\"...\"'"
+        raise ConfigError(
+            key, f"the value holds a YAML comment, which would be dropped: quote it, e.g. {example}"
+        )
+
+
 def apply_override(document: dict[str, Any], assignment: str) -> None:
     """Set ``KEY=VALUE`` in ``document`` (see the module docstring for what KEY may be)."""
     key, sep, raw = assignment.partition("=")
@@ -93,6 +105,7 @@ def apply_override(document: dict[str, Any], assignment: str) -> None:
     _check_container(node, steps, len(steps) - 1)
     try:
         value = parse_yaml(raw, key.strip()) if raw.strip() else None
+        _refuse_comment(raw, key.strip())
     except yaml.YAMLError as exc:
         raise ConfigError(key.strip(), f"value is not valid YAML: {yaml_error_line(exc)}") from None
     last = steps[-1]

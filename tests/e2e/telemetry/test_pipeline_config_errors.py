@@ -186,3 +186,16 @@ def test_the_actions_job_without_any_broker_answering_stops_before_spark(tmp_pat
         "timestone pipeline actions: no broker answered to tell whether they form a cluster: edge1 (their "
         "offsets APIs; set cluster: true or false to start without asking)\n"
     )
+
+
+@pytest.mark.parametrize("value", ["/data/lake #2", "/data/lake   # old root", "[a, b] # two"])
+def test_an_override_whose_value_holds_a_comment_is_refused_not_cut_short(value):
+    """``--set telemetry.tables.root=/data/lake #2`` set the root to ``/data/lake``: YAML reads `` #`` as the
+    start of a comment and dropped the rest; such a value is refused, saying to quote it."""
+    sections = sections_of(PIPELINES["telemetry"])
+    with pytest.raises(ConfigError, match=r"^telemetry\.tables\.root: the value holds a YAML comment"):
+        load_config_document(None, PIPELINE_YAML, [f"telemetry.tables.root={value}"], sections)
+    document: dict[str, object] = {}
+    apply_override(document, "a.b='/data/lake #2'")
+    apply_override(document, "a.c=p@ss#word")
+    assert document == {"a": {"b": "/data/lake #2", "c": "p@ss#word"}}
