@@ -196,6 +196,13 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {shown}"
 
 
+def _quote_hint(value: Any) -> str:
+    """What to do where YAML made a boolean of a string written ``no`` or ``on``."""
+    if isinstance(value, bool):
+        return " (YAML reads yes, no, on, off, true and false unquoted as a boolean: quote the value)"
+    return ""
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -266,11 +273,11 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
     if annotation is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(path, f"expected a string, got {_describe(value)}")
+        raise ConfigError(path, f"expected a string, got {_describe(value)}{_quote_hint(value)}")
     if annotation is Path:
         if isinstance(value, str):
             return Path(value)
-        raise ConfigError(path, f"expected a path string, got {_describe(value)}")
+        raise ConfigError(path, f"expected a path string, got {_describe(value)}{_quote_hint(value)}")
     raise ConfigError(path, f"unsupported field type {annotation!r}")
 
 
