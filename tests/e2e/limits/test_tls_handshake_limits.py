@@ -44,6 +44,12 @@ def still_open(sockets: list[socket.socket]) -> int:
     return count
 
 
+def closed_handshakes(broker, listener: str) -> int:
+    """Handshakes of ``listener`` that ended with the client closing its socket."""
+    failures = "timestone_broker_tls_handshake_failures_total"
+    return int(broker.metric(failures, listener=listener, reason="closed") or 0)
+
+
 @pytest.mark.parametrize("kind", ["tls", "wss"])
 def test_silent_handshakes_beyond_max_connections_are_closed_at_once(start_broker, pki, kind):
     broker = tls_broker(start_broker, pki, kind)
@@ -57,6 +63,8 @@ def test_silent_handshakes_beyond_max_connections_are_closed_at_once(start_broke
             sock.close()
     if kind == "tls":
         assert wait_for(lambda: broker.refused("max_connections") == SILENT - LIMIT)
+    # the broker sees the silent sockets it kept close (their handshakes end): then a device gets in
+    assert wait_for(lambda: closed_handshakes(broker, kind) >= LIMIT, timeout=10)
     device = PahoClient(
         broker.port_of(kind),
         f"after-{kind}",
