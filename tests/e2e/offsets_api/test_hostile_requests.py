@@ -11,19 +11,7 @@ import time
 import pytest
 
 from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, sample_record
-
-
-def answer_to(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """The status, headers and body the API answers to ``request`` (sent as is, read until closed)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), headers, body
+from tests.e2e.refusals.test_http_errors_and_endpoints import answer_to
 
 
 def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
