@@ -33,7 +33,7 @@ import pytest
 
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
-from broker_edge.runtime.workers import LocalEtcd
+from broker_edge.runtime.workers_etcd import LocalEtcd
 from broker_edge.security.auth import hash_password
 from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.test_workers import member_pids, start_workers, stop_workers

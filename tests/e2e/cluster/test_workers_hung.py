@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from broker_edge.runtime.workers import HUNG_S
+from broker_edge.runtime.workers_members import HUNG_S
 from tests.e2e.broker_clients import RawClient
 from tests.e2e.cluster.test_workers import cluster_layout, member_pids, workers
 from tests.harness.local_cluster import wait_until

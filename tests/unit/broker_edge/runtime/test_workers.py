@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.runtime.workers import member_documents
+from broker_edge.runtime.workers_config import member_documents
 from broker_edge.settings.broker import BrokerConfig
 
 ETCD = "http://127.0.0.1:23790"

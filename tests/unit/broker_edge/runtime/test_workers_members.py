@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from broker_edge.runtime.workers import Member, _pass_on_due_sighups, _pass_on_sighup, remove_pid_file
+from broker_edge.runtime.workers_members import Member, remove_pid_file
+from broker_edge.runtime.workers_supervision import pass_on_due_sighups, pass_on_sighup
 
 Tell = Callable[[str | None], None]
 
@@ -101,17 +102,17 @@ def test_a_sighup_while_a_member_starts_is_passed_on_once_it_serves(tmp_path):
     each = member(tmp_path, run)
     each.start([])
     try:
-        _pass_on_sighup([each])
+        pass_on_sighup([each])
         assert each.reload_due and not each.serving
         time.sleep(0.2)
         assert not hup.exists()
-        _pass_on_due_sighups([each])  # not serving yet: nothing sent
+        pass_on_due_sighups([each])  # not serving yet: nothing sent
         go.touch()
         deadline = time.monotonic() + 20
         while not each.serving and time.monotonic() < deadline:
             time.sleep(0.01)
             each.read_reports()
-        _pass_on_due_sighups([each])
+        pass_on_due_sighups([each])
         assert not each.reload_due
         assert os.waitstatus_to_exitcode(ended(each)) == 0
         assert hup.exists()

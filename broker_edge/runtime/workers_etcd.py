@@ -1,0 +1,188 @@
+"""The etcd of ``timestone broker --workers N`` without a ``cluster:`` section: Debian's ``etcd`` (package
+etcd-server) on free loopback ports, its data beside the members', started once it serves and again when it
+exits, tried again while it cannot start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from broker_edge.config.loader import ConfigError
+from broker_edge.process.parent_death import die_with_parent
+from broker_edge.runtime.launcher import free_ports
+
+__all__ = ["LocalEtcd"]
+
+log = logging.getLogger("broker_edge.workers")
+
+ETCD_START_TIMEOUT_S = 20.0
+ETCD_RETRY_S = 1.0
+"""The first wait before the command's etcd that could not start again is tried again; doubled while it
+keeps failing, up to ``ETCD_RETRY_MAX_S``."""
+ETCD_RETRY_MAX_S = 30.0
+
+
+class LocalEtcd:
+    """Debian's etcd on two free loopback ports, its data in ``directory/etcd`` (mode 0700), its log in
+    ``directory/etcd.log``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.url = ""
+        self.process: subprocess.Popen[bytes] | None = None
+        self._command: list[str] = []
+        self.retry_at: float | None = None
+        """When to try again to start it (it exited and did not start again); None while it serves."""
+        self._delay = ETCD_RETRY_S
+
+    def start(self) -> str:
+        """Start it and wait until it answers; its client URL."""
+        binary = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+        if binary is None:
+            raise ConfigError(
+                "cluster",
+                "--workers without a cluster: section runs its own etcd, and no etcd binary was found "
+                "(install Debian's etcd-server, or name an etcd in a cluster: section)",
+            )
+        data = self.directory / "etcd"
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(data, 0o700)  # etcd refuses a data directory others may read
+        client, peer = free_ports(2)
+        self.url = f"http://127.0.0.1:{client}"
+        self._command = [
+            binary,
+            "--name",
+            "timestone-workers",
+            "--data-dir",
+            str(data),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-cluster",
+            f"timestone-workers=http://127.0.0.1:{peer}",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
+        ]
+        self._launch()
+        log.info("etcd for the members on %s (data in %s)", self.url, data)
+        return self.url
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is its process."""
+        return self.process is not None and self.process.pid == pid
+
+    def restart(self, status: int) -> None:
+        """It exited (``status``, as ``waitpid`` gives it, the process already reaped): start it again on the
+        same ports and data, where the members look for it (``try_again``)."""
+        how = (
+            f"signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"status {os.waitstatus_to_exitcode(status)}"
+        )
+        log.error("etcd of the members exited (%s): starting it again on %s", how, self.url)
+        self.process = None
+        self.try_again()
+
+    def try_again(self) -> None:
+        """Start it again; one that does not serve (its disk full, its data unreadable) is tried again at
+        ``retry_at``, after a wait that doubles up to ``ETCD_RETRY_MAX_S``: the members, fenced meanwhile,
+        serve again once it does, where the command stopped them all for a passing shortage."""
+        try:
+            self._launch()
+        except RuntimeError as error:
+            log.error(
+                "%s: trying again in %.0f s (the members acknowledge nothing meanwhile)", error, self._delay
+            )
+            self.retry_at = time.monotonic() + self._delay
+            self._delay = min(self._delay * 2, ETCD_RETRY_MAX_S)
+            return
+        self.retry_at, self._delay = None, ETCD_RETRY_S
+        log.warning("etcd of the members answers again on %s", self.url)
+
+    def _launch(self) -> None:
+        """Start it and wait until it serves; ``RuntimeError`` saying why it did not (etcd's own last word
+        from its log)."""
+        parent = os.getpid()
+        etcd_log = self.directory / "etcd.log"
+        with open(etcd_log, "ab") as output:
+            logged = output.tell()
+            self.process = subprocess.Popen(
+                self._command,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                start_new_session=True,  # stopped by this command, after the members, never by a Ctrl-C
+                preexec_fn=lambda: _etcd_process(parent),
+            )
+        deadline = time.monotonic() + ETCD_START_TIMEOUT_S
+        while not _serves(self.url):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                reason = _etcd_last_word(etcd_log, logged)
+                raise RuntimeError(f"etcd did not start{f' ({reason})' if reason else ''}: see {etcd_log}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _etcd_last_word(path: Path, since: int) -> str:
+    """The message of etcd's last fatal or panic line written to its log from ``since`` on, with its error
+    (``failed to create WAL: no space left on device``); empty if none."""
+    try:
+        with open(path, "rb") as etcd_log:
+            etcd_log.seek(since)
+            lines = etcd_log.read(1 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("level") in ("fatal", "panic"):
+            return ": ".join(str(entry[key]) for key in ("msg", "error") if entry.get(key))
+    return ""
+
+
+def _etcd_process(parent: int) -> None:
+    """In etcd's process before it runs: SIGTERM when this command dies, and no signal blocked (this
+    command blocks those it takes with sigtimedwait; etcd would inherit them blocked, SIGTERM included)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    die_with_parent(signal.SIGTERM, parent)
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Requests to the command's own etcd on loopback: never through an ``http_proxy`` of the environment."""
+
+
+def _serves(url: str) -> bool:
+    """Whether etcd at ``url`` serves its clients: its ``/health`` answers. Its port accepts connections
+    a moment before (its server not ready, its member not yet leader), when a member's first calls fail."""
+    try:
+        with _DIRECT.open(f"{url}/health", timeout=1.0) as answer:
+            return bool(json.load(answer).get("health") == "true")
+    except (OSError, ValueError, AttributeError):
+        return False
