@@ -31,6 +31,7 @@ from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
 from broker_edge.storage.config import StorageConfig
 from broker_edge.storage.file_pool import check_max_open
 from broker_edge.storage.persistence import RuleError, check_rules
+from broker_edge.storage.record import MIN_BODY_SIZE
 
 __all__ = [
     "DEFAULT_ADMIN_PORT",
@@ -402,6 +403,7 @@ class BrokerConfig:
                         "authentication (not loopback) but there is no auth.password_file and no client "
                         "certificates; set allow_anonymous: true to accept anonymous clients",
                     )
+        self._check_record_floor()
         if self.cluster is not None:
             self._check_cluster(self.cluster)
         for name in ("uplink", "uplink_hub"):
@@ -410,6 +412,18 @@ class BrokerConfig:
         if self.offsets_api.enabled and not self.storage.enabled:
             self.offsets_api.enabled = False
         check_distinct_ports(self.bound_endpoints())
+
+    def _check_record_floor(self) -> None:
+        """``storage.max_record_bytes`` must hold a 1-byte payload from the longest client id accepted."""
+        longest_id = self.limits.max_client_id_length
+        floor = MIN_BODY_SIZE + longest_id + 1
+        if self.storage.max_record_bytes < floor:
+            raise ConfigError(
+                "storage.max_record_bytes",
+                f"must be at least {floor}, the record of a 1-byte payload from a client id of "
+                f"limits.max_client_id_length ({longest_id}) bytes: a {MIN_BODY_SIZE}-byte header, the "
+                f"client id and the payload; got {self.storage.max_record_bytes}",
+            )
 
     def _check_cluster(self, cluster: ClusterConfig) -> None:
         if not self.storage.enabled:
