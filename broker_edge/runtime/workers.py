@@ -8,10 +8,11 @@ members, so they see one broker using N cores.
 
 Without a ``cluster:`` section the cluster's etcd is this command's own: Debian's ``etcd`` (package
 etcd-server) on free loopback ports, its data beside the members' so that a restart finds the cluster as it
-left it, started before the members (once it serves) and stopped after them; started again when it exits,
-and tried again while it cannot start (a full disk), the members kept. Its members keep one copy of each log
-(replication factor 1): a log is on its member's disk, a member's crash loses nothing acknowledged, and the
-member, started again, serves its partitions again. With a ``cluster:`` section the members join that
+left it, started before the members (once it serves) and stopped after them; started again when it exits or
+hangs (no answer for ``workers_etcd.ETCD_HUNG_S``: killed), and tried again while it cannot start (a full
+disk), the members kept. Its members keep one copy of each log (replication factor 1): a log is on its
+member's disk, a member's crash loses nothing acknowledged, and the member, started again, serves its
+partitions again. With a ``cluster:`` section the members join that
 cluster (its etcd, its replication) as ``<node_id>-<n>``.
 
 Before it starts anything the command makes sure nobody else serves what it is about to: it locks the data
@@ -53,7 +54,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker_edge.config.loader import ConfigError, load_yaml_file
+from broker_edge.config.loader import ConfigError, load_yaml_file, sourced
 from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
@@ -166,13 +167,14 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
         config = load_broker_config(config_path)
         document = check_workers(config_path, config, workers)
     except (ConfigError, OSError) as exc:
-        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        error = sourced(exc, config_path) if isinstance(exc, ConfigError) else exc
+        print(f"timestone broker: configuration error: {error}", file=sys.stderr)
         return 2
     configure_logging(config.logging)
     try:
         return supervise(document, config, workers, run)
     except ConfigError as exc:
-        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        print(f"timestone broker: configuration error: {sourced(exc, config_path)}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError) as exc:
         log.error("cannot start: %s", exc)

@@ -4,6 +4,7 @@ exits, tried again while it cannot start."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +29,11 @@ ETCD_RETRY_S = 1.0
 """The first wait before the command's etcd that could not start again is tried again; doubled while it
 keeps failing, up to ``ETCD_RETRY_MAX_S``."""
 ETCD_RETRY_MAX_S = 30.0
+ETCD_HUNG_S = 5.0
+"""The command's etcd that answers nothing for this long (asked every ``HEALTH_EVERY_S``) hangs: stopped
+(SIGSTOP), its disk stalled, deadlocked. The members' leases ran out before (they are fenced, acknowledging
+nothing): it is killed and started again, as an etcd that exited."""
+HEALTH_EVERY_S = 1.0
 
 
 class LocalEtcd:
@@ -41,6 +48,9 @@ class LocalEtcd:
         self.retry_at: float | None = None
         """When to try again to start it (it exited and did not start again); None while it serves."""
         self._delay = ETCD_RETRY_S
+        self.heard_at: float | None = None
+        """When it last answered (None: not running, or killed as hung)."""
+        self._ask_at = 0.0
 
     def start(self) -> str:
         """Start it and wait until it answers; its client URL."""
@@ -85,6 +95,31 @@ class LocalEtcd:
         """Whether ``pid`` is its process."""
         return self.process is not None and self.process.pid == pid
 
+    def watch(self) -> float:
+        """Ask it, every ``HEALTH_EVERY_S`` while it runs, whether it answers: one that answered nothing for
+        ``ETCD_HUNG_S`` is killed (SIGKILL), to be started again once its exit is seen (``restart``). The
+        seconds until it is to be asked again."""
+        now = time.monotonic()
+        process, heard_at = self.process, self.heard_at
+        if process is None or heard_at is None:
+            return HEALTH_EVERY_S
+        if now < self._ask_at:
+            return self._ask_at - now
+        if _answers(self.url):
+            self.heard_at = time.monotonic()
+        elif now - heard_at >= ETCD_HUNG_S:
+            log.error(
+                "etcd of the members (pid %d) answered nothing for %.0f s (hung: stopped, its disk stalled, "
+                "deadlocked): killed, to be started again; the members acknowledge nothing until it answers",
+                process.pid,
+                now - heard_at,
+            )
+            self.heard_at = None
+            with contextlib.suppress(ProcessLookupError):  # not Popen.kill: its poll would reap the exit
+                os.kill(process.pid, signal.SIGKILL)
+        self._ask_at = time.monotonic() + HEALTH_EVERY_S
+        return HEALTH_EVERY_S
+
     def restart(self, status: int) -> None:
         """It exited (``status``, as ``waitpid`` gives it, the process already reaped): start it again on the
         same ports and data, where the members look for it (``try_again``)."""
@@ -117,6 +152,7 @@ class LocalEtcd:
         """Start it and wait until it serves; ``RuntimeError`` saying why it did not (etcd's own last word
         from its log)."""
         parent = os.getpid()
+        self.heard_at = None  # not watched until it serves
         etcd_log = self.directory / "etcd.log"
         with open(etcd_log, "ab") as output:
             logged = output.tell()
@@ -135,12 +171,15 @@ class LocalEtcd:
                 reason = _etcd_last_word(etcd_log, logged)
                 raise RuntimeError(f"etcd did not start{f' ({reason})' if reason else ''}: see {etcd_log}")
             time.sleep(0.05)
+        self.heard_at = time.monotonic()
 
     def stop(self) -> None:
         process = self.process
         if process is None or process.poll() is not None:
             return
         process.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)  # a stopped (hung) one takes its SIGTERM now
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
@@ -176,6 +215,19 @@ def _etcd_process(parent: int) -> None:
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 """Requests to the command's own etcd on loopback: never through an ``http_proxy`` of the environment."""
+
+
+def _answers(url: str) -> bool:
+    """Whether etcd at ``url`` answers its ``/health`` at all within a second: one that says it is not
+    healthy (an alarm raised, no leader) answers, and is no hung process."""
+    try:
+        with _DIRECT.open(f"{url}/health", timeout=1.0) as answer:
+            answer.read()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _serves(url: str) -> bool:

@@ -47,6 +47,8 @@ def run_members(
         waits = [m.start_at - now for m in members if m.start_at is not None]
         if etcd is not None and etcd.retry_at is not None:
             waits.append(etcd.retry_at - now)
+        if etcd is not None:
+            waits.append(etcd.watch())
         received = signal.sigtimedwait(SIGNALS, max(min(waits, default=1.0), 0.01))
         signo = received.si_signo if received is not None else None
         if signo in (signal.SIGTERM, signal.SIGINT):

@@ -11,7 +11,8 @@ succeed ending with its exit status instead of members forked again for ever.
 - SIGHUP reaches every member (a user added to the password file logs in through each), the command runs on;
 - the command killed (SIGKILL): its members and etcd stop, and the port can be served again.
 - its own etcd killed is started again; one that cannot start again is tried again, the members kept;
-- its own etcd serves once started (and once started again): its port accepting connections is not enough.
+- its own etcd serves once started (and once started again): its port accepting connections is not enough;
+- its own etcd hung (SIGSTOP) is noticed, killed and started again, nothing acknowledged lost.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -33,10 +35,10 @@ import pytest
 
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
-from broker_edge.runtime.workers_etcd import LocalEtcd
+from broker_edge.runtime.workers_etcd import ETCD_HUNG_S, LocalEtcd
 from broker_edge.security.auth import hash_password
 from tests.e2e.broker_clients import PahoClient, RawClient
-from tests.e2e.cluster.test_workers import member_pids, start_workers, stop_workers
+from tests.e2e.cluster.test_workers import member_pids, read_topic, start_workers, stop_workers
 from tests.harness.local_cluster import wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -57,6 +59,10 @@ class First:
         self.process = process
         self.port = port
         self.passwords = directory / "passwd"
+
+    @property
+    def offsets_api(self) -> str:
+        return "http://127.0.0.1:" + self.config.read_text().split("offsets_api: {port: ")[1].split("}")[0]
 
     @property
     def config(self) -> Path:
@@ -295,13 +301,13 @@ def test_its_etcd_killed_is_started_again_and_qos_1_publishes_are_taken_again(fi
     wait_until(partial(_publishes, first), 60, "a QoS 1 publish acknowledged after etcd came back")
 
 
-def _publishes(command: First) -> bool:
+def _publishes(command: First, topic: str = "t/after-etcd", payload: bytes = b"x") -> bool:
     try:
         client = PahoClient(command.port, "after-etcd", username="u1", password="p1")
     except (AssertionError, OSError):
         return False
     try:
-        client.publish("t/after-etcd", b"x", qos=1)
+        client.publish(topic, payload, qos=1)
         return True
     except (AssertionError, RuntimeError):  # refused, or told to go, while its member was fenced
         return False
@@ -329,6 +335,39 @@ def test_its_etcd_that_cannot_start_again_is_tried_again_while_the_members_wait(
         lambda: first.log().count("etcd of the members answers again") > answered, 60, "etcd started again"
     )
     wait_until(partial(_publishes, first), 60, "a QoS 1 publish acknowledged after etcd came back")
+
+
+def test_its_etcd_hung_is_killed_and_started_again_and_nothing_acknowledged_is_lost(first):
+    """Its etcd hung (SIGSTOP here; a stalled disk, a deadlock): the process lived on, so the command saw
+    nothing wrong and the members stayed fenced (nothing acknowledged) for as long as it hung. The command
+    now asks it every second; one that answers nothing for ``ETCD_HUNG_S`` is said at ERROR, killed and
+    started again, and the members take QoS 1 publishes again, those acknowledged before all kept."""
+    before = [f"before-{n}".encode() for n in range(3)]
+    for payload in before:
+        wait_until(partial(_publishes, first, "t/etcd-hung", payload), 60, "acknowledged before")
+    etcd = _etcd_pid(first)
+    answered = first.log().count("etcd of the members answers again")
+    os.kill(etcd, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        wait_until(
+            lambda: f"etcd of the members (pid {etcd}) answered nothing for" in first.log(),
+            ETCD_HUNG_S + 15,
+            "the hung etcd noticed",
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(etcd, signal.SIGCONT)
+    assert time.monotonic() - stopped_at >= ETCD_HUNG_S - 1.0
+    wait_until(
+        lambda: first.log().count("etcd of the members answers again") > answered, 60, "etcd started again"
+    )
+    assert first.process.poll() is None, first.log()[-3000:]
+    wait_until(
+        partial(_publishes, first, "t/etcd-hung", b"after"), 60, "a QoS 1 publish after etcd came back"
+    )
+    logged = read_topic(first.offsets_api, "t/etcd-hung")
+    assert [payload for payload in logged if payload in before] == before, logged
 
 
 def _etcd_pid(command: First) -> int:
