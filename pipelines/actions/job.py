@@ -8,7 +8,7 @@
 
 Spark checkpoints hold both streams' offsets; every table write is idempotent per (query, batch), so a
 replayed micro-batch changes nothing. Publishing is at least once: a replay may publish an action again, and
-devices ignore an action id they have already seen.
+a device answers an action id it has already seen with its latest report again, never starting it twice.
 """
 
 from __future__ import annotations

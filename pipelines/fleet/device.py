@@ -5,7 +5,7 @@ up where it left off after reconnecting to any broker, and replays from ``earlie
 on its device bucket's topic lists the devices it is for: the device acts on it only when listed. It sends
 its status reports on its bucket's report topic (``actions/reports/<bucket>``), each naming the device and
 the attempt it is about. A message for an action it has seen with a higher ``attempt`` is a retry notice: it
-starts the action again. Given
+starts the action again; one with no higher ``attempt`` is answered with its latest report again. Given
 several brokers (members of one cluster), it moves to the next when its broker stops accepting it. A status
 report the broker did not acknowledge (refused, or the connection dropped first) is sent again: after a
 pause when refused, on reconnecting otherwise.
@@ -345,7 +345,8 @@ class SimulatedDevice:
         attempt = action.get("attempt", 1)
         progress = self.actions.get(action_id)
         if progress is not None and (not isinstance(attempt, int) or attempt <= progress.attempt):
-            return  # seen already (a replay, or a copy resent after a failover)
+            self._report_again(action_id, progress)  # seen already (a replay, a copy resent after a failover)
+            return
         expires_at = action.get("expires_at")
         if expires_at and expires_at < time.time() * 1000:
             self.stats["expired_actions"] += 1
@@ -354,6 +355,13 @@ class SimulatedDevice:
             self._begin(action_id, kind, action)
         else:
             self._retry(action_id, kind, action, progress, attempt)
+
+    def _report_again(self, action_id: str, progress: ActionProgress) -> None:
+        """A message of an action it has seen: its latest report again, same ``seq`` (the platform may have
+        left it out, having no row yet for it), the action not started again."""
+        self.stats["repeated_actions"] += 1
+        if action_id not in self._unacknowledged:  # else it goes again anyway
+            self._publish_report(action_id, progress)
 
     def _retry(self, action_id: str, kind: str, action: dict, progress: ActionProgress, attempt: int) -> None:
         """A retry notice: start again, or say again that it is done (the platform may not have heard)."""

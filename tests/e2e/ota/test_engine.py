@@ -7,11 +7,13 @@ logs is tested in test_actions_job.py.
 from __future__ import annotations
 
 import pyarrow.compute as pc
+import pytest
 
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT, StatusReport
 from tests.e2e.ota.conftest import action_row, epoch_ms, register_devices, write_actions
+from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 
@@ -209,3 +211,33 @@ def test_a_row_written_without_an_id_is_ignored_with_a_warning_and_the_rest_are_
     assert summaries == ["sent"]
     warned = [r.getMessage() for r in caplog.records if "without an id" in r.getMessage()]
     assert warned == ["an actions row without an id is ignored: nothing can name its action"]
+
+
+def test_devices_whose_reports_came_before_a_failed_write_are_counted_after_the_replay(tmp_path):
+    """The fan-out publishes, then its write of the executions fails (a store error): the devices took the
+    action and reported, but their reports found no row and were left out. Spark replays the batch, which
+    publishes the action again; before, devices ignored a message of an action they had seen, the rows
+    stayed QUEUED for ever and the action never completed. A device now answers a repeated action message
+    with its latest report again (same ``seq``), and the replay's rows take it."""
+    with rollout_run(tmp_path, quiet_devices(), count=4) as run:
+        devices = sorted(d.device_id for d in run.fleet.devices)
+        write = run.engine.tables.write_executions
+        failed: list[bool] = []
+
+        def failing_once(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise OSError("injected failure of the executions write")
+            return write(*args, **kwargs)
+
+        run.engine.tables.write_executions = failing_once  # type: ignore[method-assign]
+        row = action_row("rw-1", device_ids=devices)
+        write_actions(run.store, [row], 0)
+        with pytest.raises(OSError):
+            run.engine.on_action_rows([row], "fanout", 0)
+        run.feed(lambda reports: finals(reports, "rw-1") == len(devices))  # about rows not written: left out
+        run.engine.on_action_rows([row], "fanout", 0)  # Spark's replay of the failed batch
+        run.feed(lambda reports: finals(reports, "rw-1") == len(devices) and len(reports) > 2 * len(devices))
+        assert run.states("rw-1") == {SUCCEEDED: len(devices)}
+        assert run.summary("rw-1")["action_state"] == "COMPLETED"
+        assert run.fleet.stats["reported_SUCCEEDED"] == len(devices)  # each device did the update once
