@@ -7,13 +7,17 @@ the previous version to exactly the devices that installed the bad one. Each fai
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from typing import Any
 
 import pyarrow.compute as pc
 import pytest
 
+from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, report_topic
 from pipelines.actions.phases import Phase, phase_of_devices
 from pipelines.actions.rollback import rollback_id
+from tests.e2e.broker_clients import PahoClient
 from tests.e2e.ota.conftest import SHA256, action_row
 from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.fleet_harness import quiet_devices
@@ -164,3 +168,50 @@ def test_a_rollback_whose_id_another_action_holds_is_not_said_to_be_written(tmp_
         actions = run.store.read_arrow("actions")
         taken = actions.filter(pc.equal(actions["id"], "ab-3-rollback")).to_pylist()
         assert [row["kind"] for row in taken] == ["command"]
+
+
+def test_reports_from_devices_of_a_later_phase_not_sent_the_action_change_nothing(tmp_path):
+    """Devices of the second phase, never sent the action, report FAILED on their buckets' report topics
+    (a real MQTT client): before, each report moved its QUEUED row to FAILED and the abort rule fired on
+    devices that never had the build; now they change no row and no count, and the first phase completes."""
+    phases = [
+        dict(PHASES[0], wait_s=0),
+        {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
+    ]
+    with rollout_run(tmp_path, quiet_devices(), count=8) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        phase = phase_of_devices("lp-1", [Phase.from_row(p) for p in phases], devices)
+        later = sorted(d for d in devices if phase[d] == 2)
+        run.create(action_row("lp-1", group="g", phases=phases, abort_rules=[rule("failed", 10.0, 1)]))
+        client = PahoClient(run.broker.port, client_id="later-phase")
+        for device_id in later:
+            body = {
+                "action_id": "lp-1",
+                "device_id": device_id,
+                "state": "FAILED",
+                "seq": 1,
+                "ts": 1,
+                "details": "spoofed",
+            }
+            client.publish(
+                report_topic(bucket_of(device_id, DEFAULT_BUCKETS)), json.dumps(body).encode(), qos=1
+            )
+        run.feed(
+            lambda reports: (
+                (states := Counter(r.state for r in reports))["SUCCEEDED"] == 2
+                and states["FAILED"] == len(later)
+            )
+        )
+        summary = run.summary("lp-1")
+        assert (summary["action_state"], summary["failed_count"], summary["succeeded_count"]) == (
+            "IN_PROGRESS",
+            0,
+            2,
+        )
+        assert {d: r["state"] for d, r in run.executions("lp-1").items() if d in later} == dict.fromkeys(
+            later, "QUEUED"
+        )
+        run.tick_at(1)  # the first phase is done: the second goes out to the devices that reported
+        run.feed(lambda reports: sum(r.state == "SUCCEEDED" for r in reports) == len(devices))
+        assert run.summary("lp-1")["action_state"] == "COMPLETED"
+        assert run.received("lp-1") == set(devices)
