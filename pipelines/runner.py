@@ -32,7 +32,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.config.loader import ConfigError, load_yaml_file
+from broker_edge.config.loader import ConfigError, load_yaml_file, sourced
 from pipelines.graceful_stop import StopRequest, stop_on_signals
 from pipelines.metrics import PipelineMetrics
 from pipelines.overrides import apply_override, key_steps
@@ -193,21 +193,32 @@ def load_config_document(
     one section per pipeline), any other top-level key, in the file or an override, is refused by name: a
     misspelt section would otherwise be ignored and the job run on defaults.
     """
-    if path is not None:
-        document = load_yaml_file(path)
-    elif Path(default).is_file():
-        document = load_yaml_file(default)
-    else:
-        document = {}
+    file = config_file(path, default)
+    document = load_yaml_file(file) if file is not None else {}
     for assignment in overrides:
-        if sections:
-            _check_section(assignment, sections)
-        apply_override(document, assignment)
+        try:
+            if sections:
+                _check_section(assignment, sections)
+            apply_override(document, assignment)
+        except ConfigError as error:
+            raise sourced(error, None, [assignment]) from None
     unknown = [key for key in document if sections and key not in sections]
     if unknown:
         known = ", ".join(sorted(sections or ()))
         raise ConfigError(str(unknown[0]), f"unknown section of {path or default} (known sections: {known})")
     return document
+
+
+def config_file(path: str | None, default: str) -> str | None:
+    """The file a pipeline's config is read from: ``path``, else ``default`` when it exists, else none."""
+    if path is not None:
+        return path
+    return default if Path(default).is_file() else None
+
+
+def config_error(error: ConfigError, args: argparse.Namespace, default: str) -> ConfigError:
+    """``error`` naming where its key was set: the ``--set`` of ``args`` that set it, or the file's line."""
+    return sourced(error, config_file(args.config, default), args.overrides)
 
 
 def _check_section(assignment: str, sections: set[str]) -> None:
@@ -250,7 +261,7 @@ def pipeline_main(argv: list[str]) -> int:
         if preflight is not None:
             preflight(validated, options)
     except ConfigError as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr)
+        print(f"{prefix}: {config_error(exc, args, pipeline.default_config)}", file=sys.stderr)
         return CONFIG_ERROR
     except BrokersUnreachable as exc:
         print(f"{prefix}: {exc}", file=sys.stderr)
@@ -280,7 +291,7 @@ def pipeline_main(argv: list[str]) -> int:
         print(f"{prefix}: stopped", file=sys.stderr)
         return 0
     except ConfigError as exc:  # found only once Spark runs (e.g. the actions job asking the brokers)
-        print(f"{prefix}: {exc}", file=sys.stderr)
+        print(f"{prefix}: {config_error(exc, args, pipeline.default_config)}", file=sys.stderr)
         return CONFIG_ERROR
     except Exception as exc:
         log.debug("%s failed", prefix, exc_info=True)

@@ -28,6 +28,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +44,16 @@ _COLON_NUMBER = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown or of the wrong type; ``path`` names the field."""
+    """A configuration value is missing, unknown or of the wrong type; ``path`` names the field, ``source``
+    (when known) where it was set, said after the message: ``in FILE, line N`` or ``from --set KEY`` (see
+    :func:`sourced`)."""
 
-    def __init__(self, path: str, message: str) -> None:
+    def __init__(self, path: str, message: str, source: str = "") -> None:
         self.path = path
         self.detail = message
-        super().__init__(f"{path}: {message}" if path else message)
+        self.source = source
+        text = f"{path}: {message}" if path else message
+        super().__init__(f"{text} ({source})" if source else text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +154,73 @@ def _check_duplicate_keys(node: Any, path: str, visited: set[int]) -> None:
             _check_duplicate_keys(value, dotted, visited)
 
 
+def sourced(error: ConfigError, file: str | Path | None, overrides: Sequence[str] = ()) -> ConfigError:
+    """``error`` naming where its key was set: the last ``--set KEY=VALUE`` (``overrides``) whose KEY is the
+    key or holds it, else ``file`` and the line of the key there (or of the nearest key above it that the
+    file writes; a value written ``!env NAME`` says so). ``error`` itself when it names its source already,
+    names no key, or names none the file writes (a file another setting names: the error names it)."""
+    if error.source or not error.path or (file is not None and error.path == str(file)):
+        return error
+    for assignment in reversed(overrides):
+        key = assignment.partition("=")[0].strip()
+        if _holds(key, error.path):
+            return ConfigError(error.path, error.detail, f"from --set {key}")
+    if file is None:
+        return error
+    place = _place_in_file(Path(file), error.path)
+    return ConfigError(error.path, error.detail, place) if place else error
+
+
+def _holds(key: str, path: str) -> bool:
+    """Whether the dotted ``path`` is ``key`` or inside it."""
+    return path == key or path.startswith((f"{key}.", f"{key}["))
+
+
+def _place_in_file(file: Path, path: str) -> str:
+    """``in FILE, line N``: where ``FILE`` writes ``path`` or the nearest key above it; "" where it writes
+    none of them."""
+    import yaml
+
+    try:
+        node = yaml.compose(file.read_text(encoding="utf-8"), Loader=_yaml_loader())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ""
+    line, env = None, ""
+    rest = path
+    while rest and node is not None:
+        found = _step(node, rest)
+        if found is None:
+            break
+        node, rest, line = found
+        if not rest and getattr(node, "tag", "") == "!env":
+            env = f", !env {node.value}"
+    return f"in {file}, line {line}{env}" if line is not None else ""
+
+
+def _step(node: Any, rest: str) -> tuple[Any, str, int] | None:
+    """The node one key or index of ``rest`` down from ``node``, what is left of ``rest``, and its line."""
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        index = re.match(r"\[(\d+)\]\.?", rest)
+        if index is None or int(index.group(1)) >= len(node.value):
+            return None
+        item = node.value[int(index.group(1))]
+        return item, rest[index.end() :], item.start_mark.line + 1
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    keys = [
+        (key, value)
+        for key, value in node.value
+        if isinstance(key, yaml.ScalarNode) and _holds(key.value, rest)
+    ]
+    if not keys:
+        return None
+    key, value = max(keys, key=lambda pair: len(pair[0].value))  # a key with dots before its parts
+    left = rest[len(key.value) :]
+    return value, left[1:] if left.startswith(".") else left, key.start_mark.line + 1
+
+
 def expand_home(settings: object, *names: str) -> None:
     """Give each named path setting of ``settings`` that starts with ``~`` the home directory it names (as a
     shell would), so ``~/data`` is never a directory named ``~`` in the working directory."""
@@ -175,7 +247,7 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {yaml_error_line(exc)}") from None
     except ConfigError as exc:  # a key given twice: its lines are this file's
-        raise ConfigError(exc.path, f"{exc.detail} of {path}") from None
+        raise ConfigError(exc.path, exc.detail, f"in {path}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):

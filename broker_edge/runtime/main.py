@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.config.loader import ConfigError
+from broker_edge.config.loader import ConfigError, sourced
 from broker_edge.observe.logs import configure_logging
 from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
@@ -222,9 +222,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
     try:
         config = load_broker_config(config_path)
     except (ConfigError, OSError) as exc:
-        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
-        tell(str(exc))
-        return 2
+        return _refused(exc, config_path, tell)
     configure_logging(config.logging, node=node)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
     asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
@@ -235,9 +233,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
     try:
         asyncio_run(_serve_telling(config, tell))
     except ConfigError as exc:
-        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
-        tell(str(exc))
-        return 2
+        return _refused(exc, config_path, tell)
     except (OSError, StoreDamaged) as exc:
         log.error("cannot start: %s", exc)
         tell(str(exc))
@@ -247,6 +243,15 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
 
 def _ignore(_: str | None) -> None:
     pass
+
+
+def _refused(error: ConfigError | OSError, config_path: str | None, tell: Report = _ignore) -> int:
+    """Say a configuration error on standard error, with the file and line of its key: exit status 2."""
+    if isinstance(error, ConfigError):
+        error = sourced(error, config_path)
+    print(f"timestone broker: configuration error: {error}", file=sys.stderr)
+    tell(str(error))
+    return 2
 
 
 def read_security_files(config: BrokerConfig) -> None:
@@ -283,8 +288,7 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
 
             budget_descriptors(config)  # settings whose descriptors the process cannot hold, as a start
     except (ConfigError, OSError) as exc:
-        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc, config_path)
     listeners = ", ".join(
         f"{listener.name} ({listener.type} {listener.host}:{listener.port})" for listener in config.listeners
     )

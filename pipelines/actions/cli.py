@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime
 
 from broker_edge.config import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.config.loader import sourced
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.heartbeat import read_heartbeat
 from pipelines.actions.operator import (
@@ -158,7 +159,10 @@ def load_actions_config(path: str | None) -> ActionsConfig:
     if path is None and os.path.exists("conf/actions.yaml"):
         path = "conf/actions.yaml"
     data = load_yaml_file(path) if path else {}
-    return load_dataclass(ActionsConfig, data)
+    try:
+        return load_dataclass(ActionsConfig, data)
+    except ConfigError as error:  # said with the file and line of its key
+        raise sourced(error, path) from None
 
 
 def ota_main(argv: list[str]) -> int:

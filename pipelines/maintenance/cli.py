@@ -65,7 +65,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def tables_main(argv: list[str]) -> int:
     """Entry point of ``timestone tables``: 0 when every operation succeeded, 1 if one failed, 2 bad input."""
-    from pipelines.runner import PIPELINES, load_config_document
+    from pipelines.runner import PIPELINES, config_error, load_config_document
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -89,7 +89,8 @@ def tables_main(argv: list[str]) -> int:
             document = load_config_document(args.config, pipeline.default_config, args.overrides)
             config = module.validate(document.get(pipeline.section) if pipeline.section else document)
         except ConfigError as exc:
-            print(f"timestone tables maintain {name}: {exc}", file=sys.stderr)
+            error = config_error(exc, args, pipeline.default_config)
+            print(f"timestone tables maintain {name}: {error}", file=sys.stderr)
             return 2
         if spark is None and _needs_spark(config):
             from pipelines.runner import spark_session

@@ -360,3 +360,13 @@ def test_status_keeps_its_columns_under_an_id_longer_than_the_header(tmp_path, c
     for row in rows:
         assert row.index(" ota ") + 1 == header.index("kind"), (header, row)
         assert row.index("WAITING") == header.index("state"), (header, row)
+
+
+def test_a_bad_value_of_the_config_file_names_the_file_and_its_line(tmp_path, capsys):
+    """``timestone ota --config FILE`` said the key of a refused value but not which file held it."""
+    config = tmp_path / "actions.yaml"
+    config.write_text("# the OTA job's settings\ntables_root: 5\n")
+    assert main(["ota", "--config", str(config), "status", "fw-1"]) == 2
+    assert capsys.readouterr().err == (
+        f"timestone ota: bad config: tables_root: expected a string, got int 5 (in {config}, line 2)\n"
+    )

@@ -3,6 +3,7 @@ one line naming the dotted key, no traceback, and nothing on disk (no data direc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,7 +160,10 @@ PORTS = "admin_http: {port: 0}\noffsets_api: {port: 0}\n"
 )
 def test_what_the_store_would_refuse_at_open_is_refused_naming_the_key(tmp_path, storage, line):
     err = refused(tmp_path, f"storage:\n  directory: {tmp_path / 'data'}\n{storage}{PORTS}")
-    assert err.splitlines() == [f"timestone broker: configuration error: {line}"]
+    config = tmp_path / "broker.yaml"
+    assert err.splitlines()[0].startswith(
+        f"timestone broker: configuration error: {line} (in {config}, line "
+    )
     assert not (tmp_path / "data").exists()
 
 
@@ -184,7 +188,7 @@ def test_a_key_given_twice_is_refused_naming_the_key_and_its_lines(tmp_path, tex
     text = text.replace("DATA", str(tmp_path / "data"))
     err = refused(tmp_path, text + PORTS)
     config = tmp_path / "broker.yaml"
-    assert err.splitlines() == [f"timestone broker: configuration error: {line} of {config}"]
+    assert err.splitlines() == [f"timestone broker: configuration error: {line} (in {config})"]
     assert not (tmp_path / "data").exists()
 
 
@@ -218,7 +222,7 @@ def test_a_garbage_collector_threshold_past_what_the_interpreter_holds_is_refuse
     err = refused(tmp_path, "runtime: {gc_young_threshold: 100000000000000000000}\n" + PORTS)
     assert err.splitlines() == [
         "timestone broker: configuration error: runtime.gc_young_threshold: must be at most 2147483647, "
-        "got 100000000000000000000"
+        f"got 100000000000000000000 (in {tmp_path / 'broker.yaml'}, line 1)"
     ]
 
 
@@ -239,17 +243,19 @@ def test_a_readers_tokens_file_that_does_not_load_is_named_by_its_dotted_key(tmp
     err = refused(tmp_path, f"offsets_api: {{port: 0, tokens_file: {tokens}}}\nadmin_http: {{port: 0}}\n")
     assert err.splitlines()[-1:] == [
         f"timestone broker: configuration error: offsets_api.tokens_file: {tokens}: not UTF-8 text: 'utf-8' "
-        "codec can't decode byte 0xe9 in position 22: invalid continuation byte"
+        "codec can't decode byte 0xe9 in position 22: invalid continuation byte "
+        f"(in {tmp_path / 'broker.yaml'}, line 1)"
     ]
     tokens.write_text("tokens:\n  - {name: job, token: t1}\n  - {name: job, token: t2}\n")
     err = refused(tmp_path, f"offsets_api: {{port: 0, tokens_file: {tokens}}}\nadmin_http: {{port: 0}}\n")
     assert err.splitlines()[-1:] == [
-        "timestone broker: configuration error: offsets_api.tokens_file: two tokens are named 'job'"
+        "timestone broker: configuration error: offsets_api.tokens_file: two tokens are named 'job' "
+        f"(in {tmp_path / 'broker.yaml'}, line 1)"
     ]
     err = refused(tmp_path, "offsets_api: {port: 0, token: ' s3cret'}\nadmin_http: {port: 0}\n")
     assert err.splitlines() == [
         "timestone broker: configuration error: offsets_api.token: must not be empty nor start or end with "
-        "whitespace"
+        f"whitespace (in {tmp_path / 'broker.yaml'}, line 1)"
     ]
 
 
@@ -271,5 +277,30 @@ def test_a_passphrase_protected_key_is_refused_naming_it_without_asking_for_the_
     err = refused(tmp_path, tls_listener(pki.server_cert, encrypted))
     assert err.splitlines() == [
         f"timestone broker: configuration error: listeners[1].tls.keyfile: {encrypted} is encrypted "
-        "(protected by a passphrase): give an unencrypted key, readable by the broker only (mode 0600)"
+        "(protected by a passphrase): give an unencrypted key, readable by the broker only (mode 0600) "
+        f"(in {tmp_path / 'broker.yaml'}, line 8)"
     ]
+
+
+def test_a_refused_value_names_the_file_and_line_it_came_from(tmp_path):
+    """An operator with several brokers' files saw ``limits.max_connections: must be >= 1`` and not which
+    file said so; the line now ends with the file and the line of the key."""
+    err = refused(tmp_path, "admin_http: {port: 0}\nlimits:\n  max_connections: -1\n")
+    assert err == (
+        "timestone broker: configuration error: limits.max_connections: must be >= 1, got -1 "
+        f"(in {tmp_path / 'broker.yaml'}, line 3)\n"
+    )
+
+
+def test_check_names_the_file_and_line_and_an_env_value_its_variable(tmp_path):
+    """``--check``, and a value written ``!env NAME``: the file, the line and the variable."""
+    config = tmp_path / "broker.yaml"
+    config.write_text("listeners:\n  - name: a\n  - name: b\n    port: !env TIMESTONE_TEST_PORT\n")
+    command = [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(config)]
+    environment = {**os.environ, "TIMESTONE_TEST_PORT": "eighteen"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "timestone broker: configuration error: listeners[1].port: expected int, got str 'eighteen' "
+        f"(in {config}, line 4, !env TIMESTONE_TEST_PORT)\n"
+    )

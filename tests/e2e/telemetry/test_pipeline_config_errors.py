@@ -110,7 +110,7 @@ def test_the_actions_pipeline_refuses_a_missing_file_and_an_unwritable_root(tmp_
     assert (status, err) == (
         2,
         "timestone pipeline actions: status_topics: 'dev#/x' is not a topic filter: misplaced wildcard in "
-        "topic filter 'dev#/x'\n",
+        "topic filter 'dev#/x' (from --set status_topics)\n",
     )
 
 
@@ -199,3 +199,22 @@ def test_an_override_whose_value_holds_a_comment_is_refused_not_cut_short(value)
     apply_override(document, "a.b='/data/lake #2'")
     apply_override(document, "a.c=p@ss#word")
     assert document == {"a": {"b": "/data/lake #2", "c": "p@ss#word"}}
+
+
+def test_a_refused_value_names_the_set_or_the_file_line_it_came_from(tmp_path, capsys):
+    """A value refused after ``--set`` said its key but not that the command line, not the file, gave it;
+    one from the file now names the file and its line."""
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("telemetry:\n  tables:\n    root: 5\n")
+    status, from_file = run(capsys, "telemetry", "--config", str(config))
+    _, from_set = run(capsys, "telemetry", "--config", PIPELINE_YAML, "--set", "telemetry.tables.root=[1]")
+
+    assert status == 2
+    assert from_file == (
+        f"timestone pipeline telemetry: telemetry.tables.root: expected a string, got int 5 (in {config}, "
+        "line 3)\n"
+    )
+    assert from_set == (
+        "timestone pipeline telemetry: telemetry.tables.root: expected a string, got list [1] (from --set "
+        "telemetry.tables.root)\n"
+    )

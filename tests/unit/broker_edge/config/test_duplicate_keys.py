@@ -29,7 +29,8 @@ def test_a_key_given_twice_is_named_with_its_lines(tmp_path, text, key, lines) -
     with pytest.raises(ConfigError) as error:
         load_yaml_file(path)
     assert error.value.path == key
-    assert error.value.detail == f"duplicate key: on line {lines[0]} and again on line {lines[1]} of {path}"
+    assert error.value.detail == f"duplicate key: on line {lines[0]} and again on line {lines[1]}"
+    assert error.value.source == f"in {path}"
 
 
 def test_merge_keys_aliases_and_equal_keys_of_different_mappings_are_not_duplicates() -> None:

@@ -68,4 +68,4 @@ def test_two_brokers_of_one_name_in_the_ota_jobs_file_are_refused_naming_the_sec
     command = [sys.executable, "-m", "pipelines.cli", "pipeline", "actions", "--config", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines() == [f"timestone pipeline actions: {error.value}"]
+    assert done.stderr.splitlines() == [f"timestone pipeline actions: {error.value} (in {config}, line 9)"]
