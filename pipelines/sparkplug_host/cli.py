@@ -8,6 +8,7 @@ import ssl
 import sys
 
 from broker_edge.config import ConfigError
+from broker_edge.observe.logs import LoggingConfig, configure_logging
 from broker_edge.protocol import ReasonCode
 from broker_edge.security.client_tls import ClientTls
 from pipelines.fleet.cli import broker_address, signal_stop, zero_or_more
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--certfile", help="PEM file of the certificate to present (mutual TLS)")
     parser.add_argument("--keyfile", help="PEM file of --certfile's key (default: in --certfile)")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default="INFO",
+        help="lowest level logged to standard error (default INFO: a lost connection, its return; DEBUG "
+        "also each rebirth request and each attempt to connect again)",
+    )
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="text, or JSON lines")
     return parser
 
 
@@ -168,5 +178,7 @@ def _reason_name(code: int) -> str:
 
 
 def sparkplug_host_main(argv: list[str]) -> int:
-    """Entry point of ``timestone sparkplug-host``."""
-    return asyncio.run(_run(build_parser().parse_args(argv)))
+    """Entry point of ``timestone sparkplug-host``: its log on standard error, formatted as the broker's."""
+    args = build_parser().parse_args(argv)
+    configure_logging(LoggingConfig(level=args.log_level, format=args.log_format))
+    return asyncio.run(_run(args))

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker_edge.protocol import ReasonCode, Will
 from pipelines.fleet.client import Message, MqttClient
@@ -42,6 +44,8 @@ from pipelines.payloads.sparkplug.topics import (
     parse_topic,
     state_topic,
 )
+
+log = logging.getLogger("pipelines.sparkplug_host")
 
 
 def state_payload(online: bool, timestamp_ms: int) -> bytes:
@@ -150,22 +154,42 @@ class SparkplugHost:
                 lost.cancel()
                 if self.client is not None and self.client.closed_with == ReasonCode.SESSION_TAKEN_OVER:
                     return False
-                while not stop.is_set() and self._lost.is_set():
-                    await asyncio.wait({stopped}, timeout=self.retry_s)
-                    if stop.is_set():
-                        break
-                    try:
-                        await self.start()
-                    except (OSError, TimeoutError):  # refused, unreachable or silent: try again
-                        if self.client is not None:
-                            self.client.abort()
-                        self._lost.set()
-                    else:
-                        self.stats["reconnections"] += 1
+                if not stop.is_set() and self._lost.is_set():
+                    await self._reconnect(stop, stopped)
         finally:
             stopped.cancel()
         await self.stop()
         return True
+
+    async def _reconnect(self, stop: asyncio.Event, stopped: asyncio.Future[Any]) -> None:
+        """Connect again every ``retry_s`` seconds until connected or stopped; said at WARNING when the
+        connection is lost and when the first attempt fails (the others at DEBUG), at INFO once back."""
+        where = f"{self.address[0]}:{self.address[1]}"
+        closed = self.client.closed_with if self.client is not None else None
+        reason = f" (the broker's DISCONNECT: 0x{closed:02x})" if closed is not None else ""
+        log.warning("connection to %s lost%s: offline, connecting again", where, reason)
+        attempts = 0
+        while not stop.is_set() and self._lost.is_set():
+            await asyncio.wait({stopped}, timeout=self.retry_s)
+            if stop.is_set():
+                return
+            attempts += 1
+            try:
+                await self.start()
+            except (OSError, TimeoutError) as error:  # refused, unreachable or silent: try again
+                if self.client is not None:
+                    self.client.abort()
+                self._lost.set()
+                level = logging.WARNING if attempts == 1 else logging.DEBUG
+                log.log(level, "cannot connect again to %s (attempt %d): %s", where, attempts, error)
+            else:
+                self.stats["reconnections"] += 1
+                log.info(
+                    "connected again to %s after %d attempts: birth published (timestamp %d)",
+                    where,
+                    attempts,
+                    self.connected_ms,
+                )
 
     async def stop(self) -> None:
         """Publish the death (the will's payload), then DISCONNECT. A birth answering a stray STATE that
@@ -263,6 +287,7 @@ class SparkplugHost:
             return
         self.state.asked_at[node] = now
         command = SparkplugTopic(topic.group_id, "NCMD", topic.edge_node_id).name
+        log.debug("asking edge node %s/%s for a rebirth (%s)", node[0], node[1], topic.name)
         if self.client is not None and self.client.publish_nowait(
             command, rebirth_request(int(now * 1000)), 0
         ):

@@ -504,3 +504,51 @@ def test_the_host_reaches_a_tls_listener_with_the_ca_of_its_certificate(start_br
     not_pem.write_text("no certificate\n")
     assert main(["sparkplug-host", "--broker", address, "--cafile", str(not_pem)]) == 2
     assert "--cafile: cannot load CA certificates from" in capsys.readouterr().err
+
+
+def test_the_command_logs_a_lost_connection_and_its_return_with_time_and_level(start_broker, tmp_path):
+    """``timestone sparkplug-host`` set up no log handler and logged nothing: a broker gone for minutes left
+    the host offline (its will said so to every edge node) without a line on its standard error."""
+    import os
+    import selectors
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    first = start_broker()
+    port = first.port
+    command = [sys.executable, "-m", "pipelines.cli", "sparkplug-host", "--broker", f"127.0.0.1:{port}"]
+    command += ["--reconnect-delay", "0.05", "--log-level", "debug"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    host = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    selector = selectors.DefaultSelector()
+    assert host.stdout is not None and host.stderr is not None
+    selector.register(host.stderr, selectors.EVENT_READ)
+
+    def wait_for(text: str) -> str:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if selector.select(timeout=0.2):
+                line = host.stderr.readline()
+                lines.append(line)
+                if text in line:
+                    return line
+        raise AssertionError(f"no line with {text!r} in {lines}")
+
+    try:
+        assert "online" in host.stdout.readline()
+        first.stop()
+        lost = wait_for("connection to")
+        failed = wait_for("cannot connect")
+        start_broker(listeners=[{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": port}])
+        back = wait_for("connected again")
+    finally:
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(timeout=20) == 0
+
+    assert " WARNING pipelines.sparkplug_host: " in lost and f"connection to 127.0.0.1:{port} lost" in lost
+    assert " WARNING pipelines.sparkplug_host: cannot connect again to" in failed
+    assert " INFO pipelines.sparkplug_host: connected again" in back and "birth" in back
+    assert lost[:4].isdigit()  # the time first, as the broker's lines
