@@ -34,6 +34,11 @@ ETCD_HUNG_S = 5.0
 (SIGSTOP), its disk stalled, deadlocked. The members' leases ran out before (they are fenced, acknowledging
 nothing): it is killed and started again, as an etcd that exited."""
 HEALTH_EVERY_S = 1.0
+WAL_FILE_BYTES = 64_000_000
+"""etcd's write-ahead log file, preallocated whole (etcd 3.4's ``wal.SegmentSizeBytes``)."""
+ETCD_DISK_BYTES = 2 * WAL_FILE_BYTES + 2_000_000
+"""What etcd takes of its disk from its start: its write-ahead log file, the next one preallocated ahead, and
+its database's first pages."""
 
 
 class LocalEtcd:
@@ -64,6 +69,7 @@ class LocalEtcd:
         data = self.directory / "etcd"
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(data, 0o700)  # etcd refuses a data directory others may read
+        _check_room(data)
         client, peer = free_ports(2)
         self.url = f"http://127.0.0.1:{client}"
         self._command = [
@@ -185,6 +191,26 @@ class LocalEtcd:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _check_room(data: Path) -> None:
+    """``RuntimeError`` naming ``data`` when its filesystem cannot hold etcd (``ETCD_DISK_BYTES``, less
+    what it holds there already): with less it ends at once, or runs with the members' disk all but full and
+    ends at its next log file."""
+    held = sum(
+        path.lstat().st_blocks * 512 for path in data.rglob("*") if path.is_file() and not path.is_symlink()
+    )
+    stats = os.statvfs(data)
+    free = stats.f_bavail * stats.f_frsize
+    if free + held >= ETCD_DISK_BYTES:
+        return
+    holds = f" and etcd holds {held // 1_000_000} MB there" if held else ""
+    raise RuntimeError(
+        f"the etcd of --workers needs about {ETCD_DISK_BYTES // 1_000_000} MB free in {data} (its "
+        f"write-ahead log is preallocated in two {WAL_FILE_BYTES // 1_000_000} MB files); its filesystem has "
+        f"{free // 1_000_000} MB free{holds}: free space there, move storage.directory to a larger disk, or "
+        "name an etcd in a cluster: section"
+    )
 
 
 def _etcd_last_word(path: Path, since: int) -> str:

@@ -408,6 +408,40 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs (root is needed to mount it)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_too_little_disk_for_its_etcd_is_refused_at_start_naming_the_directory_and_the_space(
+    tmp_path, small_disk
+):
+    """etcd preallocates its write-ahead log in 64 MB files: on 64 MiB it started anyway, took the disk
+    (a few MB left to the members' logs) and was to fail at its next file; on less it ended at once and the
+    command said only 'failed to create WAL: no space left on device'. The command now refuses to start
+    (exit 1) before etcd runs, naming etcd's data directory, the space it needs and the space there is."""
+    config = write_config(tmp_path, free_ports(1)[0], data=small_disk / "data")
+    code, output = run_command(config, timeout=30)
+    assert code == 1, output
+    etcd_data = small_disk / "data" / "workers" / "etcd"
+    assert re.search(
+        rf"cannot start: the etcd of --workers needs about 130 MB free in {etcd_data} \(its write-ahead log "
+        r"is preallocated in two 64 MB files\); its filesystem has \d+ MB free",
+        output,
+    ), output
+    assert "Traceback" not in output and "broker started" not in output, output
+    assert not (etcd_data / "member").exists()
+
+
 def test_check_with_workers_refuses_what_the_command_refuses(tmp_path):
     """``--check --workers 2`` said 'configuration OK' (exit 0) of a configuration the command refuses
     (exit 2: a listener on port 0, the log off), and took any --workers: a reload or a config management
