@@ -245,3 +245,28 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_status_141(tmp_pa
     finally:
         os.close(writer)
     assert (done.returncode, done.stderr.decode()) == (141, "")
+
+
+def test_the_readmes_command_table_names_every_command_and_subcommand(capsys):
+    """README's table of the command line left out ``timestone uplink status``, ``devices register`` and
+    ``pki revoke`` / ``crl``: a reader of it did not know they exist."""
+    import contextlib
+    from pathlib import Path
+
+    from pipelines.cli import COMMANDS
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    table = readme.split("## The command line", 1)[1].split("\n\n", 2)[1]
+    missing = []
+    for command in COMMANDS:
+        rows = [row for row in table.splitlines() if f"`timestone {command}" in row]
+        with contextlib.suppress(SystemExit):
+            main([command, "--help"])
+        usage = capsys.readouterr().out
+        verbs = re.search(r"^  \{([\w,-]+)\}", usage, re.M)  # argparse's line of the subcommands
+        if not rows:
+            missing.append(command)
+        for verb in verbs.group(1).split(",") if verbs and command != "pipeline" else []:
+            if not any(re.search(rf"[ `/]{verb}\b", row) for row in rows):
+                missing.append(f"{command} {verb}")
+    assert missing == []
