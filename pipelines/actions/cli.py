@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--kind", choices=("ota", "command"), default="ota")
     target = create.add_mutually_exclusive_group(required=True)
     target.add_argument("--devices", help="comma-separated device ids")
+    target.add_argument(
+        "--devices-from-file",
+        metavar="FILE",
+        help="device ids one a line ('-': stdin; '#' lines skipped), for lists too long for one argument",
+    )
     target.add_argument("--group", help="a device group")
     target.add_argument("--all", action="store_true", help="every device")
     create.add_argument("--version", help="firmware version (ota)")
@@ -209,7 +214,12 @@ def ota_main(argv: list[str]) -> int:
 
 
 def _create(store: TableStore, args: argparse.Namespace) -> int:
-    devices = [d.strip() for d in (args.devices or "").split(",") if d.strip()]
+    from_file = args.devices_from_file is not None
+    try:
+        devices = listed_ids(args.devices_from_file) if from_file else _comma_list(args.devices)
+    except ValueError as error:
+        print(f"timestone ota create: --devices-from-file: {error}", file=sys.stderr)
+        return INVALID
     action = NewAction(
         kind=args.kind,
         device_ids=devices,
@@ -230,11 +240,12 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
     )
     if args.action_id is not None:
         action.action_id = args.action_id
-    if args.devices is not None and not devices:
-        return _invalid([InvalidAction("target.device_ids", "no device id given")])
+    listed_with = "--devices-from-file" if from_file else "--devices"
+    if (args.devices is not None or from_file) and not devices:
+        return _invalid([InvalidAction("target.device_ids", "no device id given")], listed_with)
     found = problems(action.row(datetime.now(UTC)))
     if found:
-        return _invalid(found)
+        return _invalid(found, listed_with)
     if action.group is not None and not args.allow_unknown_group:
         groups = device_groups(store)
         if action.group not in groups:
@@ -248,10 +259,28 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _invalid(found: list[InvalidAction]) -> int:
-    """Every problem of the action, each naming its option and the field of the row."""
+def _comma_list(devices: str | None) -> list[str]:
+    return [d.strip() for d in (devices or "").split(",") if d.strip()]
+
+
+def listed_ids(path: str) -> list[str]:
+    """The device ids of a file, one a line (``-``: standard input), as an editor saved it: UTF-8, a byte
+    order mark first or not, lines ended by LF or CRLF, ``#`` lines skipped; ``ValueError`` says why a file
+    cannot be read."""
+    try:
+        with open(path if path != "-" else "/dev/stdin", encoding="utf-8-sig") as lines:
+            return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text: {error}") from None
+
+
+def _invalid(found: list[InvalidAction], listed_with: str = "--devices") -> int:
+    """Every problem of the action, each naming its option (``listed_with`` for the device list) and the
+    field of the row."""
     for invalid in found:
-        option = option_of(invalid.field)
+        option = listed_with if invalid.field.startswith("target.device_ids") else option_of(invalid.field)
         where = f"{option} ({invalid.field})" if option else invalid.field
         print(f"timestone ota create: {where}: {invalid.problem}", file=sys.stderr)
     return INVALID

@@ -61,31 +61,19 @@ def register_devices(
     return len(ids), len(set(ids) - known)
 
 
-def _listed_ids(path: str) -> list[str]:
-    """The device ids of a file, one a line (``-``: standard input), as an editor saved it: UTF-8, a byte
-    order mark first or not, lines ended by LF or CRLF; ``ValueError`` says why a file cannot be read."""
-    try:
-        with open(path if path != "-" else "/dev/stdin", encoding="utf-8-sig") as lines:
-            return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text: {error}") from None
-
-
 def register_main(args: argparse.Namespace) -> int:
     """``timestone devices register`` (its options: ``pipelines.fleet.cli``): the devices given, in their
     group, in the ``devices`` table."""
     from broker_edge.config import ConfigError
     from pipelines.actions.checks import topic_level
-    from pipelines.actions.cli import load_actions_config
+    from pipelines.actions.cli import listed_ids, load_actions_config
     from pipelines.output_paths import check_output_location
     from sinks.backends import open_table_store
 
     ids = list(args.devices)
     if args.from_file:
         try:
-            ids += _listed_ids(args.from_file)
+            ids += listed_ids(args.from_file)
         except ValueError as error:
             print(f"timestone devices register: --from-file: {error}", file=sys.stderr)
             return 2

@@ -370,3 +370,33 @@ def test_a_bad_value_of_the_config_file_names_the_file_and_its_line(tmp_path, ca
     assert capsys.readouterr().err == (
         f"timestone ota: bad config: tables_root: expected a string, got int 5 (in {config}, line 2)\n"
     )
+
+
+def test_a_list_of_tens_of_thousands_of_devices_is_written_from_a_file(tmp_path, capsys):
+    """20,000 listed devices (the rules allow 100,000) as ``--devices a,b,...`` are one argument of 220 KB,
+    past the 128 KiB Linux passes to a program: the shell refused to run the command at all
+    ('Argument list too long'), so no such action could be written with ``ota create``.
+    ``--devices-from-file`` reads them one a line, as ``devices register --from-file`` does."""
+    root = str(tmp_path / "tables")
+    ids = [f"dev-{i:06d}" for i in range(20_000)]
+    assert len(",".join(ids)) > 128 * 1024
+    listed = tmp_path / "targets.txt"
+    listed.write_bytes(("\ufeff# rollout wave 3\r\n" + "\r\n".join(ids) + "\r\n\r\n").encode())
+    assert ota(root, "create", "--id", "wave-3", "--devices-from-file", str(listed), *FIRMWARE) == 0
+    (row,) = actions(root)
+    assert row["target"] == {"device_ids": ids, "group": None, "all": False}
+
+    for path, why in [
+        (tmp_path / "missing.txt", "cannot read"),
+        (tmp_path / "empty.txt", "no device id given"),
+        (tmp_path / "bad.txt", "cannot be part of one topic level"),
+    ]:
+        if path.name == "empty.txt":
+            path.write_text("# nothing yet\n")
+        if path.name == "bad.txt":
+            path.write_text("dev-1\nsite/dev-2\n")
+        capsys.readouterr()
+        assert ota(root, "create", "--devices-from-file", str(path), *FIRMWARE) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("timestone ota create: --devices-from-file") and why in err, err
+    assert len(actions(root)) == 1

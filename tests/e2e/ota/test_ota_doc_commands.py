@@ -53,6 +53,7 @@ def filled(line: str, root: str, action_id: str | None) -> list[str]:
 def test_every_command_line_of_the_doc_runs_as_written(section, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plant-3-devices.txt").write_text("dev-00003\ndev-00004\n")
+    (tmp_path / "wave-3.txt").write_text("# wave 3\ndev-00005\ndev-00006\n")
     root = str(tmp_path / "tables")
     store = open_table_store(None, root, backend="delta-rs")
     store.ensure("devices")
