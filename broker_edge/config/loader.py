@@ -167,8 +167,11 @@ def sourced(error: ConfigError, file: str | Path | None, overrides: Sequence[str
             return ConfigError(error.path, error.detail, f"from --set {key}")
     if file is None:
         return error
-    place = _place_in_file(Path(file), error.path)
-    return ConfigError(error.path, error.detail, place) if place else error
+    line, variable = _place_in_file(Path(file), error.path)
+    if line is None:
+        return error
+    named = f", !env {variable}" if variable and f"!env {variable}" not in error.detail else ""
+    return ConfigError(error.path, error.detail, f"in {file}, line {line}{named}")
 
 
 def _holds(key: str, path: str) -> bool:
@@ -176,16 +179,16 @@ def _holds(key: str, path: str) -> bool:
     return path == key or path.startswith((f"{key}.", f"{key}["))
 
 
-def _place_in_file(file: Path, path: str) -> str:
-    """``in FILE, line N``: where ``FILE`` writes ``path`` or the nearest key above it; "" where it writes
-    none of them."""
+def _place_in_file(file: Path, path: str) -> tuple[int | None, str]:
+    """The line where ``file`` writes ``path`` or the nearest key above it (None: none of them), and the
+    variable its value names when it is written ``!env NAME``."""
     import yaml
 
     try:
         node = yaml.compose(file.read_text(encoding="utf-8"), Loader=_yaml_loader())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return ""
-    line, env = None, ""
+        return None, ""
+    line, variable = None, ""
     rest = path
     while rest and node is not None:
         found = _step(node, rest)
@@ -193,8 +196,8 @@ def _place_in_file(file: Path, path: str) -> str:
             break
         node, rest, line = found
         if not rest and getattr(node, "tag", "") == "!env":
-            env = f", !env {node.value}"
-    return f"in {file}, line {line}{env}" if line is not None else ""
+            variable = str(node.value).strip()
+    return line, variable
 
 
 def _step(node: Any, rest: str) -> tuple[Any, str, int] | None:

@@ -42,3 +42,19 @@ def test_an_error_naming_no_key_of_the_file_is_left_as_it_is(tmp_path) -> None:
     assert sourced(acl, path) is acl
     assert sourced(ConfigError("", "no key"), path).source == ""
     assert sourced(ConfigError("limits.max_connections", "bad"), None).source == ""
+
+
+def test_an_env_value_is_named_once(tmp_path) -> None:
+    """The variable an error already names (not set, no name) is not said again after the file's line."""
+    path = tmp_path / "broker.yaml"
+    path.write_text("auth:\n  password_file: !env PASSWORDS\n  allow_anonymous: !env\n")
+    unset = ConfigError(
+        "auth.password_file", "the environment variable PASSWORDS (!env PASSWORDS) is not set"
+    )
+    nameless = ConfigError("auth.allow_anonymous", "!env needs the name of an environment variable, got ''")
+
+    assert sourced(unset, path).source == f"in {path}, line 2"
+    assert sourced(nameless, path).source == f"in {path}, line 3"
+    assert (
+        sourced(ConfigError("auth.password_file", "bad"), path).source == f"in {path}, line 2, !env PASSWORDS"
+    )
