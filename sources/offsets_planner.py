@@ -13,7 +13,7 @@ JSON of two offsets, so the same content must always serialise the same way.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from .options import EARLIEST, LATEST, StartingOffsets, StartKind
@@ -186,25 +186,29 @@ def effective_start(
     extent: LogExtent | None,
     fail_on_data_loss: bool,
     end_may_lag: bool = False,
+    appeared: bool = False,
 ) -> tuple[int, LostRange | None]:
     """Where reading a topic really starts, given its checkpointed next offset and its log's extent.
 
-    A topic new to the query (``next_offset`` None) starts at its log start. A log starting above the next
-    offset lost records to retention; a log ending below it was recreated (its offsets went backwards):
+    A topic new to the query (``next_offset`` None) starts at its log start, unless it ``appeared`` since
+    the query last listed its broker (``listed_filters``): then at 0, like any log. A log starting above the
+    next offset lost records to retention; a log ending below it was recreated (its offsets went backwards):
     both raise DataLossError when ``fail_on_data_loss``, else reading resumes at the log start and the
     skipped range is returned. Unknown extent (broker down): trust the checkpoint. With ``end_may_lag`` (a
     cluster's replica, whose committed end may trail the one the checkpoint was read from, e.g. a leader
     elected a moment ago) an end below the checkpoint is not loss: the topic waits there.
     """
+    why = "retention removed records not yet read"
+    if next_offset is None and appeared:
+        next_offset = 0
+        why = "the log appeared after the query last listed the broker; retention removed its first records"
     if next_offset is None:
         return (extent.start if extent else 0), None
     if extent is None:
         return next_offset, None
     if extent.start > next_offset:
         if fail_on_data_loss:
-            raise DataLossError(
-                broker, topic, next_offset, "retention removed records not yet read", extent.start, extent.end
-            )
+            raise DataLossError(broker, topic, next_offset, why, extent.start, extent.end)
         return extent.start, LostRange(broker, topic, next_offset, extent.start)
     if extent.end < next_offset:
         if end_may_lag:
@@ -230,15 +234,17 @@ def plan_end_offsets(
     fail_on_data_loss: bool,
     target: Mapping[str, Mapping[str, int]] | None = None,
     end_may_lag: bool = False,
+    appeared: Mapping[str, Collection[str]] | None = None,
 ) -> Offsets:
     """The end offsets of the next batch.
 
     Every broker and topic of ``start`` is carried over (a broker that is down, a topic whose log is gone or
-    no longer matches the patterns keep their offsets); listed topics advance to their log end. With
+    no longer matches the patterns keep their offsets); listed topics advance to their log end, and a
+    listed topic new to the query is recorded even when the batch reads none of it. With
     ``max_records`` the batch takes at most that many records, shared among topics in proportion to their
     backlog, like the Kafka source's maxOffsetsPerTrigger. With ``target`` (Trigger.AvailableNow) no topic
-    goes past its target offset and topics or brokers absent from it are not read. ``end_may_lag``: see
-    ``effective_start``.
+    goes past its target offset and topics or brokers absent from it are not read. ``end_may_lag`` and
+    ``appeared`` (per broker): see ``effective_start``.
     Returns ``start`` unchanged (same JSON) when there is nothing new.
     """
     end: Offsets = {broker: dict(topics) for broker, topics in start.items()}
@@ -247,6 +253,7 @@ def plan_end_offsets(
         if target is not None and broker not in target:
             continue
         checkpointed = start.get(broker, {})
+        new = (appeared or {}).get(broker, ())
         for topic, extent in sorted(listings[broker].items()):
             upper = extent.end
             if target is not None:
@@ -254,11 +261,13 @@ def plan_end_offsets(
                     continue
                 upper = min(upper, target[broker][topic])
             begin, _ = effective_start(
-                broker, topic, checkpointed.get(topic), extent, fail_on_data_loss, end_may_lag
+                broker, topic, checkpointed.get(topic), extent, fail_on_data_loss, end_may_lag, topic in new
             )
             available = max(0, upper - begin)
             if available or (topic in checkpointed and begin != checkpointed[topic]):
                 backlog.append((broker, topic, begin, available))
+            elif topic not in checkpointed:  # nothing to read yet: known from now on all the same
+                end.setdefault(broker, {})[topic] = begin
 
     batch = sum(begin for *_, begin, _ in backlog)  # moves every batch: the lottery below is drawn anew
     tie_breaks = [
@@ -266,8 +275,7 @@ def plan_end_offsets(
     ]
     shares = _share(max_records, [available for *_, available in backlog], tie_breaks)
     for (broker, topic, begin, _), take in zip(backlog, shares, strict=True):
-        if take or topic in start.get(broker, {}):
-            end.setdefault(broker, {})[topic] = begin + take
+        end.setdefault(broker, {})[topic] = begin + take
     return canonical(end)
 
 
@@ -306,6 +314,7 @@ def plan_partitions(
     min_partitions: int = 1,
     end_may_lag: bool = False,
     max_slices_per_partition: int = MAX_SLICES_PER_PARTITION,
+    appeared: Mapping[str, Collection[str]] | None = None,
 ) -> BatchPlan:
     """Cut the batch ``[start, end)`` into partitions of at most ``max_records_per_partition`` records.
 
@@ -316,22 +325,28 @@ def plan_partitions(
     many tasks busy (Kafka's ``minPartitions``).
     The plan depends only on the arguments: a replayed batch is cut the same way. ``listings`` may lack
     brokers (down): their ranges are planned from the checkpoint and checked by the reader.
-    Raises DataLossError, or records the skipped ranges in the plan, as ``effective_start`` decides.
+    Raises DataLossError, or records the skipped ranges in the plan, as ``effective_start`` decides
+    (``appeared``: the topics of ``end`` new since the query last listed their broker).
     """
     ranges: list[tuple[str, Slice]] = []
     lost: list[LostRange] = []
     for broker, topics in sorted(end.items()):
         logs = listings.get(broker)
+        new = (appeared or {}).get(broker, ())
         for topic, stop in sorted(topics.items()):
             next_offset = start.get(broker, {}).get(topic)
             extent = logs.get(topic) if logs is not None else None
             if next_offset is not None and stop < next_offset:
                 next_offset = None  # the log was recreated and latestOffset already decided to restart it
-            begin, gap = effective_start(broker, topic, next_offset, extent, fail_on_data_loss, end_may_lag)
+            fresh = next_offset is None and topic in new
+            begin, gap = effective_start(
+                broker, topic, next_offset, extent, fail_on_data_loss, end_may_lag, fresh
+            )
             if gap is not None:
                 lost.append(LostRange(broker, topic, gap.start, min(gap.end, stop)))
             if stop > begin:
-                ranges.append((broker, Slice(topic, begin, stop, next_offset is None and extent is None)))
+                from_log_start = next_offset is None and extent is None and not fresh
+                ranges.append((broker, Slice(topic, begin, stop, from_log_start)))
     size = split_size(sum(piece.records for _, piece in ranges), max_records_per_partition, min_partitions)
     pieces: dict[str, list[Slice]] = {}
     for broker, whole in ranges:

@@ -47,6 +47,7 @@ from .broker_stores import batch_bounds, resumed_start, store_of, with_stores
 from .cluster_listing import ClusterLister, ClusterListing
 from .cluster_plan import by_reader
 from .cluster_reader import ClusterFetch, read_cluster_slices
+from .listed_filters import appeared, with_listed, without_listed
 from .offsets_planner import (
     BatchPlan,
     LogExtent,
@@ -241,7 +242,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         for broker, keys in offsets.items():
             if self._by_partition.get(broker):
                 keys.update(query_start_marks(keys, listings[broker]))
-        return with_stores(self._with_filters(offsets), {}, self._stores_of(listings))
+        offsets = with_listed(self._with_filters(offsets), {}, self._listed(listings), self.options.topics)
+        return with_stores(offsets, {}, self._stores_of(listings))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
@@ -273,16 +275,19 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                     self._target[broker] = _ends({broker: logs})[broker]
                     self._target_by_partition[broker] = self._by_partition[broker]
         current = self._stores_of(listings)
+        resumed = resumed_start(start, current, self.options.fail_on_data_loss)
+        listed = self._listed(listings, self._target)
         end = plan_end_offsets(
-            resumed_start(start, current, self.options.fail_on_data_loss),
+            without_listed(resumed),
             listings,
             max_records=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
             fail_on_data_loss=self.options.fail_on_data_loss,
             target=self._target,
             end_may_lag=self.options.reads_cluster,
+            appeared=appeared(resumed, {broker: listings[broker] for broker in listed}),
         )
         end = self._with_filters({broker: drop_passed_marks(keys) for broker, keys in end.items()})
-        end = with_stores(end, start, current)
+        end = with_stores(with_listed(end, resumed, listed, self.options.topics), start, current)
         self._starts.ended(end)
         return end
 
@@ -304,14 +309,16 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if missing:
             self._list_all(missing)
         start, planned = batch_bounds(start, end, self._stores, self.options.fail_on_data_loss)
+        planned = without_listed({broker: keys for broker, keys in planned.items() if broker in self._fetch})
         plan = plan_partitions(
-            start,
-            {broker: topics for broker, topics in planned.items() if broker in self._fetch},
+            without_listed(start),
+            planned,
             self._listings,
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
             min_partitions=self.options.min_partitions or 1,
             max_slices_per_partition=self.options.max_topics_per_partition,
+            appeared=appeared(start, planned),
         )
         _warn_lost(plan)
         return [
@@ -480,6 +487,17 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self.options.reads_cluster:
             return {}
         return {broker: self._stores.get(broker) for broker in listings}
+
+    def _listed(self, listings: Listings, target: dict[str, dict[str, int]] | None = None) -> list[str]:
+        """The brokers of ``listings`` whose offsets name the filters they were listed with: standalone
+        brokers read by topic, not a hub's (``listed_filters``), planned in this batch (``target``)."""
+        if self.options.reads_cluster or self.options.sites:
+            return []
+        return [
+            broker
+            for broker in listings
+            if not self._by_partition.get(broker) and (target is None or broker in target)
+        ]
 
     def _probe(self, broker: str) -> OffsetsClient:
         return replace(self._fetch[broker], retries=0).client()

@@ -21,6 +21,7 @@ from aiohttp import web
 from broker_edge.offsets_api.server import serve
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from sources.broker_stores import without_store
+from sources.listed_filters import without_listed
 
 BASE_TIME_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -155,6 +156,7 @@ def timestone_spark(spark):
 
 
 def plain(offsets: dict) -> dict:
-    """``offsets`` without each broker's store key (``#s<id>``, ``sources.broker_stores``), as the tests of
-    the other rules compare them (test_store_replaced_spark.py and test_broker_stores.py test the key)."""
-    return {broker: without_store(keys) for broker, keys in offsets.items()}
+    """``offsets`` without each broker's store key (``#s<id>``, ``sources.broker_stores``) and the filters it
+    was listed with (``#f<filter>``, ``sources.listed_filters``), as the tests of the other rules compare them
+    (test_store_replaced_spark.py, test_broker_stores.py and test_new_topic_loss*.py test the keys)."""
+    return {broker: without_store(keys) for broker, keys in without_listed(offsets).items()}

@@ -103,10 +103,52 @@ def test_nothing_new_returns_the_same_json_as_start() -> None:
 
 
 def test_new_topics_are_read_from_their_log_start() -> None:
-    end = end_offsets({E1: {"a": 2}}, {E1: listing(a=(0, 2), new=(5, 8), empty=(3, 3))})
-    assert end == {E1: {"a": 2, "new": 8}}
-    plan = partitions({E1: {"a": 2}}, end, {E1: listing(a=(0, 2), new=(5, 8))})
+    """A new log with nothing to read is recorded too: its offset says the query has seen it."""
+    listings = {E1: listing(a=(0, 2), new=(5, 8), empty=(3, 3))}
+    end = end_offsets({E1: {"a": 2}}, listings)
+    assert end == {E1: {"a": 2, "empty": 3, "new": 8}}
+    plan = partitions({E1: {"a": 2}}, end, listings)
     assert plan.partitions == (PartitionPlan(E1, (Slice("new", 5, 8),)),)
+
+
+def test_a_new_topic_left_out_by_the_read_limit_is_recorded_at_its_log_start() -> None:
+    listings = {E1: listing(hot=(0, 1000), quiet=(4, 5), other=(0, 1))}
+    end = end_offsets({E1: {"hot": 0}}, listings, max_records=2)
+    assert set(end[E1]) == {"hot", "quiet", "other"}
+    assert sum(end[E1].values()) - 4 == 2
+    assert end[E1]["quiet"] in (4, 5) and end[E1]["other"] in (0, 1)
+
+
+def test_a_topic_that_appeared_since_the_last_listing_starts_at_zero() -> None:
+    """Its log start above 0: retention removed its first records before they were read."""
+    listings = {E1: listing(a=(0, 2), new=(5, 8), empty=(3, 3))}
+    with pytest.raises(DataLossError, match=r"topic 'new': the log appeared after .*\[5, 8\)"):
+        plan_end_offsets(
+            {E1: {"a": 2}}, listings, max_records=None, fail_on_data_loss=True, appeared={E1: {"new"}}
+        )
+    end = plan_end_offsets(
+        {E1: {"a": 2}}, listings, max_records=None, fail_on_data_loss=False, appeared={E1: {"new", "empty"}}
+    )
+    assert end == {E1: {"a": 2, "empty": 3, "new": 8}}
+    plan = plan_partitions(
+        {E1: {"a": 2}},
+        end,
+        listings,
+        max_records_per_partition=1000,
+        fail_on_data_loss=False,
+        appeared={E1: {"new", "empty"}},
+    )
+    assert plan.partitions == (PartitionPlan(E1, (Slice("new", 5, 8),)),)
+    assert plan.lost == (LostRange(E1, "empty", 0, 3), LostRange(E1, "new", 0, 5))
+    down = plan_partitions(  # its broker down when the batch is planned: the reader checks from 0
+        {E1: {"a": 2}},
+        end,
+        {},
+        max_records_per_partition=1000,
+        fail_on_data_loss=False,
+        appeared={E1: {"new"}},
+    )
+    assert down.partitions == (PartitionPlan(E1, (Slice("empty", 0, 3, True), Slice("new", 0, 8))),)
 
 
 def test_a_new_topic_whose_broker_is_down_at_planning_reads_from_the_log_start_it_finds() -> None:
