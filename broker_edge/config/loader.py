@@ -6,9 +6,10 @@ mapping into that tree and rejects unknown keys and wrong types with the dotted 
 ``.inf``). Defaults come from the dataclasses themselves, so an empty or missing file yields a usable
 configuration.
 
-A string value may be written ``!env NAME``: the value of the environment variable ``NAME`` when the
-document is loaded into dataclasses (a secret kept out of files and command lines; on Databricks, a cluster
-environment variable filled from a secret scope). A variable that is not set is an error naming the field.
+A value may be written ``!env NAME``: the value of the environment variable ``NAME`` when the document is
+loaded into dataclasses (a secret kept out of files and command lines; on Databricks, a cluster environment
+variable filled from a secret scope): its text where a string goes, else the number, boolean or null YAML
+reads in it (``port: !env MQTT_PORT``). A variable that is not set is an error naming the field.
 
 A number written with an exponent (``1e3``, ``2.5E-3``) is a float, as YAML 1.2 and JSON read it (YAML 1.1
 reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. An integer with
@@ -282,9 +283,34 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _takes_string(annotation: Any) -> bool:
+    """Whether a string is one of the values ``annotation`` takes."""
+    if annotation in (str, Path, Any) or (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+        return True
+    if typing.get_origin(annotation) is typing.Literal:
+        return any(isinstance(option, str) for option in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_string(option) for option in typing.get_args(annotation))
+    return False
+
+
+def _environment_scalar(annotation: Any, text: str) -> Any:
+    """An ``!env`` variable's value: its text where a string goes, else the number, boolean or null YAML
+    reads in it (``1883``, ``true``, ``2.5``), or the text when it holds none (the error then shows it)."""
+    if _takes_string(annotation) or not text.strip():
+        return text
+    import yaml
+
+    try:
+        value = parse_yaml(text)
+    except (yaml.YAMLError, ConfigError):
+        return text
+    return value if value is None or isinstance(value, (bool, int, float)) else text
+
+
 def _convert(annotation: Any, value: Any, path: str) -> Any:
     if isinstance(value, EnvironmentValue):
-        value = value.resolve(path)
+        value = _environment_scalar(annotation, value.resolve(path))
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
 

@@ -53,3 +53,31 @@ def test_the_value_is_read_when_the_config_is_loaded_not_when_the_yaml_is(monkey
     assert repr(document["options"]["authToken"]) == "!env READER_TOKEN"
     monkeypatch.setenv("READER_TOKEN", "later")
     assert load_dataclass(Reader, document).options == {"authToken": "later"}
+
+
+def test_a_number_or_boolean_setting_takes_an_env_value_as_yaml_reads_it(tmp_path, monkeypatch) -> None:
+    """``port: !env MQTT_PORT`` with MQTT_PORT=1883 was refused, 'expected int, got str '1883'': a container's
+    port, timeout or switch could not come from its environment. Where no string goes, the variable's value
+    is read as YAML reads a number, a boolean or null; where a string goes it stays the text it is."""
+    from broker_edge.settings.broker import load_broker_config
+
+    for name, value in [("PORT", "0"), ("ANON", "true"), ("TIMEOUT", "2.5"), ("RETENTION", "null")]:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NAME", "0")
+    monkeypatch.setenv("BAD_PORT", "eighteen")
+    monkeypatch.setenv("EMPTY", "")
+    path = tmp_path / "broker.yaml"
+    path.write_text(
+        "listeners:\n  - {name: !env NAME, port: !env PORT, allow_anonymous: !env ANON}\n"
+        "limits: {connect_timeout_s: !env TIMEOUT}\n"
+        "storage: {retention_bytes: !env RETENTION, directory: data}\n"
+    )
+    config = load_broker_config(path)
+    assert (config.listeners[0].name, config.listeners[0].port) == ("0", 0)
+    assert config.listeners[0].allow_anonymous is True
+    assert config.limits.connect_timeout_s == 2.5 and config.storage.retention_bytes is None
+    for variable, refusal in [("BAD_PORT", "got str 'eighteen'"), ("EMPTY", "got str ''")]:
+        path.write_text(f"listeners:\n  - port: !env {variable}\n")
+        with pytest.raises(ConfigError) as error:
+            load_broker_config(path)
+        assert error.value.path == "listeners[0].port" and refusal in error.value.detail
