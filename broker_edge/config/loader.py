@@ -21,6 +21,7 @@ the home directory (``expand_home``).
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import enum
 import functools
@@ -186,7 +187,7 @@ def _place_in_file(file: Path, path: str) -> tuple[int | None, str]:
     import yaml
 
     try:
-        node = yaml.compose(file.read_text(encoding="utf-8"), Loader=_yaml_loader())
+        node = yaml.compose(read_yaml_text(file), Loader=_yaml_loader())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None, ""
     line, variable = None, ""
@@ -234,6 +235,26 @@ def expand_home(settings: object, *names: str) -> None:
             setattr(settings, name, os.path.expanduser(value))
 
 
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+"""The byte order marks of the encodings besides UTF-8 a YAML stream may have (YAML 1.2, 5.2); UTF-32's
+first, as UTF-32 LE's starts with UTF-16 LE's."""
+
+
+def read_yaml_text(path: Path) -> str:
+    """The text of a YAML file: UTF-16 or UTF-32 when it starts with their byte order mark (what Windows
+    PowerShell's ``>`` writes), else UTF-8 (a BOM of its own dropped); ``UnicodeDecodeError`` otherwise."""
+    data = path.read_bytes()
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return data.decode(encoding).lstrip("\ufeff")
+    return data.decode("utf-8-sig")
+
+
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
     import yaml  # here: a broker started without a file never needs it
@@ -241,7 +262,7 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     if not str(path):  # Path("") is the working directory: "Is a directory", naming nothing
         raise ConfigError("", "the configuration file's name is empty")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_yaml_text(Path(path))
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read the file: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

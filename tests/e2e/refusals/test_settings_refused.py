@@ -304,3 +304,24 @@ def test_check_names_the_file_and_line_and_an_env_value_its_variable(tmp_path):
         "timestone broker: configuration error: listeners[1].port: expected int, got str 'eighteen' "
         f"(in {config}, line 4, !env TIMESTONE_TEST_PORT)\n"
     )
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_a_file_in_utf_16_or_32_with_its_bom_loads_as_yaml_reads_it(tmp_path, encoding):
+    """YAML streams may be UTF-16 or UTF-32 with a byte order mark (YAML 1.2, 5.2), which is what Windows
+    PowerShell's ``>`` and Notepad's "Unicode" write; the broker refused them as 'not UTF-8 text: can't
+    decode byte 0xff in position 0'."""
+    config = tmp_path / "broker.yaml"
+    text = "limits:\n  max_connections: 7\n"
+    config.write_bytes(("\ufeff" + text).encode(encoding))  # utf-16 and utf-32 write their own BOM
+    if encoding in ("utf-16", "utf-32"):
+        config.write_bytes(text.encode(encoding))
+    command = [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    config.write_bytes(text.replace("7", "-7").encode(encoding))
+    if encoding == "utf-16-be":
+        config.write_bytes(("\ufeff" + text.replace("7", "-7")).encode(encoding))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"limits.max_connections: must be >= 1, got -7 (in {config}, line 2)" in done.stderr
