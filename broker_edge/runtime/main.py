@@ -4,8 +4,9 @@ glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, the
 section names (uvloop by default), logging from the config, SIGINT / SIGTERM for a graceful stop (clients
 told, the commitlog flushed), SIGHUP to re-read the password file, the ACL file, the readers' tokens file and
 the certificates (the TLS listeners', the offsets API's, the uplink hub's, a cluster member's and its CAs,
-etcd's client certificate). Exit status: 0 after a clean stop, 2 for a configuration error (the message
-names the key), 1 if the broker cannot start (e.g. the port is taken, a damaged file in the data directory).
+etcd's client certificate), not the configuration file itself (a WARNING says so when it changed). Exit
+status: 0 after a clean stop, 2 for a configuration error (the message names the key), 1 if the broker
+cannot start (e.g. the port is taken, a damaged file in the data directory).
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ log = logging.getLogger("broker_edge.main")
 MEMBERS_PER_CPU = 2
 
 
-async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> None:
+async def serve(
+    config: BrokerConfig, ready: asyncio.Event | None = None, source: ConfigFile | None = None
+) -> None:
     """Run a broker with ``config`` until SIGINT or SIGTERM; one during the start stops it there (what was
-    opened is closed again)."""
+    opened is closed again). ``source``: the file ``config`` was read from, which a SIGHUP does not read
+    again (it says so when the file has changed)."""
     from broker_edge.runtime.broker import Broker
 
     loop = asyncio.get_running_loop()
@@ -55,7 +59,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
         raise ConfigError("auth.password_file", str(error)) from None
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: reload_files(broker))
+    loop.add_signal_handler(signal.SIGHUP, lambda: _on_sighup(broker, source))
     if stop_signals.requested():  # before the loop had the signals
         stop.set()
     try:
@@ -152,9 +156,58 @@ def startup_report(broker: Broker) -> list[str]:
     return lines
 
 
+class ConfigFile:
+    """The configuration file a broker started with, as it was then."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.content = self._read()
+
+    def _read(self) -> bytes | None:
+        try:
+            return Path(self.path).read_bytes()
+        except OSError:
+            return None
+
+    def changed(self) -> bool:
+        """Whether the file holds other bytes now (or cannot be read)."""
+        return self._read() != self.content
+
+
+def _on_sighup(broker: Broker, source: ConfigFile | None) -> None:
+    """SIGHUP: :func:`reload_files`, and a WARNING when the configuration file changed since the start: its
+    settings are not read again (a reload that looked to apply a changed limit applied nothing)."""
+    reload_files(broker)
+    if source is not None and source.changed():
+        log.warning(
+            "SIGHUP: %s changed since the broker started: its settings apply at the next start (a restart), "
+            "SIGHUP reads again only the files it names",
+            source.path,
+        )
+
+
+def _has_files_to_reload(broker: Broker) -> bool:
+    return (
+        broker.passwords is not None
+        or (broker.acl is not None and bool(broker.config.acl.file))
+        or (broker.reader_tokens is not None and bool(broker.reader_tokens.file))
+        or any(listener.tls_contexts is not None for listener in broker.listeners)
+        or broker.offsets_tls is not None
+        or broker.uplink_hub is not None
+        or broker.cluster_node is not None
+    )
+
+
 def reload_files(broker: Broker) -> None:
     """SIGHUP: re-read the password file, the ACL file, the readers' tokens and the certificates; a file
-    that does not load keeps the old one in force (logged at ERROR, naming it)."""
+    that does not load keeps the old one in force (logged at ERROR, naming it). With none of them, it says
+    so, and that the configuration file's settings apply at the next start."""
+    if not _has_files_to_reload(broker):
+        log.info(
+            "SIGHUP: nothing to read again (no password, ACL or tokens file, no certificate); the "
+            "configuration file's settings apply at the next start"
+        )
+        return
     if broker.passwords is not None:
         try:
             broker.passwords.reload()
@@ -231,7 +284,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
 
         asyncio_run = uvloop.run
     try:
-        asyncio_run(_serve_telling(config, tell))
+        asyncio_run(_serve_telling(config, tell, ConfigFile(config_path) if config_path else None))
     except ConfigError as exc:
         return _refused(exc, config_path, tell)
     except (OSError, StoreDamaged) as exc:
@@ -300,7 +353,7 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
     return 0
 
 
-async def _serve_telling(config: BrokerConfig, tell: Report) -> None:
+async def _serve_telling(config: BrokerConfig, tell: Report, source: ConfigFile | None = None) -> None:
     """``serve``, and ``tell(None)`` once the broker serves, then every ``HEARTBEAT_S`` from its loop."""
     ready = asyncio.Event()
 
@@ -312,7 +365,7 @@ async def _serve_telling(config: BrokerConfig, tell: Report) -> None:
 
     telling = asyncio.ensure_future(told())
     try:
-        await serve(config, ready)
+        await serve(config, ready, source)
     finally:
         telling.cancel()
 
@@ -330,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a Timestone edge broker.",
         epilog="exit status: 0 stopped (SIGINT or SIGTERM, at any moment of its start too); 1 cannot start "
         "(a port taken, a file system that fails, a damaged data file); 2 a configuration error (the message "
-        "names the key). SIGHUP re-reads the password, ACL and tokens files and the certificates. "
+        "names the key). SIGHUP re-reads the password, ACL and tokens files and the certificates, not the "
+        "configuration file: its changes apply at the next start (SIGHUP says so when it changed). "
         "With --workers: SIGHUP is passed on to every member; a member that cannot start ends the command "
         "with its status (1 or 2) and reason; a port another process listens on or another --workers serves "
         "is refused (1), and so is a data directory in use (2); a member that crashes after it served is "

@@ -209,3 +209,35 @@ def test_a_leading_tilde_in_a_path_setting_is_the_home_directory(tmp_path):
     assert f"data directory {home / 'timestone-data'} (locked by this broker)" in err
     assert (home / "timestone-data" / "log").is_dir()
     assert not (work / "~").exists()  # no directory named ~ in the working directory
+
+
+def test_sighup_says_what_it_reads_again_and_that_a_changed_configuration_file_waits_for_a_restart(tmp_path):
+    """``systemctl reload`` after an edit of the broker's file: SIGHUP re-reads the files the configuration
+    names, not the configuration itself, and said nothing at all; a changed limit looked applied. It now says
+    what it re-read, and at WARNING that the changed file's settings apply at the next start."""
+    mqtt_port = free_port()
+    config = tmp_path / "broker.yaml"
+    text = (
+        f"listeners: [{{name: tcp, host: 127.0.0.1, port: {mqtt_port}}}]\n"
+        "admin_http: {port: 0}\noffsets_api: {port: 0}\n"
+        f"storage: {{directory: {tmp_path / 'data'}}}\nlimits: {{max_connections: 100}}\n"
+    )
+    config.write_text(text)
+    process = start(["--config", str(config)], tmp_path)
+    wait_for_port(mqtt_port, process)
+    process.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    config.write_text(text.replace("100", "200"))
+    process.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    err = stop(process)
+
+    said = [line.split(" ", 1)[1] for line in err.splitlines() if "SIGHUP" in line]
+    assert said == [
+        "INFO broker_edge.main: SIGHUP: nothing to read again (no password, ACL or tokens file, no "
+        "certificate); the configuration file's settings apply at the next start",
+        "INFO broker_edge.main: SIGHUP: nothing to read again (no password, ACL or tokens file, no "
+        "certificate); the configuration file's settings apply at the next start",
+        f"WARNING broker_edge.main: SIGHUP: {config} changed since the broker started: its settings apply at "
+        "the next start (a restart), SIGHUP reads again only the files it names",
+    ], err
