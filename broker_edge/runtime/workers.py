@@ -59,7 +59,7 @@ from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.workers_config import member_documents, write_yaml
-from broker_edge.runtime.workers_etcd import LocalEtcd
+from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
 from broker_edge.runtime.workers_members import Member, RunBroker
 from broker_edge.runtime.workers_supervision import SIGNALS, run_members, stop_members
 from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig, load_broker_config
@@ -176,6 +176,9 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
     except ConfigError as exc:
         print(f"timestone broker: configuration error: {sourced(exc, config_path)}", file=sys.stderr)
         return 2
+    except StartStopped:
+        log.info("stopped during start-up (etcd was starting)")
+        return 0
     except (OSError, RuntimeError) as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -20,7 +20,7 @@ from broker_edge.config.loader import ConfigError
 from broker_edge.process.parent_death import die_with_parent
 from broker_edge.runtime.launcher import free_ports
 
-__all__ = ["LocalEtcd"]
+__all__ = ["LocalEtcd", "StartStopped", "stop_pending"]
 
 log = logging.getLogger("broker_edge.workers")
 
@@ -39,6 +39,15 @@ WAL_FILE_BYTES = 64_000_000
 ETCD_DISK_BYTES = 2 * WAL_FILE_BYTES + 2_000_000
 """What etcd takes of its disk from its start: its write-ahead log file, the next one preallocated ahead, and
 its database's first pages."""
+
+
+class StartStopped(Exception):
+    """A SIGTERM or SIGINT came while etcd was starting: it is stopped, and so is the command."""
+
+
+def stop_pending() -> bool:
+    """Whether a SIGTERM or SIGINT waits for this command (blocked, taken by ``sigtimedwait`` later)."""
+    return bool(signal.sigpending() & {signal.SIGTERM, signal.SIGINT})
 
 
 class LocalEtcd:
@@ -144,6 +153,9 @@ class LocalEtcd:
         serve again once it does, where the command stopped them all for a passing shortage."""
         try:
             self._launch()
+        except StartStopped:  # the supervision loop takes the signal next, before it tries again
+            self.retry_at = time.monotonic() + self._delay
+            return
         except RuntimeError as error:
             log.error(
                 "%s: trying again in %.0f s (the members acknowledge nothing meanwhile)", error, self._delay
@@ -156,7 +168,7 @@ class LocalEtcd:
 
     def _launch(self) -> None:
         """Start it and wait until it serves; ``RuntimeError`` saying why it did not (etcd's own last word
-        from its log)."""
+        from its log), ``StartStopped`` (it stopped) when a SIGTERM or SIGINT came meanwhile."""
         parent = os.getpid()
         self.heard_at = None  # not watched until it serves
         etcd_log = self.directory / "etcd.log"
@@ -172,6 +184,9 @@ class LocalEtcd:
             )
         deadline = time.monotonic() + ETCD_START_TIMEOUT_S
         while not _serves(self.url):
+            if stop_pending():
+                self.stop()
+                raise StartStopped
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 reason = _etcd_last_word(etcd_log, logged)

@@ -11,7 +11,7 @@ import socket
 import time
 
 from broker_edge.process.port_claim import answer_askers
-from broker_edge.runtime.workers_etcd import LocalEtcd
+from broker_edge.runtime.workers_etcd import LocalEtcd, stop_pending
 from broker_edge.runtime.workers_members import Member
 from broker_edge.settings.broker import BrokerConfig
 
@@ -32,6 +32,9 @@ def run_members(
     or until one could not start before it ever served: (it, its exit status, its reason). ``claims``: the
     addresses' claims, whose askers are answered; ``etcd``: the command's own, started again when it exits
     (tried again later while it does not start)."""
+    if stop_pending():  # came while etcd started: no member is forked only to be stopped
+        log.info("stopped during start-up")
+        return None
     by_pid: dict[int, Member] = {}
     all_serving = False
     while True:

@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -285,6 +286,57 @@ def test_a_sighup_during_the_start_is_no_end_and_reaches_every_member(tmp_path):
     finally:
         stop_workers(process)
     assert process.returncode == 0, log.read_text()
+
+
+def test_a_sigterm_while_its_etcd_starts_stops_the_command_at_once(tmp_path):
+    """etcd slow to serve (a long recovery, a stalled disk; here stopped before it runs, through a wrapper
+    first on PATH that execs the real one): a SIGTERM waited for etcd's start to time out (20 s), and the
+    command then said 'cannot start: etcd did not start' with exit 1, or forked the members only to stop
+    them. It now stops etcd and ends at once: exit 0, nothing started, nothing left running."""
+    wrapper = tmp_path / "bin" / "etcd"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {shutil.which("etcd")} "$@"\n')
+    wrapper.chmod(0o755)
+    config = write_config(tmp_path, free_ports(1)[0])
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config), "--workers", "2"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"},
+        )
+    etcd: list[int] = []
+    try:
+
+        def etcd_stopped() -> bool:
+            children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True)
+            etcd[:] = [int(pid) for pid in children.stdout.split() if _state(int(pid)) == "T"]
+            return bool(etcd)
+
+        wait_until(etcd_stopped, 60, "etcd started (and stopped before it serves)")
+        process.send_signal(signal.SIGTERM)
+        process.wait(5)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        for pid in etcd:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    said = log.read_text()
+    assert process.returncode == 0, said
+    assert "broker started" not in said and "cannot start" not in said, said
+    wait_until(lambda: not any(_alive(pid) for pid in etcd), 10, "etcd stopped")
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return ""
 
 
 def test_its_etcd_killed_is_started_again_and_qos_1_publishes_are_taken_again(first):
