@@ -205,7 +205,7 @@ def load_config_document(
     unknown = [key for key in document if sections and key not in sections]
     if unknown:
         known = ", ".join(sorted(sections or ()))
-        raise ConfigError(str(unknown[0]), f"unknown section of {path or default} (known sections: {known})")
+        raise ConfigError(str(unknown[0]), f"unknown section (known sections: {known})")
     return document
 
 

@@ -95,7 +95,10 @@ def test_a_misspelt_section_in_a_file_is_refused(tmp_path, capsys):
     config.write_text("telemtry:\n  tables:\n    root: /data/lake\n")
     status, err = run(capsys, "telemetry", "--config", str(config))
     assert status == 2
-    assert f"telemtry: unknown section of {config} (known sections: telemetry)" in err
+    assert err == (
+        f"timestone pipeline telemetry: telemtry: unknown section (known sections: telemetry) (in {config}, "
+        "line 1)\n"
+    )
 
 
 def test_the_actions_pipeline_refuses_a_missing_file_and_an_unwritable_root(tmp_path, capsys):
