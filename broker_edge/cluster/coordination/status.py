@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker_edge.cluster.coordination.etcd_values import BadValues, read_cluster
+from broker_edge.config.loader import ConfigError, sourced
 from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
@@ -240,7 +241,8 @@ def cluster_main(argv: list[str] | None = None) -> int:
     try:
         urls, prefix, tls, auth = _etcd_settings(args)
     except (ValueError, TypeError, OSError) as exc:  # ConfigError is a ValueError
-        print(f"timestone cluster status: {exc}", file=sys.stderr)
+        error = sourced(exc, args.config) if isinstance(exc, ConfigError) else exc
+        print(f"timestone cluster status: {error}", file=sys.stderr)
         return 2
     # gRPC's own log lines (a failed TLS handshake's "Corruption detected", ...) would stand beside the one
     # line this command prints: gRPC reads this when it loads, so etcd's client is imported only after
