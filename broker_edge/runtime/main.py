@@ -406,11 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         "configuration error naming the key); nothing is bound, opened or written",
     )
     args = parser.parse_args(argv)
-    most = MEMBERS_PER_CPU * (os.cpu_count() or 1)
+    most = MEMBERS_PER_CPU * len(os.sched_getaffinity(0))  # its cpuset's (taskset, a container), not the host
     if not 1 <= args.workers <= most:
         parser.error(
-            f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU of this machine: a member keeps a core "
-            f"busy, more only share them), got {args.workers}"
+            f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU this command may run on: a member keeps "
+            f"a core busy, more only share them), got {args.workers}"
         )
     if args.check:
         return check_config(args.config, args.workers)

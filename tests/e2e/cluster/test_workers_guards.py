@@ -516,6 +516,22 @@ def test_check_with_workers_refuses_what_the_command_refuses(tmp_path):
     assert not (tmp_path / "data").exists(), "nothing is created"
 
 
+def test_the_most_workers_counts_the_cpus_the_command_may_run_on(tmp_path):
+    """A command held to one CPU (taskset, a container's cpuset) took --workers 2 per CPU of the whole
+    machine: members enough for every core of the host, sharing the one it may use. It counts the CPUs it
+    may run on."""
+    config = write_config(tmp_path, free_ports(1)[0])
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "broker", "--check", "-c", str(config), "--workers", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    )
+    assert done.returncode == 2, done
+    assert "--workers: from 1 to 2 (2 per CPU this command may run on" in done.stderr, done.stderr
+
+
 def _check(config: Path, workers: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [

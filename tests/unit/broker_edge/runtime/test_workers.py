@@ -107,11 +107,12 @@ def test_a_worker_count_out_of_range_is_a_wrong_command_line_naming_the_bound(co
     before anything starts, with the most this machine takes."""
     from broker_edge.runtime.main import MEMBERS_PER_CPU, main
 
-    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1, 2, 3})
     with pytest.raises(SystemExit) as exited:
         main(["--workers", count])
     assert exited.value.code == 2
     most = 4 * MEMBERS_PER_CPU
     assert (
-        f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU of this machine" in capsys.readouterr().err
+        f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU this command may run on"
+        in capsys.readouterr().err
     )
