@@ -71,6 +71,7 @@ def _key_value(text: str) -> tuple[str, str]:
 def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument(
         "--config",
+        "-c",
         default=default,
         help="actions YAML (default: conf/actions.yaml if present, else defaults)",
     )

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("--from-file", help="a file of device ids, one a line ('-': standard input)")
     register.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag, repeatable")
     register.add_argument(
-        "--config", help="actions YAML (default: conf/actions.yaml if present, else defaults)"
+        "--config", "-c", help="actions YAML (default: conf/actions.yaml if present, else defaults)"
     )
     register.add_argument("--tables-root", help="override the config's tables_root")
     simulate = sub.add_parser(

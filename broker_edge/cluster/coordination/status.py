@@ -218,6 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--config",
+        "-c",
         help="a broker's config: etcd URLs, key prefix, etcd TLS and user from its cluster section (without "
         "one: from its timestone broker --workers members')",
     )

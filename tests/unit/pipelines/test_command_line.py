@@ -270,3 +270,22 @@ def test_the_readmes_command_table_names_every_command_and_subcommand(capsys):
             if not any(re.search(rf"[ `/]{verb}\b", row) for row in rows):
                 missing.append(f"{command} {verb}")
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ota", "-c", "CONFIG", "status", "fw-1"],
+        ["ota", "status", "fw-1", "-c", "CONFIG"],
+        ["devices", "register", "--group", "g", "dev-1", "-c", "CONFIG"],
+        ["cluster", "status", "-c", "CONFIG"],
+    ],
+)
+def test_every_config_option_is_also_dash_c(tmp_path, capsys, argv):
+    """``timestone broker``, ``pipeline`` and ``tables maintain`` take ``-c FILE``; ``ota``, ``devices
+    register`` and ``cluster status`` answered 'unrecognized arguments: -c'."""
+    config = tmp_path / "x.yaml"
+    config.write_text("nonsense_key: 1\n")
+    assert main([part.replace("CONFIG", str(config)) for part in argv]) == 2
+    err = capsys.readouterr().err
+    assert "nonsense_key: unknown key" in err and f"(in {config}, line 1)" in err, err
