@@ -157,21 +157,25 @@ def startup_report(broker: Broker) -> list[str]:
 
 
 class ConfigFile:
-    """The configuration file a broker started with, as it was then."""
+    """The configuration file a broker started with, as it was then: a regular file only (a pipe or a FIFO,
+    ``--config <(make-config)``, is read once: opened again, a FIFO waits for a writer)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.regular = os.path.isfile(path)
         self.content = self._read()
 
     def _read(self) -> bytes | None:
+        if not os.path.isfile(self.path):  # checked each time: a FIFO put in its place waits for a writer
+            return None
         try:
             return Path(self.path).read_bytes()
         except OSError:
             return None
 
     def changed(self) -> bool:
-        """Whether the file holds other bytes now (or cannot be read)."""
-        return self._read() != self.content
+        """Whether the regular file holds other bytes now (or cannot be read)."""
+        return self.regular and self._read() != self.content
 
 
 def _on_sighup(broker: Broker, source: ConfigFile | None) -> None:

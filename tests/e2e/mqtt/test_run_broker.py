@@ -241,3 +241,25 @@ def test_sighup_says_what_it_reads_again_and_that_a_changed_configuration_file_w
         f"WARNING broker_edge.main: SIGHUP: {config} changed since the broker started: its settings apply at "
         "the next start (a restart), SIGHUP reads again only the files it names",
     ], err
+
+
+def test_a_configuration_read_from_a_pipe_serves_and_a_sighup_does_not_wait_on_the_pipe(tmp_path):
+    """``--config <(make-config)`` or a FIFO: read once at start; nothing reads it again (a FIFO opened again
+    waits for a writer that never comes: the broker would never have served)."""
+    import threading
+
+    mqtt_port = free_port()
+    fifo = tmp_path / "broker.fifo"
+    os.mkfifo(fifo)
+    text = (
+        f"listeners: [{{name: tcp, host: 127.0.0.1, port: {mqtt_port}}}]\n"
+        f"admin_http: {{port: 0}}\noffsets_api: {{port: 0}}\nstorage: {{directory: {tmp_path / 'data'}}}\n"
+    )
+    writer = threading.Thread(target=fifo.write_text, args=(text,), daemon=True)
+    writer.start()
+    process = start(["--config", str(fifo)], tmp_path)
+    wait_for_port(mqtt_port, process)
+    process.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    err = stop(process)
+    assert "SIGHUP: nothing to read again" in err and "changed since" not in err
