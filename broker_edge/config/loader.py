@@ -186,6 +186,8 @@ def _place_in_file(file: Path, path: str) -> tuple[int | None, str]:
     variable its value names when it is written ``!env NAME``."""
     import yaml
 
+    if not file.is_file():  # a FIFO opened again waits for a writer: its lines are not looked up
+        return None, ""
     try:
         node = yaml.compose(read_yaml_text(file), Loader=_yaml_loader())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

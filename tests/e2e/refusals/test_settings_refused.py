@@ -325,3 +325,18 @@ def test_a_file_in_utf_16_or_32_with_its_bom_loads_as_yaml_reads_it(tmp_path, en
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert f"limits.max_connections: must be >= 1, got -7 (in {config}, line 2)" in done.stderr
+
+
+def test_a_bad_value_read_from_a_fifo_is_refused_without_waiting_on_it_again(tmp_path):
+    """The line of a refused key is looked up in the file again: a FIFO opened again waits for a writer, and
+    the command hung instead of exiting 2."""
+    import threading
+
+    fifo = tmp_path / "broker.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=("limits: {max_connections: -1}\n",), daemon=True)
+    writer.start()
+    command = [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(fifo)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr == "timestone broker: configuration error: limits.max_connections: must be >= 1, got -1\n"
