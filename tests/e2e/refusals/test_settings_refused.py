@@ -339,4 +339,6 @@ def test_a_bad_value_read_from_a_fifo_is_refused_without_waiting_on_it_again(tmp
     command = [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(fifo)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
-    assert done.stderr == "timestone broker: configuration error: limits.max_connections: must be >= 1, got -1\n"
+    assert done.stderr == (
+        "timestone broker: configuration error: limits.max_connections: must be >= 1, got -1\n"
+    )
