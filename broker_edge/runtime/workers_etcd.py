@@ -29,6 +29,10 @@ ETCD_RETRY_S = 1.0
 """The first wait before the command's etcd that could not start again is tried again; doubled while it
 keeps failing, up to ``ETCD_RETRY_MAX_S``."""
 ETCD_RETRY_MAX_S = 30.0
+ETCD_HISTORY = "1h"
+"""How much of its history the command's etcd keeps (``--auto-compaction-retention``, periodic): every
+client's connection writes a version of its session's record; older versions are compacted away, so that the
+database holds what the cluster holds now (and reuses its pages) instead of growing to its quota."""
 ETCD_HUNG_S = 5.0
 """The command's etcd that answers nothing for this long (asked every ``HEALTH_EVERY_S``) hangs: stopped
 (SIGSTOP), its disk stalled, deadlocked. The members' leases ran out before (they are fenced, acknowledging
@@ -101,6 +105,10 @@ class LocalEtcd:
             "zap",
             "--log-level",
             "warn",
+            "--auto-compaction-mode",
+            "periodic",
+            "--auto-compaction-retention",
+            ETCD_HISTORY,
         ]
         self._launch()
         log.info("etcd for the members on %s (data in %s)", self.url, data)

@@ -17,6 +17,7 @@ succeed ending with its exit status instead of members forked again for ever.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -27,13 +28,16 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from broker_edge.runtime import workers_etcd
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
 from broker_edge.runtime.workers_etcd import ETCD_HUNG_S, LocalEtcd
@@ -251,6 +255,39 @@ def test_its_etcd_serves_once_started(tmp_path):
         assert _health(url) == {"health": "true"}
     finally:
         etcd.stop()
+
+
+def test_its_etcd_keeps_a_bounded_history(tmp_path, monkeypatch):
+    """Every client's connection writes its session's record in etcd, and etcd keeps each version until
+    compacted: the command's etcd compacted nothing, so its database grew with every connection of the
+    fleet until etcd's quota (2 GB), where it takes no more writes. It now keeps ``ETCD_HISTORY`` of
+    history (here shortened to 2 s): older versions read as compacted."""
+    monkeypatch.setattr(workers_etcd, "ETCD_HISTORY", "2s")
+    etcd = LocalEtcd(tmp_path)
+    try:
+        url = etcd.start()
+        for value in (b"1", b"2", b"3"):
+            revision = _etcd_call(url, "put", {"key": b"k", "value": value})["header"]["revision"]
+
+        def compacted() -> bool:
+            answer = _etcd_call(url, "range", {"key": b"k", "revision": int(revision) - 1})
+            return "compacted" in str(answer.get("error", ""))
+
+        wait_until(compacted, 30, "etcd compacted its older revisions")
+    finally:
+        etcd.stop()
+
+
+def _etcd_call(url: str, call: str, request: dict[str, object]) -> dict[str, Any]:
+    """etcd's JSON gateway: ``/v3/kv/<call>`` with bytes as base64; its answer, an error's too."""
+    body = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in request.items()}
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with direct.open(f"{url}/v3/kv/{call}", json.dumps(body).encode(), timeout=5) as answer:
+            result: dict[str, Any] = json.load(answer)
+    except urllib.error.HTTPError as error:
+        result = json.load(error)
+    return result
 
 
 def _health(url: str) -> object:
