@@ -16,6 +16,7 @@ from sources.timestone_source import TimestonePartition
 from tests.e2e.sources.conftest import EdgeBroker, plain
 from tests.e2e.sources.test_new_topic_loss_spark import trimmed
 from tests.e2e.sources.test_stream_reader import reader, roundtrip
+from tests.e2e.sources.test_timestone_source_spark import FAR_FUTURE_MS
 
 
 def slices(partitions: list) -> list[Slice]:
@@ -116,3 +117,24 @@ def test_a_topic_emptied_by_retention_before_its_broker_first_answered_is_record
     for _ in range(60):
         offsets = roundtrip(source.latestOffset(offsets, ReadMaxRows(10)))
     assert plain(offsets)["e2"] == {"plant/2/temp": 5, "plant/9/temp": 300}
+
+
+def test_a_replayed_batch_whose_new_topic_was_trimmed_meanwhile_is_data_loss(
+    small_segments_edge: EdgeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batch was planned from offset 0 of the new topic; retention ran before a restart replayed it."""
+    edge = small_segments_edge
+    edge.fill("plant/1/temp", 3)
+    source = reader(edge, startingOffsets="earliest")
+    start = roundtrip(source.latestOffset(roundtrip(source.initialOffset()), ReadAllAvailable()))
+    edge.fill("plant/2/temp", 300)
+    end = roundtrip(source.latestOffset(start, ReadAllAvailable()))
+    assert plain(end)["e1"]["plant/2/temp"] == 300
+    edge.apply_retention(FAR_FUTURE_MS)
+    log_start = edge.store.log_info("plant/2/temp").start_offset
+    with pytest.raises(DataLossError, match=r"'plant/2/temp': the log appeared"):
+        reader(edge).partitions(start, end)  # a restarted query: nothing cached
+    with caplog.at_level(logging.WARNING, logger="sources.timestone_source"):
+        parts = reader(edge, failOnDataLoss="false").partitions(start, end)
+    assert [(s.topic, s.start, s.end) for s in slices(parts)] == [("plant/2/temp", log_start, 300)]
+    assert f"e1 topic 'plant/2/temp' [0, {log_start})" in caplog.text
