@@ -116,11 +116,13 @@ def pass_on_due_sighups(members: list[Member]) -> None:
 
 
 def stop_members(members: list[Member]) -> None:
-    """SIGTERM to every member, SIGKILL to those still running after ``STOP_TIMEOUT_S``."""
+    """SIGTERM to every member (then SIGCONT: a stopped one takes it now), SIGKILL to those still running
+    after ``STOP_TIMEOUT_S``."""
     running: dict[int, Member] = {m.pid: m for m in members if m.pid is not None}
     for pid in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while running and time.monotonic() < deadline:
         pid, _ = os.waitpid(-1, os.WNOHANG)

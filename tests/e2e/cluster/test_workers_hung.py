@@ -12,6 +12,7 @@ import time
 import pytest
 
 from broker_edge.runtime.workers_members import HUNG_S
+from broker_edge.runtime.workers_supervision import STOP_TIMEOUT_S
 from tests.e2e.broker_clients import RawClient
 from tests.e2e.cluster.test_workers import cluster_layout, member_pids, workers
 from tests.harness.local_cluster import wait_until
@@ -58,3 +59,24 @@ def test_a_hung_member_is_killed_and_started_again(workers):
     wait_until(leaders_live, 60, "both members leading again")
     assert all(connects(port, f"after-{n}") for n in range(8))
     assert process.poll() is None
+
+
+def test_a_stopped_member_stops_with_the_command_at_once(workers):
+    """A member stopped (SIGSTOP: a debugger, a frozen cgroup) when the command is told to stop held its
+    SIGTERM pending: the command waited ``STOP_TIMEOUT_S`` (30 s) for it and then killed it, where it could
+    stop as the others do (its logs flushed). It is now continued after its SIGTERM and stops at once."""
+    process, _, _, workers_dir = workers
+    wait_until(lambda: len(member_pids(workers_dir)) == 2, 30, "both members' process ids")
+    stopped = member_pids(workers_dir)["w1"]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        asked_at = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(STOP_TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)
+    assert time.monotonic() - asked_at < 10, "the stopped member was waited for"
+    assert process.returncode == 0
+    log = (workers_dir.parent.parent / "workers.log").read_text(errors="replace")
+    assert "did not stop within" not in log, log[-3000:]
