@@ -38,6 +38,8 @@ class ClusterLister:
         self.discovery = ClusterDiscovery(
             bootstrap, settings.auth_token, settings.timeout_ms / 1000, settings.tls
         )
+        self.complete = False
+        """Whether every member of the layout listed its logs at the last ``list``: no topic was missed."""
 
     def layout(self) -> ClusterLayout:
         """The current layout, asking members in turn, for ``fetchRetries`` more rounds with backoff.
@@ -72,6 +74,7 @@ class ClusterLister:
                 listings[node] = future.result()
             except BrokerUnreachableError as error:
                 log.warning("timestone source: cluster member %r did not list its logs: %s", node, error)
+        self.complete = len(listings) == len(members)
         if not listings:
             self.discovery.layout = None  # every member it named is gone: start again from the bootstrap list
             raise BrokerUnreachableError(

@@ -1,4 +1,4 @@
-"""The topic filters a standalone broker read by topic was last listed with: which of its logs are new.
+"""The topic filters a broker read by topic was last listed with: which of its logs are new.
 
 A broker's offsets read by topic hold every topic its last listing found (``offsets_planner`` records each
 listed topic, read or not). ``"#f<filter>": 0`` beside them (MQTT topic names cannot hold ``#``) says the
@@ -10,8 +10,9 @@ Kafka's source reports an added partition that does not start at 0).
 Logs that are new otherwise are read from their start, as before: the query's first start (a broker that
 was down then has no filters named, and ``earliest`` is its log start), a filter added to ``topics`` between
 runs (its topics were never listed), offsets written before the filters were kept. A broker down at a
-batch keeps the filters of its last listing. Not kept past MAX_KEPT_FILTERS filters (the offsets stay
-small), nor for a hub's sites or a cluster.
+batch keeps the filters of its last listing. A cluster's offsets name them (under the cluster's name) when
+every member listed its logs: a topic whose replicas were all silent was not listed. Not kept past
+MAX_KEPT_FILTERS filters (the offsets stay small), nor for a hub's sites.
 """
 
 from __future__ import annotations

@@ -345,15 +345,18 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         assert self._cluster is not None
         layout, routes = self._cluster
         extents = {topic: route.extent for topic, route in routes.items()}
+        begun, ended = without_listed(start).get(name, {}), without_listed(end).get(name, {})
+        new = appeared(start, {name: ended}).get(name, set())
         plan = plan_partitions(
-            by_reader(start.get(name, {}), routes, layout),
-            by_reader(end.get(name, {}), routes, layout),
+            by_reader(begun, routes, layout),
+            by_reader(ended, routes, layout),
             by_reader(extents, routes, layout),
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
             min_partitions=self.options.min_partitions or 1,
             max_slices_per_partition=self.options.max_topics_per_partition,
             end_may_lag=True,
+            appeared=by_reader(dict.fromkeys(new, 0), routes, layout),
         )
         _warn_lost(plan)
         fetch = self._fetch[name]
@@ -490,9 +493,14 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _listed(self, listings: Listings, target: dict[str, dict[str, int]] | None = None) -> list[str]:
         """The brokers of ``listings`` whose offsets name the filters they were listed with: standalone
-        brokers read by topic, not a hub's (``listed_filters``), planned in this batch (``target``)."""
-        if self.options.reads_cluster or self.options.sites:
+        brokers read by topic and a cluster every member listed, not a hub's (``listed_filters``), planned in
+        this batch (``target``)."""
+        if self.options.sites:
             return []
+        if self.options.reads_cluster:  # only when every member listed: a topic no replica listed is missed
+            complete = self._lister is not None and self._lister.complete
+            name = self.options.cluster_name
+            return [name] if complete and name in listings and (target is None or name in target) else []
         return [
             broker
             for broker in listings

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.discovery import ClusterDiscovery
 from broker_edge.runtime.launcher import BrokerProcess
 from sources.cluster_reader import ClusterFetch, read_cluster_slices
-from sources.offsets_planner import Slice
+from sources.offsets_planner import DataLossError, Slice
 from sources.options import parse_options
 from sources.slice_reader import FetchSettings
 from sources.stream_api import ReadAllAvailable
@@ -78,9 +79,10 @@ def test_discovery_from_any_member_tasks_at_leaders_and_a_dead_members_range_rea
     options = {"bootstrapServers": brokers["a"].offsets_url, "topics": "fleet/+", "clusterName": "plant"}
     planner = TimestoneStreamReader(parse_options({**options, "startingOffsets": "time:0"}))
     start = planner.initialOffset()
-    assert start == {"plant": {device.topic: 0 for device in fleet}}
+    listed = {"#ffleet/+": 0}  # every member listed its logs: the filter is named (sources.listed_filters)
+    assert start == {"plant": {**listed, **{device.topic: 0 for device in fleet}}}
     end = planner.latestOffset(start, ReadAllAvailable())
-    assert end == {"plant": {d.topic: len(read_log(brokers["a"], d.topic)) for d in fleet}}
+    assert end == {"plant": {**listed, **{d.topic: len(read_log(brokers["a"], d.topic)) for d in fleet}}}
     for task in planner.partitions(start, end):
         assert isinstance(task, TimestonePartition)
         for piece in task.plan.slices:
@@ -163,4 +165,49 @@ def test_source_given_one_member_reads_every_acknowledged_record_once(
     logged = [path for path in (checkpoint / "offsets").iterdir() if path.name.isdigit()]
     last = max(logged, key=lambda path: int(path.name))
     offsets = json.loads(last.read_text().splitlines()[-1])
-    assert offsets == {"plant": {d.topic: len(read_log(brokers["b"], d.topic)) for d in fleet}}
+    ends = {d.topic: len(read_log(brokers["b"], d.topic)) for d in fleet}
+    assert offsets == {"plant": {"#ffleet/+": 0, **ends}}
+
+
+def _log_start(broker: BrokerProcess, topic: str) -> int:
+    with OffsetsClient(broker.offsets_url) as client:
+        return client.log_info(topic).start_offset
+
+
+def test_a_topic_new_to_the_query_that_lost_its_first_records_on_every_replica_is_data_loss(
+    cluster_brokers, etcd
+):
+    """A topic created after the query listed every member starts at 0; retention (here 1 s for
+    ``fleet/trim/+``) removing its first records before they were read is data loss, as standalone."""
+    storage = {
+        "segment_bytes": 1024,
+        "retention_interval_s": 0.5,
+        "persist": [{"pattern": "fleet/trim/+", "qos": [1, 2], "retention_ms": 1000}, {"pattern": "#"}],
+    }
+    brokers = {node: cluster_brokers(node, sections={"storage": storage}) for node in NODES}
+    wait_settled(etcd, set(NODES), 3)
+    fleet = _publish(brokers, devices=1, messages=5)
+    options = {"bootstrapServers": brokers["a"].offsets_url, "topics": "fleet/#", "clusterName": "plant"}
+    planner = TimestoneStreamReader(parse_options({**options, "startingOffsets": "earliest"}))
+    start = json.loads(json.dumps(planner.initialOffset()))
+    assert start["plant"]["#ffleet/#"] == 0  # every member listed: the filter is named
+    read = json.loads(json.dumps(planner.latestOffset(start, ReadAllAvailable())))
+    assert read["plant"][fleet[0].topic] == len(read_log(brokers["a"], fleet[0].topic))
+
+    trim = Device("trim", "fleet/trim/1", [brokers[node] for node in NODES])
+    trim.start()
+    wait_until(lambda: len(trim.acked) >= 60, what="60 PUBACKs")
+    trim.stop()
+    wait_until(
+        lambda: all(_log_start(broker, "fleet/trim/1") > 0 for broker in brokers.values()),
+        what="retention trimmed the new topic on every replica",
+    )
+    fresh = TimestoneStreamReader(parse_options(options))  # the query restarted
+    with pytest.raises(DataLossError, match=r"'plant' topic 'fleet/trim/1': the log appeared"):
+        fresh.latestOffset(read, ReadAllAvailable())
+    skipping = TimestoneStreamReader(parse_options({**options, "failOnDataLoss": "false"}))
+    end = json.loads(json.dumps(skipping.latestOffset(read, ReadAllAvailable())))
+    tasks = skipping.partitions(read, end)
+    assert all(isinstance(task, TimestonePartition) for task in tasks)
+    pieces = [piece for task in tasks for piece in task.plan.slices]  # type: ignore[attr-defined]
+    assert [piece.topic for piece in pieces] == ["fleet/trim/1"] and pieces[0].start > 0
