@@ -69,6 +69,8 @@ class LocalEtcd:
         self.heard_at: float | None = None
         """When it last answered (None: not running, or killed as hung)."""
         self._ask_at = 0.0
+        self._silent_since: float | None = None
+        """When the questions it has left unanswered began (None: it answered the last)."""
 
     def start(self) -> str:
         """Start it and wait until it answers; its client URL."""
@@ -119,29 +121,36 @@ class LocalEtcd:
         return self.process is not None and self.process.pid == pid
 
     def watch(self) -> float:
-        """Ask it, every ``HEALTH_EVERY_S`` while it runs, whether it answers: one that answered nothing for
-        ``ETCD_HUNG_S`` is killed (SIGKILL), to be started again once its exit is seen (``restart``). The
-        seconds until it is to be asked again."""
+        """Ask it, every ``HEALTH_EVERY_S`` while it runs, whether it answers: one that answered none of the
+        questions of ``ETCD_HUNG_S`` is killed (SIGKILL), to be started again once its exit is seen
+        (``restart``); a question or two unanswered after this command itself was held up (a paused machine)
+        is no hang. The seconds until it is to be asked again."""
         now = time.monotonic()
-        process, heard_at = self.process, self.heard_at
-        if process is None or heard_at is None:
+        process = self.process
+        if process is None or self.heard_at is None:
             return HEALTH_EVERY_S
         if now < self._ask_at:
             return self._ask_at - now
         if _answers(self.url):
-            self.heard_at = time.monotonic()
-        elif now - heard_at >= ETCD_HUNG_S:
-            log.error(
-                "etcd of the members (pid %d) answered nothing for %.0f s (hung: stopped, its disk stalled, "
-                "deadlocked): killed, to be started again; the members acknowledge nothing until it answers",
-                process.pid,
-                now - heard_at,
-            )
-            self.heard_at = None
-            with contextlib.suppress(ProcessLookupError):  # not Popen.kill: its poll would reap the exit
-                os.kill(process.pid, signal.SIGKILL)
+            self.heard_at, self._silent_since = time.monotonic(), None
+        else:
+            if self._silent_since is None:
+                self._silent_since = now
+            if now - self._silent_since >= ETCD_HUNG_S:
+                self._kill_hung(process.pid, now - self._silent_since)
         self._ask_at = time.monotonic() + HEALTH_EVERY_S
         return HEALTH_EVERY_S
+
+    def _kill_hung(self, pid: int, silent_s: float) -> None:
+        log.error(
+            "etcd of the members (pid %d) answered nothing for %.0f s (hung: stopped, its disk stalled, "
+            "deadlocked): killed, to be started again; the members acknowledge nothing until it answers",
+            pid,
+            silent_s,
+        )
+        self.heard_at = self._silent_since = None
+        with contextlib.suppress(ProcessLookupError):  # not Popen.kill: its poll would reap the exit
+            os.kill(pid, signal.SIGKILL)
 
     def restart(self, status: int) -> None:
         """It exited (``status``, as ``waitpid`` gives it, the process already reaped): start it again on the
@@ -178,7 +187,7 @@ class LocalEtcd:
         """Start it and wait until it serves; ``RuntimeError`` saying why it did not (etcd's own last word
         from its log), ``StartStopped`` (it stopped) when a SIGTERM or SIGINT came meanwhile."""
         parent = os.getpid()
-        self.heard_at = None  # not watched until it serves
+        self.heard_at = self._silent_since = None  # not watched until it serves
         etcd_log = self.directory / "etcd.log"
         with open(etcd_log, "ab") as output:
             logged = output.tell()
