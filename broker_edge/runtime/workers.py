@@ -12,8 +12,9 @@ left it, started before the members (once it serves) and stopped after them; sta
 hangs (no answer for ``workers_etcd.ETCD_HUNG_S``: killed), and tried again while it cannot start (a full
 disk), the members kept. Its members keep one copy of each log (replication factor 1): a log is on its
 member's disk, a member's crash loses nothing acknowledged, and the member, started again, serves its
-partitions again. With a ``cluster:`` section the members join that
-cluster (its etcd, its replication) as ``<node_id>-<n>``.
+partitions again. With a ``cluster:`` section the members join that cluster (its etcd, its replication) as
+``<node_id>-<n>``. Its parts: ``workers_config`` (the members' configurations), ``workers_etcd`` (the
+command's etcd), ``workers_members`` (one member's process), ``workers_supervision`` (the loop).
 
 Before it starts anything the command makes sure nobody else serves what it is about to: it locks the data
 directory (``runtime.data_lock``: the same configuration started twice is refused, exit 2, before a second
@@ -29,8 +30,8 @@ the others and etcd, and exits with that status and the member's reason. Any oth
 or any exit of a member that had served) is recovered from: its registration in etcd is removed first, so
 that the cluster does not wait out its lease, and it is forked again a moment later, its clients reaching
 the others meanwhile; a member that keeps failing is started again after a wait that doubles, up to 30 s.
-A member that serves says so every second; one silent for ``HUNG_S`` (stopped, deadlocked) is killed and
-started again the same way.
+A member that serves says so every second; one silent for ``workers_members.HUNG_S`` (stopped,
+deadlocked) is killed and started again the same way.
 SIGHUP is passed on to every member, which re-reads its password, ACL and tokens files and its
 certificates as ``timestone broker`` does (``systemctl reload``; a member still starting once it serves).
 SIGTERM or SIGINT stops every member as ``timestone broker`` stops (clients told, logs flushed), then etcd;
