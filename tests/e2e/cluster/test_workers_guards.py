@@ -12,7 +12,11 @@ succeed ending with its exit status instead of members forked again for ever.
 - the command killed (SIGKILL): its members and etcd stop, and the port can be served again.
 - its own etcd killed is started again; one that cannot start again is tried again, the members kept;
 - its own etcd serves once started (and once started again): its port accepting connections is not enough;
-- its own etcd hung (SIGSTOP) is noticed, killed and started again, nothing acknowledged lost.
+- its own etcd hung (SIGSTOP) is noticed, killed and started again, nothing acknowledged lost;
+- too little disk for its etcd is refused at start, naming the directory and the space;
+- a SIGTERM while its etcd starts ends the command at once;
+- its etcd keeps a bounded history (compacted);
+- --workers is bounded by the CPUs the command may run on.
 """
 
 from __future__ import annotations
