@@ -14,11 +14,20 @@ leaves): a socket accepted beyond it is closed at once and told to ``on_full(pee
 that never send a ClientHello hold no more descriptors than the limit allows. A process out of
 descriptors (EMFILE, ENFILE) pauses accepting for ``ACCEPT_PAUSE_S``, as asyncio's own servers do, the
 connections waiting in the kernel's backlog meanwhile.
+
+A handshake that fails sends the peer OpenSSL's alert (``certificate required``, ``unknown ca``,
+``certificate expired``, ``certificate revoked``, ...) before the socket is closed: asyncio's TLS layer and
+uvloop's leave that alert in their outgoing buffer and close without it, so the client saw a bare closed
+connection, as from a broker that is down. The server context's ``sslobject_class`` is ``AlertingSSLObject``,
+which writes what OpenSSL left to send to the connection's socket (one non-blocking ``send``) when its
+handshake fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import errno
 import logging
 import socket
@@ -27,7 +36,15 @@ from collections.abc import Callable
 
 from broker_edge.process.sockets import listening_sockets
 
-__all__ = ["ACCEPT_PAUSE_S", "Full", "HandshakeFailure", "TlsServer", "failure_reason", "start_tls_server"]
+__all__ = [
+    "ACCEPT_PAUSE_S",
+    "AlertingSSLObject",
+    "Full",
+    "HandshakeFailure",
+    "TlsServer",
+    "failure_reason",
+    "start_tls_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +57,53 @@ HandshakeFailure = Callable[[str, str, BaseException], None]
 """``on_failure(peer "host:port", reason, error)``: a handshake failed (``reason``: ``failure_reason``)."""
 Full = Callable[[str], None]
 """``on_full(peer "host:port")``: a socket was closed at accept, the handshakes in progress at ``room()``."""
+
+
+_HANDSHAKE_SOCKET: contextvars.ContextVar[socket.socket | None] = contextvars.ContextVar(
+    "tls_handshake_socket", default=None
+)
+"""The socket whose handshake a ``TlsServer`` task runs; the loop creates that connection's ``SSLObject`` in
+a copy of the task's context, where ``AlertingSSLObject`` finds it."""
+
+
+class AlertingSSLObject(ssl.SSLObject):
+    """A server ``SSLObject`` whose failed handshake sends the alert OpenSSL wrote (see the module docstring).
+
+    The alert goes straight to the socket: nothing of the connection waits in the transport's buffer then,
+    since a handshake fails on what the client sent after reading all the server had written (or on its
+    first message, before the server wrote anything). A socket with no room for it (never at that point in
+    practice) is closed without it, as before; nothing waits for the socket."""
+
+    _alert_socket: socket.socket | None
+    _alert_outgoing: ssl.MemoryBIO
+
+    @classmethod
+    def _create(
+        cls, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: object, **kwargs: object
+    ) -> AlertingSSLObject:
+        created: AlertingSSLObject = super()._create(incoming, outgoing, *args, **kwargs)  # type: ignore[misc]
+        created._alert_outgoing = outgoing
+        created._alert_socket = _HANDSHAKE_SOCKET.get()
+        return created
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError:
+            self._send_alert()
+            raise
+        self._alert_socket = None
+
+    def _send_alert(self) -> None:
+        sock, self._alert_socket = self._alert_socket, None
+        if sock is None:
+            return
+        alert = self._alert_outgoing.read()
+        if alert:
+            with contextlib.suppress(OSError):  # the peer is gone, or no room: closed without it
+                sock.send(alert)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -77,6 +141,7 @@ class TlsServer:
         self._on_full = on_full
         self._protocol_factory = protocol_factory
         self._ssl_context = ssl_context
+        ssl_context.sslobject_class = AlertingSSLObject
         self._handshake_timeout_s = handshake_timeout_s
         self._on_failure = on_failure
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -136,6 +201,7 @@ class TlsServer:
 
     async def _handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _HANDSHAKE_SOCKET.set(conn)  # this task's own context: see AlertingSSLObject
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 self._protocol_factory,
