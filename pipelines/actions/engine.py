@@ -53,7 +53,7 @@ from pipelines.actions.publisher import Publisher
 from pipelines.actions.release import Release, due, lost_gate
 from pipelines.actions.report_scope import in_scope
 from pipelines.actions.retries import retry
-from pipelines.actions.rollback import id_taken, rollback_id, rollback_row
+from pipelines.actions.rollback import id_taken, rollback_rows
 from pipelines.actions.schedule import END_CANCEL
 from pipelines.actions.states import (
     CANCELED,
@@ -664,16 +664,20 @@ class ActionsEngine:
         if not installed:
             return {"reason": f"{reason}; no device had installed it: nothing to roll back"}
         assert action.rollback is not None
-        row = rollback_row(action.id, action.rollback, installed, action.in_progress_timeout_s, _ts(now))
-        invalid = [*problems(row), *id_taken(self.tables.read(ACTIONS), row)]
+        rows = rollback_rows(action.id, action.rollback, installed, action.in_progress_timeout_s, _ts(now))
+        actions = self.tables.read(ACTIONS)
+        invalid = [problem for row in rows for problem in (*problems(row), *id_taken(actions, row))]
         if invalid:
             log.error("action %s: its rollback is not a valid action, not written: %s", action.id, invalid[0])
             return {"reason": f"{reason}; rollback not written: {invalid[0]}"}
-        table = pa.Table.from_pylist([row], schema=self.store.spec(ACTIONS).arrow_schema)
+        table = pa.Table.from_pylist(rows, schema=self.store.spec(ACTIONS).arrow_schema)
         self.store.merge(ACTIONS, table, f"{self.app_id}/rollback/{action.id}", 0, update=False)
-        version = action.rollback.get("version")
-        written = f"rollback {rollback_id(action.id)} to {version} written for {_devices(len(installed))}"
-        return {"rollback_action_id": rollback_id(action.id), "reason": f"{reason}; {written}"}
+        ids = [row["id"] for row in rows]
+        written = (
+            f"rollback {ids[0]} to {action.rollback.get('version')} written for {_devices(len(installed))}"
+        )
+        written += f" in {len(ids)} actions: {', '.join(ids)}" if len(ids) > 1 else ""
+        return {"rollback_action_id": ids[0], "reason": f"{reason}; {written}"}
 
     def _runs(self, action_id: str) -> bool:
         state = self._summary_states([action_id]).get(action_id, (None, None))[0]

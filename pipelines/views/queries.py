@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.actions.arrow_rows import out_of_range_rows
+from pipelines.actions.rollback import CREATED_BY as ROLLBACK_CREATED_BY
 from sinks.tables import EXECUTION_STATES
 
 if TYPE_CHECKING:
@@ -160,6 +161,8 @@ def latest_action_id(store: TableStore) -> str | None:
     summaries = read_frame(store, "action_summary")
     if "rollback_action_id" in summaries:
         actions = actions[~actions["id"].isin(summaries["rollback_action_id"].dropna())]
+    written_by_job = actions["created_by"].fillna("").str.startswith(ROLLBACK_CREATED_BY)
+    actions = actions[~written_by_job]  # every part of a rollback of more devices than one action lists
     if actions.empty:
         return None
     return str(actions.sort_values(["created_at", "id"]).iloc[-1]["id"])

@@ -15,8 +15,12 @@ import pyarrow.compute as pc
 import pytest
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, report_topic
+from pipelines.actions.checks import MAX_DEVICE_IDS
 from pipelines.actions.phases import Phase, phase_of_devices
 from pipelines.actions.rollback import rollback_id
+from pipelines.actions.states import StatusReport
+from pipelines.actions.validation import problems
+from pipelines.views import queries
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.ota.conftest import SHA256, action_row
 from tests.e2e.ota.rollout_harness import finals, rollout_run
@@ -215,3 +219,39 @@ def test_reports_from_devices_of_a_later_phase_not_sent_the_action_change_nothin
         run.feed(lambda reports: sum(r.state == "SUCCEEDED" for r in reports) == len(devices))
         assert run.summary("lp-1")["action_state"] == "COMPLETED"
         assert run.received("lp-1") == set(devices)
+
+
+def test_a_rollback_of_more_devices_than_one_action_lists_reaches_every_one_of_them(tmp_path):
+    """A group of 100,050 devices installs a build, then 50 more fail it and the abort rule fires. One
+    action lists at most 100,000 devices: before, the rollback row listed the first 100,000 by id and the
+    reason said 'written for 100,050 devices', so 50 devices stayed on the bad build without a word. Now
+    the rollback is as many actions as the list needs, ``<id>-rollback`` then ``<id>-rollback-2``, and the
+    reason names both."""
+    installed = [f"d{i:06d}" for i in range(MAX_DEVICE_IDS + 50)]
+    failing = [f"f{i:02d}" for i in range(50)]
+    with rollout_run(tmp_path, quiet_devices(), count=0, register=False) as run:
+        run.register(dict.fromkeys(installed + failing, "big"))
+        run.create(
+            action_row(
+                "huge",
+                group="big",
+                abort_rules=[rule("failed", 0.04, len(installed) + 50)],
+                rollback=ROLLBACK,
+            )
+        )
+        at = run.clock.now = run.clock.now + 60_000  # a minute later, when the reports come
+        reports = [StatusReport("huge", d, "SUCCEEDED", 1, at, received_at=at) for d in installed]
+        reports += [StatusReport("huge", d, "FAILED", 1, at, received_at=at) for d in failing]
+        run.engine.on_reports(reports, "reports", 0)
+        summary = run.summary("huge")
+        assert (summary["action_state"], summary["rollback_action_id"]) == ("ABORTED", "huge-rollback")
+        assert summary["reason"].endswith(
+            "rollback huge-rollback to 1.0.0 written for 100050 devices in 2 actions: huge-rollback, "
+            "huge-rollback-2"
+        )
+        actions = run.store.read_arrow("actions")
+        rows = {r["id"]: r for r in actions.to_pylist() if r["id"].startswith("huge-rollback")}
+        assert sorted(rows) == ["huge-rollback", "huge-rollback-2"]
+        listed = [d for r in rows.values() for d in r["target"]["device_ids"]]
+        assert sorted(listed) == installed and all(problems(r) == [] for r in rows.values())
+        assert queries.latest_action_id(run.store) == "huge"  # the notebook's action, not a rollback's part
