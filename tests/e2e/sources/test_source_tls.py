@@ -109,3 +109,19 @@ def test_an_available_now_runs_check_of_the_brokers_uses_the_same_files(
     require_brokers(parse_options({**options, **files}))
     with pytest.raises(BrokersUnreachable, match="certificate verify failed"):
         require_brokers(parse_options(options))
+
+
+def test_a_broker_refusing_the_readers_certificate_fails_the_query_naming_the_alert(
+    secured: tuple[RunningBroker, str], pki: LocalPki, timestone_spark: SparkSession, tmp_path: Path
+) -> None:
+    """Without ``certFile`` the broker refuses the reader at the handshake with TLS's alert: a query failing
+    at once, naming the broker, the alert and the options, where the broker closed the connection without
+    the alert and was taken for a broker down (an ``availableNow`` run ended reading nothing)."""
+    _broker, url = secured
+
+    with pytest.raises(StreamingQueryException) as failed:
+        read_all(timestone_spark, url, tmp_path / "checkpoint", caFile=str(pki.ca.cert), fetchRetries="3")
+
+    text = str(failed.value)
+    assert f"broker 'edge' ({url}) TLS failed" in text and "see the options caFile, certFile, keyFile" in text
+    assert "TLSV13_ALERT_CERTIFICATE_REQUIRED" in text
