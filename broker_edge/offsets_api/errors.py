@@ -101,11 +101,14 @@ TLS_CLIENT_REFUSED = frozenset(
         "SSLV3_ALERT_CERTIFICATE_EXPIRED",
         "SSLV3_ALERT_CERTIFICATE_REVOKED",
         "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",
         "TLSV1_ALERT_UNKNOWN_CA",
         "TLSV1_ALERT_ACCESS_DENIED",
     }
 )
-"""OpenSSL's reasons for the alerts a server sends when it refuses the client's certificate."""
+"""OpenSSL's reasons for the alerts a server sends when it refuses the client's certificate (TLS 1.2's for
+none where one is required is ``handshake failure``, also said of TLS settings the two sides do not share:
+no retry mends either)."""
 
 
 def error_from_body(status: int, body: dict) -> OffsetsApiError:

@@ -214,13 +214,15 @@ def test_the_offsets_api_over_https_refusing_a_reader_certificate_is_not_taken_f
     broker = brokers(offsets_api={"tls": devices.tls()}, runtime={"event_loop": loop})
     url = f"https://127.0.0.1:{broker.broker.offsets_port}"
     refusals = [
-        (None, "TLSV13_ALERT_CERTIFICATE_REQUIRED"),
-        (devices.other_ca, "TLSV1_ALERT_UNKNOWN_CA"),
-        (devices.expired, "SSLV3_ALERT_CERTIFICATE_EXPIRED"),
+        (None, False, "TLSV13_ALERT_CERTIFICATE_REQUIRED"),
+        (None, True, "SSLV3_ALERT_HANDSHAKE_FAILURE"),
+        (devices.other_ca, False, "TLSV1_ALERT_UNKNOWN_CA"),
+        (devices.expired, False, "SSLV3_ALERT_CERTIFICATE_EXPIRED"),
     ]
 
-    for pair, alert in refusals:
-        client = OffsetsClient(url, ssl_context=devices.context(pair), retries=5, retry_backoff_s=1.0)
+    for pair, tls12, alert in refusals:
+        context = devices.context(pair, tls12)
+        client = OffsetsClient(url, ssl_context=context, retries=5, retry_backoff_s=1.0)
         with client, pytest.raises(TlsRefused, match=f"refused this client's certificate: .*{alert}"):
             client.list_logs()
     with OffsetsClient(url, ssl_context=devices.context(devices.good), retries=0) as client:
