@@ -6,11 +6,14 @@ guard:
 
 - **Connections.** At ``max_connections`` open, a new connection takes the place of the oldest idle one
   that has not authenticated (``mark_authenticated``: a request of it carried valid credentials), which is
-  closed; when every open connection has authenticated or is busy, the new one is answered 503 (a JSON
-  error) and closed. So strangers holding connections open cannot keep readers out: they only push each
-  other out. (A member of a cluster has its own endpoint, which strangers cannot even finish a TLS
-  handshake with.) With TLS, at most ``max_connections`` handshakes are in progress besides: a socket
-  accepted beyond them is closed at once and counted as refused, so silent sockets hold no more.
+  closed; when every open connection has authenticated or is busy, the kept-alive connection that has
+  waited the longest for its next request is closed instead (as nginx does with its idle keep-alive
+  connections), and only when every one is handling a request (or receiving one) is the new one answered
+  503 (a JSON error) and closed. So strangers holding connections open cannot keep readers out: they only
+  push each other out, and readers idle between requests make room for a reader with one to send. (A
+  member of a cluster has its own endpoint, which strangers cannot even finish a TLS handshake with.) With
+  TLS, at most ``max_connections`` handshakes are in progress besides: a socket accepted beyond them is
+  closed at once and counted as refused, so silent sockets hold no more.
 - **Time.** A connection must deliver each request's headers within ``request_timeout_s`` of its first
   byte (or of the connection opening), and a TLS client its handshake, or it is closed; an idle kept-alive
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
@@ -41,6 +44,7 @@ import json
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -96,7 +100,7 @@ class _Guard:
         """Connections pushed out for a newcomer whose close has not completed yet."""
         self.refused = 0
         self.pushed_out = 0
-        """Idle connections that never authenticated, closed to make room for a new one."""
+        """Idle connections closed to make room for a new one."""
         self.timed_out = 0
         """Connections closed because a request (or a TLS handshake) did not arrive in time."""
         self.stalled = 0
@@ -107,16 +111,29 @@ class _Guard:
         self.refused += 1
 
     def admit(self) -> bool:
-        """Whether a new connection may open: there is room, or an idle connection that never authenticated
-        is closed to make some (the oldest of them)."""
+        """Whether a new connection may open: there is room, or an idle connection is closed to make some:
+        the oldest of those that never authenticated, else the kept-alive one idle the longest."""
         if len(self.open) - self.closing < self.max_connections:
             return True
+        idle = self._stranger() or self._longest_idle()
+        if idle is None:
+            return False
+        idle.push_out()
+        self.pushed_out += 1
+        return True
+
+    def _stranger(self) -> _GuardedProtocol | None:
+        """The oldest open connection that never authenticated and has no request being handled."""
         for protocol in self.open.values():
             if not protocol.authenticated and not protocol.busy and not protocol.closing:
-                protocol.push_out()
-                self.pushed_out += 1
-                return True
-        return False
+                return protocol
+        return None
+
+    def _longest_idle(self) -> _GuardedProtocol | None:
+        """The kept-alive connection that has waited the longest for its next request (None: every one is
+        busy, or has begun to send a request)."""
+        idle = [p for p in self.open.values() if p.idle_since is not None and not p.busy and not p.closing]
+        return min(idle, key=lambda protocol: protocol.idle_since or 0.0, default=None)
 
 
 class _GuardedProtocol(asyncio.Protocol):
@@ -130,6 +147,8 @@ class _GuardedProtocol(asyncio.Protocol):
         self.authenticated = False
         """A request on this connection carried valid credentials: it is never pushed out for a newcomer."""
         self.closing = False
+        self.idle_since: float | None = None
+        """When its last answer was sent, while no byte of a next request has arrived (None otherwise)."""
         self.timer: asyncio.TimerHandle | None = None
         self.stall: asyncio.TimerHandle | None = None
         """Runs out while writing is paused (``send_timeout_s``)."""
@@ -143,6 +162,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self.arm()
 
     def data_received(self, data: bytes) -> None:
+        self.idle_since = None
         if not self.busy and self.timer is None:
             self.arm()
         watch = self.watch
@@ -255,6 +275,8 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     finally:
         guarded.busy = False
+        if guarded.stall is None:
+            guarded.idle_since = time.monotonic()
 
 
 def _unserved(request: web.Request) -> web.Response | None:

@@ -1,0 +1,85 @@
+"""Readers kept alive between requests on a real broker: at the connection cap the longest idle of them
+makes room for a new reader; readers waiting for their answer never do."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import time
+
+from tests.e2e.broker_clients import PahoClient
+
+READERS = [
+    {"name": "slow-notebook", "token": "slow-secret", "topics": ["#"]},
+    {"name": "spark", "token": "spark-secret", "topics": ["#"]},
+]
+
+
+def status_of(port: int, target: str, token: str = "spark-secret") -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", target, headers={"Authorization": f"Bearer {token}"})
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+def listing(sock: socket.socket) -> bytes:
+    """The whole chunked answer to ``GET /v1/logs`` on ``sock``."""
+    sock.sendall(b"GET /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer spark-secret\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"\r\n0\r\n\r\n"):
+        answer += sock.recv(65536)
+    return answer
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_at_the_cap_the_longest_idle_kept_alive_reader_makes_room_for_a_new_one(brokers):
+    """At ``max_connections``, readers whose connections were kept alive after their answer kept every new
+    reader out (503) for as long as they sat idle; the longest idle of them is now closed instead."""
+    api = {"tokens": READERS, "max_connections": 3, "request_timeout_s": 5.0}
+    running = brokers(offsets_api=api)
+    port = running.broker.offsets_port
+    idle = []
+    for _ in range(3):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert listing(sock).startswith(b"HTTP/1.1 200")
+        idle.append(sock)
+        time.sleep(0.05)
+
+    assert status_of(port, "/v1/logs") == 200  # a new reader is served
+    assert read_until_closed(idle[0]) == b""  # the longest idle one was closed for it
+    for sock in idle[1:]:  # the others stay
+        assert listing(sock).startswith(b"HTTP/1.1 200")
+        sock.close()
+
+
+def test_at_the_cap_readers_waiting_for_their_answer_are_never_pushed_out(brokers):
+    api = {"tokens": READERS, "max_connections": 2, "request_timeout_s": 5.0}
+    running = brokers(offsets_api=api)
+    PahoClient(running.port, "pub").publish("t", b"x", 1)
+    port = running.broker.offsets_port
+    polls = []
+    for _ in range(2):  # two long polls at the end of the log: waiting, not idle
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(
+            b"GET /v1/logs/t/records?offset=latest&wait_ms=3000&format=jsonl HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer spark-secret\r\n\r\n"
+        )
+        polls.append(sock)
+    time.sleep(0.3)
+    refusal = read_until_closed(socket.create_connection(("127.0.0.1", port), timeout=5))
+    assert refusal.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in refusal
+    for sock in polls:  # each gets its (empty) answer after its wait
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.close()
