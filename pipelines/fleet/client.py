@@ -193,20 +193,20 @@ class MqttClient(asyncio.Protocol):
                 session_expiry_interval=session_expiry_s or None,
                 user_properties=[OFFSETS_OPT_IN] if log_offsets else [],
             )
-        client._connack = loop.create_future()
-        client._send(
-            Connect(
-                protocol_version=MQTT_5,
-                clean_start=clean_start,
-                keep_alive=keep_alive,
-                client_id=client_id,
-                username=username,
-                password=password,
-                properties=properties,
-                will=will,
-            )
+        connect = Connect(
+            protocol_version=MQTT_5,
+            clean_start=clean_start,
+            keep_alive=keep_alive,
+            client_id=client_id,
+            username=username,
+            password=password,
+            properties=properties,
+            will=will,
         )
+        assert client._connack is not None  # made with the connection
         try:
+            if client.connected:  # else closed since its handshake (a TLS alert): connection_lost says why
+                client._send(connect)
             connack = await asyncio.wait_for(client._connack, timeout_s)
         except BaseException:  # a CONNECT the broker took in later would open a session nobody holds
             client.abort()
@@ -222,7 +222,9 @@ class MqttClient(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # create_connection made a stream transport
-        self._closed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._closed = loop.create_future()
+        self._connack = loop.create_future()  # failed by connection_lost with why, even before CONNECT
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None

@@ -9,6 +9,7 @@ import sys
 
 from broker_edge.config import ConfigError
 from broker_edge.observe.logs import LoggingConfig, configure_logging
+from broker_edge.offsets_api.errors import TLS_CLIENT_REFUSED
 from broker_edge.protocol import ReasonCode
 from broker_edge.security.client_tls import ClientTls
 from pipelines.fleet.cli import broker_address, signal_stop, zero_or_more
@@ -137,6 +138,18 @@ def host_of(args: argparse.Namespace) -> SparkplugHost:
     )
 
 
+def _tls_failure(host: str, port: int, error: ssl.SSLError) -> str:
+    """What a TLS error at connect says: the broker refused this client's certificate (its alert), its own
+    certificate is not trusted, or TLS failed otherwise (a connection closed in the handshake)."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        what = "its certificate is not trusted"
+    elif error.reason in TLS_CLIENT_REFUSED:
+        what = "it refused this client's certificate"
+    else:
+        what = "TLS failed"
+    return f"{host}:{port}: {what}: {error} (see --cafile, --certfile, --keyfile)"
+
+
 async def _run(args: argparse.Namespace) -> int:
     host, port = args.broker
     try:
@@ -154,6 +167,9 @@ async def _run(args: argparse.Namespace) -> int:
             f"0x{refused.reason_code:02x} {reason} (client id sparkplug-host-{args.host_id})",
             file=sys.stderr,
         )
+        return 1
+    except ssl.SSLError as error:
+        print(f"timestone sparkplug-host: {_tls_failure(host, port, error)}", file=sys.stderr)
         return 1
     except OSError as error:
         print(f"timestone sparkplug-host: cannot reach {host}:{port}: {error}", file=sys.stderr)

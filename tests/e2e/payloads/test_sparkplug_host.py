@@ -552,3 +552,28 @@ def test_the_command_logs_a_lost_connection_and_its_return_with_time_and_level(s
     assert " WARNING pipelines.sparkplug_host: cannot connect again to" in failed
     assert " INFO pipelines.sparkplug_host: connected again" in back and "birth" in back
     assert lost[:4].isdigit()  # the time first, as the broker's lines
+
+
+def test_a_tls_listener_refusing_the_hosts_certificate_is_said_so_with_its_alert(
+    start_broker, tmp_path, capsys
+):
+    """A listener asking for a client certificate, the host giving none: the command says the broker refused
+    its certificate, with the alert, and names the options, where it said 'cannot reach HOST:PORT: not
+    connected' (the alert read before CONNECT was sent) and logged a traceback of the alert never read."""
+    pki = LocalPki(tmp_path / "pki", name="plant-ca")
+    server = pki.server("edge")
+    tls = {"certfile": str(server.cert), "keyfile": str(server.key), "cafile": str(pki.ca.cert)}
+    listener = {"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0}
+    broker = start_broker(listeners=[{**listener, "tls": {**tls, "require_client_cert": True}}])
+    address = f"127.0.0.1:{broker.port}"
+
+    for _ in range(20):  # the alert comes with the end of the handshake or after CONNECT: either way
+        assert main(["sparkplug-host", "--broker", address, "--cafile", str(pki.ca.cert)]) == 1
+        err = capsys.readouterr().err  # with the broker's log of this process
+        said = [line for line in err.splitlines() if line.startswith("timestone sparkplug-host:")]
+        assert said == [
+            f"timestone sparkplug-host: {address}: it refused this client's certificate: [SSL: "
+            "TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required (_ssl.c:2580) "
+            "(see --cafile, --certfile, --keyfile)"
+        ]
+        assert "Traceback" not in err and "never retrieved" not in err
