@@ -9,25 +9,74 @@ fenced as this one, and every device of the cluster would reconnect for a pause 
 off from etcd alone has its clients moved a hold after its fence, about when the others have taken its
 partitions over (its lease ended a fence margin after the fence).
 
+A fenced member's picture of the others is as old as its fence: etcd out of reach for every member fences
+them all, and a member sending its clients to another would send them to one as fenced as itself, from
+which they would bounce on. So once it is time to send them away, it asks each other member, on the
+members' endpoint (``GET /v1/cluster``), whether it is a member now (not fenced), and sends clients only to
+those that answer so (``members_now``), asking again every ``ASK_EVERY_S`` while it stays fenced. While none
+does, its clients stay connected (it acknowledges nothing meanwhile) and a CONNECT is refused server
+unavailable (v5 CONNACK 0x88, 3.1.1 return code 3), so that the device backs off.
+
 A CONNECT reaching a fenced member follows the same rule (``ClusterSessions``): it waits while the fence
-may still lift and is sent to a live member once this member sends its clients away.
+may still lift and is sent to a member that answered it is one (``referrals``) once this member sends its
+clients away, or refused server unavailable when none did.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+from broker_edge.cluster.cluster_info import CLUSTER_PATH
 
 if TYPE_CHECKING:
     from broker_edge.cluster.coordination.membership import Membership
+    from broker_edge.cluster.links.member_clients import MemberClients
     from broker_edge.cluster.view import ClusterView
+    from broker_edge.placement import Member
 
-__all__ = ["FencedClients"]
+__all__ = ["ASK_EVERY_S", "FencedClients", "members_now"]
+
+log = logging.getLogger("broker_edge.cluster.fenced_clients")
+
+ASK_EVERY_S = 1.0
+"""How often a fenced member sending its clients away asks the others again whether they are members."""
+ASK_TIMEOUT_S = 1.0
+"""How long a fenced member waits for another member's answer before taking it for no member."""
+
+
+async def members_now(view: ClusterView, clients: MemberClients) -> list[str]:
+    """The MQTT addresses (``host:port``) of the other members in ``view`` that answer, on their members'
+    endpoint, that they are members now (not fenced), by node id; the others (fenced, out of reach, slow,
+    of an earlier version without ``/v1/cluster`` there) are left out."""
+    others = [m for node, m in sorted(view.members.items()) if node != view.node_id and m.peer]
+    answers = await asyncio.gather(*(_is_member(member, clients) for member in others))
+    return [member.mqtt for member, yes in zip(others, answers, strict=True) if yes]
+
+
+async def _is_member(member: Member, clients: MemberClients) -> bool:
+    import aiohttp
+
+    assert member.peer is not None
+    url = member.peer.rstrip("/") + CLUSTER_PATH
+    try:
+        timeout = aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)
+        async with clients.session(member.node_id).get(url, timeout=timeout) as answer:
+            document = await answer.json() if answer.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return False
+    return (
+        isinstance(document, dict)
+        and document.get("node_id") == member.node_id
+        and document.get("fenced") is False
+    )
 
 
 class FencedClients:
-    """Decides when this fenced member sends its clients away, and does it once per fence (``move(why)``).
+    """Decides when this fenced member sends its clients away, and does it once per fence
+    (``move(why, referrals)``), to the members ``ask()`` found to be members now.
 
     ``membership`` is None on a member whose view is given (no etcd): a fence there is taken as final."""
 
@@ -36,18 +85,23 @@ class FencedClients:
         view: ClusterView,
         membership: Membership | None,
         hold_s: float,
-        move: Callable[[str], None],
+        move: Callable[[str, list[str]], None],
+        ask: Callable[[], Awaitable[list[str]]],
     ) -> None:
         self.view = view
         self.membership = membership
         self.hold_s = hold_s
         self.move = move
+        self.ask = ask
         self._fenced = False
         self._held = False
         """The current fence has lasted ``hold_s``."""
         self._moved = False
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None
+        self._asking: asyncio.Task[None] | None = None
+        self._referrals: list[str] | None = None
+        """The members that answered, at the last asking of this fence, that they are members now."""
 
     def was_member(self) -> bool:
         """Whether this node has been a member (a node starting up is fenced until it registers: its
@@ -64,6 +118,12 @@ class FencedClients:
             return False
         return self._held or self.lease_lost()
 
+    def referrals(self) -> list[str] | None:
+        """Where this member sends a CONNECT now: None while it does not send clients away or has not asked
+        the others yet (the CONNECT waits), else the MQTT addresses of the members that answered they are
+        members (empty: none did, the CONNECT is refused server unavailable)."""
+        return self._referrals if self.sends_clients_away() else None
+
     def view_changed(self) -> None:
         """Follow the view: a fence starts the hold, its end resets it; clients move once it is time."""
         if self._closed:
@@ -77,20 +137,38 @@ class FencedClients:
                 self._timer = asyncio.get_running_loop().call_later(self.hold_s, self._hold_over)
             else:
                 self._held = True
-        if not self._moved and self.sends_clients_away():
-            self._moved = True
+        if self._asking is None and self.sends_clients_away():
             self._cancel_timer()
             why = (
                 "etcd answered that its lease is gone"
                 if self.lease_lost()
                 else f"its lease not proven for fenced_clients_hold_ms ({self.hold_s:g} s) after the fence"
             )
-            self.move(why)
+            self._asking = asyncio.get_running_loop().create_task(self._ask_and_move(why))
+
+    async def _ask_and_move(self, why: str) -> None:
+        """Ask the others whether they are members, every ``ASK_EVERY_S`` while the fence lasts; move the
+        clients to those that are, once."""
+        told = False
+        while True:
+            self._referrals = referrals = await self.ask()
+            if referrals and not self._moved:
+                self._moved = True
+                self.move(why, referrals)
+            elif not referrals and not self._moved and not told:
+                told = True
+                log.warning(
+                    "fenced (%s): no other member answers that it is a member; clients stay here and"
+                    " new CONNECTs are refused (server unavailable) until one does or the fence lifts",
+                    why,
+                )
+            await asyncio.sleep(ASK_EVERY_S)
 
     def close(self) -> None:
         """Nothing moves from now on (the node is stopping)."""
         self._closed = True
         self._cancel_timer()
+        self._stop_asking()
 
     def _hold_over(self) -> None:
         self._timer = None
@@ -99,7 +177,14 @@ class FencedClients:
 
     def _reset(self) -> None:
         self._cancel_timer()
+        self._stop_asking()
         self._fenced = self._held = self._moved = False
+
+    def _stop_asking(self) -> None:
+        if self._asking is not None:
+            self._asking.cancel()
+            self._asking = None
+        self._referrals = None
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

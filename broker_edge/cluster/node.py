@@ -22,7 +22,8 @@ default to the bound ports) and starts it; ``Broker.stop`` stops it before anyth
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
   fails what it holds); once the fence is more than a blip (``fenced_clients``) MQTT clients are sent
   elsewhere (``BrokerCore.send_clients_elsewhere``: v5 DISCONNECT 0x9C "use another server" with the
-  Server Reference of a live member, the members in turn, when one is known, else 0x8B).
+  Server Reference of a member that answered it is a member now, the members in turn), never to a member as
+  fenced as this one: while none answers so, they stay and CONNECTs are refused server unavailable.
 
 Only a broker with a ``cluster:`` section imports this module. Given a ``view``, the node runs on it as is
 (no etcd, no replication: forwarding and the peer links alone), which is how the data side is tested.
@@ -42,7 +43,7 @@ from broker_edge.cluster.features.retained_sync import RetainedSync
 from broker_edge.cluster.features.shared_directory import SharedDirectory
 from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
 from broker_edge.cluster.features.shared_registry import SharedRegistry
-from broker_edge.cluster.fenced_clients import FencedClients
+from broker_edge.cluster.fenced_clients import FencedClients, members_now
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.handoff import ConnectionHandoff
 from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
@@ -281,7 +282,11 @@ class ClusterNode:
         if not self.static:
             self._build_coordination_and_replication()
         self.fenced_clients = FencedClients(
-            self.view, self.membership, cluster.fenced_clients_hold_ms / 1000, self._move_clients
+            self.view,
+            self.membership,
+            cluster.fenced_clients_hold_ms / 1000,
+            self._move_clients,
+            partial(members_now, self.view, self.clients),
         )
         if not self.static:
             self._build_sessions()
@@ -306,6 +311,7 @@ class ClusterNode:
         if self.followers is not None:
             self.followers.delivery.wants = _subscribed_here(broker.router, self.shared)
         self.members_routes.append(self.links.add_routes)
+        self.members_routes.append(cluster_info_route(self.view))  # a fenced member asks who is a member
         broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
         self._started = False
         self._sessions_to: set[str] = set()
@@ -453,7 +459,7 @@ class ClusterNode:
         broker = self.broker
         registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
         self.sessions = ClusterSessions(
-            broker, registry, self.view, self.links, self.cluster, self.fenced_clients.sends_clients_away
+            broker, registry, self.view, self.links, self.cluster, self.fenced_clients.referrals
         )
         self.sessions.forwards_settled = partial(
             self.forwarding.settle,
@@ -650,9 +656,8 @@ class ClusterNode:
         self.forwarding.retry()
         self.fenced_clients.view_changed()
 
-    def _move_clients(self, why: str) -> None:
-        """Fenced (``why``): send every MQTT client to a live member, spread over them."""
-        references = self.view.elsewhere()
+    def _move_clients(self, why: str, references: list[str]) -> None:
+        """Fenced (``why``): send every MQTT client to the members at ``references``, spread over them."""
         moved = self.broker.send_clients_elsewhere(references, "this broker lost its cluster membership")
         log.warning(
             "fenced (%s): disconnected %d clients%s",

@@ -52,10 +52,6 @@ class ClusterView:
             return None
         return self.members.get(state.leader)
 
-    def elsewhere(self) -> list[str]:
-        """The MQTT addresses (``host:port``) of the live members other than this node, by node id."""
-        return [member.mqtt for node, member in sorted(self.members.items()) if node != self.node_id]
-
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change of members, states or fencing."""
         self._listeners.append(listener)

@@ -141,12 +141,13 @@ class ClusterSessions:
         view: ClusterView,
         links: PeerLinks,
         cluster: ClusterConfig,
-        sends_clients_away: Callable[[], bool],
+        referrals: Callable[[], list[str] | None],
     ) -> None:
         self.broker = broker
-        self.sends_clients_away = sends_clients_away
-        """Whether this node, fenced after it was a member, sends its clients to another member now
-        (``broker_edge.cluster.fenced_clients``)."""
+        self.referrals = referrals
+        """Where this node, fenced after it was a member, sends a CONNECT now: None while it does not send
+        clients away, else the members that answered they are members (``broker_edge.cluster.fenced_clients``:
+        empty, the CONNECT is refused server unavailable)."""
         self._turn = 0
         self.registry = registry
         self.view = view
@@ -186,8 +187,8 @@ class ClusterSessions:
     def claim(self, claim: SessionClaim, done: ClaimDone) -> None:
         """Claim ``claim.client_id`` for a CONNECT on this node; ``done(refusal, server_reference)`` on the
         loop, refusal None when the standalone CONNECT handling may go on (the session, if it was
-        elsewhere, is now in the router); ``use_another_server`` names a live member to an MQTT 5 client,
-        in turn (a 3.1.1 client, which cannot be told one, takes no turn)."""
+        elsewhere, is now in the router); ``use_another_server`` names a member that answered it is a member
+        now to an MQTT 5 client, in turn (a 3.1.1 client, which cannot be told one, takes no turn)."""
         task = self.tasks.spawn(self._claim_or_refuse(claim), f"claiming session {claim.client_id}")
 
         def finished(task: asyncio.Task[str | None]) -> None:
@@ -195,7 +196,7 @@ class ClusterSessions:
             refusal = "session_unavailable" if failed else task.result()
             reference = None
             if refusal == "use_another_server":
-                elsewhere = self.view.elsewhere()
+                elsewhere = self.referrals()
                 if not elsewhere:
                     refusal = "session_unavailable"  # the other members left meanwhile
                 elif claim.takes_reference:
@@ -297,14 +298,15 @@ class ClusterSessions:
         """None once this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become
         one (a broker starting up registers within moments of opening its listeners; a fence of a moment
         lifts), else the refusal: ``session_unavailable``, or ``use_another_server`` as soon as this node,
-        fenced after it was a member, sends its clients away while another member is alive, to send the
-        client there."""
+        fenced after it was a member, sends its clients away and another member answered that it is one, to
+        send the client there (``session_unavailable`` at once when none did)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handover_timeout_s
         while self.view.fenced:
-            if self.sends_clients_away() and self.view.elsewhere():
+            referrals = self.referrals()
+            if referrals:
                 return "use_another_server"
-            if loop.time() >= deadline or self.closed:
+            if referrals is not None or loop.time() >= deadline or self.closed:
                 return "session_unavailable"
             await asyncio.sleep(0.05)
         return None

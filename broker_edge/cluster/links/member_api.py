@@ -15,8 +15,11 @@ three consequences that a shared port with optional client certificates would no
 
 Every request is admitted by ``member_authenticator``: the certificate's node id (``member_identity``) must
 be a current member (this node's view of etcd's members) and the node the request claims must be that
-one; else 403 and the connection is closed. Handlers check what the request claims in its body (a replica
-fetch's replica) against the admitted node: a member acts only as itself.
+one; else 403 and the connection is closed. ``GET /v1/cluster`` alone also admits a node that proves its
+node id but is no member now: a member fenced off etcd, whose lease has ended meanwhile, asks it whether
+this node is a member before it sends its clients here (``fenced_clients``). Handlers check what the
+request claims in its body (a replica fetch's replica) against the admitted node: a member acts only as
+itself.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from broker_edge.cluster.cluster_info import CLUSTER_PATH
 from broker_edge.cluster.links.member_clients import NODE_HEADER
 from broker_edge.cluster.links.member_identity import node_of_certificate
 from broker_edge.http.lazy_endpoint import listening_socket
@@ -66,11 +70,16 @@ def member_authenticator(view: ClusterView, tls: MemberTls | None) -> Callable[[
             raise refuse(f"a member names itself in {NODE_HEADER}")
         else:
             node = claimed
-        if node != view.node_id and node not in view.members:
+        if node != view.node_id and node not in view.members and not _asks_who_is_member(request):
             raise refuse(f"{node} is not a member of the cluster now")
         return member_access(node)
 
     return authenticate
+
+
+def _asks_who_is_member(request: web.Request) -> bool:
+    """Whether ``request`` only reads this node's picture of the cluster (``GET /v1/cluster``)."""
+    return request.method == "GET" and request.path == CLUSTER_PATH
 
 
 def bind_members_endpoint(host: str, port: int) -> socket.socket:

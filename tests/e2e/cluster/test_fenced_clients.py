@@ -98,3 +98,28 @@ def test_a_member_cut_off_from_etcd_sends_its_clients_away_once_the_hold_is_over
         proxy.close()
         for broker in brokers.values():
             broker.stop()
+
+
+def test_members_all_fenced_point_no_client_at_each_other_and_refuse_connects_server_unavailable(
+    cluster_brokers: Callable[..., BrokerProcess], private_etcd: EtcdTarget
+) -> None:
+    """etcd out of reach for every member: no member can know another is healthy, so none sends its clients
+    to another (they would bounce between fenced members, reconnecting without end). Clients stay; a new
+    CONNECT is refused server unavailable (v5 CONNACK 0x88 without a Server Reference, 3.1.1 return code 3),
+    and the device backs off."""
+    brokers = {node: cluster_brokers(node, target=private_etcd, fenced_clients_hold_ms=2000) for node in "ab"}
+    wait_settled(private_etcd, {"a", "b"}, 2)
+    held = RawClient(brokers["a"].port, version=5)
+    assert held.connect("held-v5", keep_alive=0).reason_code == 0
+
+    private_etcd.server.kill()
+    wait_until(lambda: all(logged(b, FENCED) for b in brokers.values()), 15, "every member fenced")
+    time.sleep(2.0 + 1.0)  # the hold (each member fenced within a renewal of the other), and the asking
+    held.recv_none(0.5)  # not pointed at b, as fenced as a
+    for node, broker in brokers.items():
+        v5 = RawClient(broker.port, version=5)
+        connack = v5.connect(f"new-v5-{node}", keep_alive=0)
+        assert connack.reason_code == 0x88, connack  # server unavailable
+        assert connack.properties is None or connack.properties.server_reference is None
+        v3 = RawClient(broker.port, version=4)
+        assert v3.connect(f"new-v3-{node}", keep_alive=0).reason_code == 3

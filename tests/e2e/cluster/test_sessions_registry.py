@@ -111,7 +111,7 @@ def member_b(
     )
     cluster = SimpleNamespace(node_id="b", session_save_interval_ms=1000, session_handover_timeout_ms=5000)
     return ClusterSessions(
-        cast(Any, broker), registry, view, cast(Any, links), cast(Any, cluster), lambda: False
+        cast(Any, broker), registry, view, cast(Any, links), cast(Any, cluster), lambda: None
     )
 
 

@@ -1,7 +1,8 @@
 """When a fenced member sends its MQTT clients away (``FencedClients``): after ``fenced_clients_hold_ms``
 while its lease may still be alive, at once when etcd says it is gone, never for a fence that lifts within
-the hold, and never while it was not a member yet. The member's lease state is a plain record here; the
-e2e tests (``tests/e2e/cluster/test_fenced_clients.py``, ``test_failover.py``) run it on a real etcd."""
+the hold, never while it was not a member yet, and only to members that answer they are members now. The
+member's lease state and the others' answers are plain records here; the e2e tests
+(``tests/e2e/cluster/test_fenced_clients.py``, ``test_failover.py``) run it on a real etcd."""
 
 from __future__ import annotations
 
@@ -15,13 +16,25 @@ from broker_edge.cluster.view import ClusterView
 HOLD_S = 0.2
 
 
-def member(hold_s: float = HOLD_S) -> tuple[ClusterView, SimpleNamespace, FencedClients, list[str]]:
-    """A member registered under lease 7, unfenced, following its view; ``moves`` lists each move's why."""
+def member(
+    hold_s: float = HOLD_S, answering: list[str] | None = None
+) -> tuple[ClusterView, SimpleNamespace, FencedClients, list[str]]:
+    """A member registered under lease 7, unfenced, following its view; ``moves`` lists each move's why.
+    ``answering``: the members that answer they are members now (b2 by default; change it in place)."""
     view = ClusterView("b1", 4)
     view.fenced = False
     lease = SimpleNamespace(proven_until=10.0, lease_id=7)
     moves: list[str] = []
-    fenced = FencedClients(view, cast(Any, lease), hold_s, moves.append)
+    others = ["b2:1883"] if answering is None else answering
+
+    async def ask() -> list[str]:
+        return list(others)
+
+    def move(why: str, referrals: list[str]) -> None:
+        assert referrals == others
+        moves.append(why)
+
+    fenced = FencedClients(view, cast(Any, lease), hold_s, move, ask)
     view.on_change(fenced.view_changed)
     return view, lease, fenced, moves
 
@@ -70,6 +83,7 @@ def test_a_lease_etcd_says_is_gone_sends_the_clients_away_at_once() -> None:
         lease.lease_id = None  # etcd answers: the lease is gone (Membership._lose_lease)
         view.changed()
         assert fenced.sends_clients_away()
+        await asyncio.sleep(0)  # the others asked
         return moves
 
     moves = asyncio.run(scenario())
@@ -100,3 +114,25 @@ def test_a_hold_of_0_moves_at_the_fence_and_a_closed_one_never() -> None:
 
     at_once, never = asyncio.run(scenario())
     assert len(at_once) == 1 and never == []
+
+
+def test_no_client_is_sent_to_members_that_do_not_answer_they_are_members() -> None:
+    """etcd out of reach for all: the others are as fenced as this one. Clients stay, CONNECTs are refused
+    (``referrals()`` empty) until one answers that it is a member, then the clients move there."""
+
+    async def scenario() -> tuple[list[str], list[str] | None, list[str] | None]:
+        answering: list[str] = []
+        view, _lease, fenced, moves = member(answering=answering)
+        fence(view)
+        assert fenced.referrals() is None  # held: a CONNECT waits
+        await asyncio.sleep(HOLD_S * 2)
+        kept, refused = list(moves), fenced.referrals()
+        answering.append("b2:1883")  # b2 proved its lease again; b1 is still cut off
+        await asyncio.sleep(1.5)  # ASK_EVERY_S
+        referred = fenced.referrals()
+        fenced.close()
+        return kept + moves, refused, referred
+
+    moves, refused, referred = asyncio.run(scenario())
+    assert refused == [] and referred == ["b2:1883"]
+    assert len(moves) == 1 and "fenced_clients_hold_ms" in moves[0]

@@ -1,10 +1,12 @@
-"""A fenced member sends CONNECTs elsewhere (``ClusterSessions.claim``): MQTT 5 clients to the live members
-in turn, each named in the CONNACK 0x9C's Server Reference; a 3.1.1 client, which cannot be told where,
-takes no turn."""
+"""A fenced member sends CONNECTs elsewhere (``ClusterSessions.claim``): MQTT 5 clients to the members that
+answered they are members now, in turn, each named in the CONNACK 0x9C's Server Reference; a 3.1.1 client,
+which cannot be told where, takes no turn. With none answering so, every CONNECT is refused server
+unavailable at once."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -21,8 +23,9 @@ class NoLinks:
         pass
 
 
-def fenced_member() -> ClusterSessions:
-    """Member ``b1`` of three, fenced after it was a member (its lease lapsed): every claim is refused."""
+def fenced_member(referrals: list[str] | None = None) -> ClusterSessions:
+    """Member ``b1`` of three, fenced after it was a member (its lease lapsed): every claim is refused;
+    ``referrals``: the members that answered they are members (b2 and b3 by default)."""
     view = ClusterView("b1", 4)
     for node in ("b1", "b2", "b3"):
         view.members[node] = Member(
@@ -30,8 +33,9 @@ def fenced_member() -> ClusterSessions:
         )
     view.fenced = True
     cluster = SimpleNamespace(node_id="b1", session_save_interval_ms=1000, session_handover_timeout_ms=5000)
+    answered = ["127.0.0.1:1882", "127.0.0.1:1883"] if referrals is None else referrals
     return ClusterSessions(
-        cast(Any, None), cast(Any, None), view, cast(Any, NoLinks()), cast(Any, cluster), lambda: True
+        cast(Any, None), cast(Any, None), view, cast(Any, NoLinks()), cast(Any, cluster), lambda: answered
     )
 
 
@@ -55,10 +59,11 @@ def test_mqtt_5_clients_are_sent_to_the_live_members_in_turn_and_a_3_1_1_client_
     assert {first[1], second[1]} == {"127.0.0.1:1882", "127.0.0.1:1883"}, "one to each live member"
 
 
-def test_with_no_live_member_left_the_claim_is_refused_as_unavailable():
-    sessions = fenced_member()
-    for node in ("b2", "b3"):
-        del sessions.view.members[node]
-    sessions.handover_timeout_s = 0.1
+def test_with_no_member_answering_that_it_is_one_the_claim_is_refused_as_unavailable_at_once():
+    """The others are as fenced as this one (etcd out of reach for all): no Server Reference to them, where
+    the device would be refused again and sent on."""
+    sessions = fenced_member(referrals=[])
+    started = time.monotonic()
     assert claim(sessions, "v5", v5=True) == ("session_unavailable", None)
+    assert time.monotonic() - started < 1.0  # not after session_handover_timeout_ms (5 s)
     assert claim(sessions, "v3", v5=False) == ("session_unavailable", None)
