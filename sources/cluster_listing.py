@@ -16,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 
 from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
-from broker_edge.offsets_api.errors import AuthError
+from broker_edge.offsets_api.errors import AuthError, TlsRefused
 
 from .cluster_plan import TopicRoute, route_topics
 from .offsets_planner import LogExtent
@@ -54,7 +54,7 @@ class ClusterLister:
                 return self.discovery.discover()
             except ClusterUnreachableError as error:
                 failure = error
-            except AuthError as error:
+            except (AuthError, TlsRefused) as error:
                 url = ",".join(self.discovery.candidates())
                 raise BrokerAuthError(self.cluster, url, error, settings.token_option) from error
         raise BrokerUnreachableError(

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
-from broker_edge.offsets_api.errors import AuthError
+from broker_edge.offsets_api.errors import AuthError, TlsRefused
 
 from .cluster_plan import readers_for
 from .offsets_planner import Slice
@@ -151,7 +151,7 @@ class _Router:
             self.layout = self.discovery.discover(avoid=dead_urls)
         except ClusterUnreachableError as error:
             log.warning("timestone source: cluster %r: %s", self.cluster.cluster, error)
-        except AuthError as error:
+        except (AuthError, TlsRefused) as error:
             urls = ",".join(self.discovery.candidates(dead_urls))
             raise BrokerAuthError(self.cluster.cluster, urls, error, settings.token_option) from error
         self.down.clear()  # a new round: every member the layout lists gets another chance

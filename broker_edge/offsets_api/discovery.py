@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker_edge.offsets_api.client import OffsetsClient
-from broker_edge.offsets_api.errors import AuthError, BrokerUnavailable, OffsetsApiError
+from broker_edge.offsets_api.errors import AuthError, BrokerUnavailable, OffsetsApiError, TlsRefused
 from broker_edge.placement import Member, PartitionState, partition_of
 from broker_edge.security.client_tls import ClientTls, context_for
 
@@ -109,7 +109,9 @@ class ClusterDiscovery:
 
     A member that does not answer within ``timeout_s`` (or refuses the connection) is skipped at once: the
     next one is asked. An answer from a fenced member is used only when no unfenced member answers. A
-    refused token is raised at once (every member shares the cluster's token, so asking on is pointless).
+    refused token is raised at once (every member shares the cluster's token, so asking on is pointless);
+    so is a TLS failure no retry mends (``TlsRefused``: a member refusing this client's certificate, or one
+    whose certificate is not trusted) when no member answered, rather than a cluster that seems down.
     """
 
     def __init__(
@@ -167,4 +169,7 @@ class ClusterDiscovery:
         if stale is not None:
             self.layout = stale
             return stale
+        refused = next((error for _url, error in failures if isinstance(error, TlsRefused)), None)
+        if refused is not None:
+            raise refused
         raise ClusterUnreachableError(failures)

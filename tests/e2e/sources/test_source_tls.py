@@ -125,3 +125,39 @@ def test_a_broker_refusing_the_readers_certificate_fails_the_query_naming_the_al
     text = str(failed.value)
     assert f"broker 'edge' ({url}) TLS failed" in text and "see the options caFile, certFile, keyFile" in text
     assert "TLSV13_ALERT_CERTIFICATE_REQUIRED" in text
+
+
+def test_a_cluster_whose_members_refuse_the_readers_certificate_fails_the_query_naming_the_alert(
+    secured: tuple[RunningBroker, str], pki: LocalPki, timestone_spark: SparkSession, tmp_path: Path
+) -> None:
+    """``bootstrapServers`` naming a member that refuses the reader at the TLS handshake (no ``certFile``):
+    the query fails naming the cluster, the alert and the options, where the member was one that did not
+    answer and the cluster was taken for down (an ``availableNow`` run ended reading nothing)."""
+    _broker, url = secured
+    rows: list = []
+    source = (
+        timestone_spark.readStream.format("timestone")
+        .option("bootstrapServers", url)
+        .option("clusterName", "plant")
+        .option("topics", "plant/#")
+        .option("startingOffsets", "earliest")
+        .option("authToken", TOKEN)
+        .option("caFile", str(pki.ca.cert))
+        .option("fetchRetries", "0")
+        .load()
+    )
+    writer = source.writeStream.foreachBatch(lambda frame, _id: rows.extend(frame.collect()))
+    query = (
+        writer.option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start()
+    )
+    try:
+        with pytest.raises(StreamingQueryException) as failed:
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+
+    text = str(failed.value)
+    assert (
+        f"broker 'plant' ({url}) TLS failed" in text and "see the options caFile, certFile, keyFile" in text
+    )
+    assert "TLSV13_ALERT_CERTIFICATE_REQUIRED" in text and rows == []
