@@ -13,9 +13,12 @@ A fenced member's picture of the others is as old as its fence: etcd out of reac
 them all, and a member sending its clients to another would send them to one as fenced as itself, from
 which they would bounce on. So once it is time to send them away, it asks each other member, on the
 members' endpoint (``GET /v1/cluster``), whether it is a member now (not fenced), and sends clients only to
-those that answer so (``members_now``), asking again every ``ASK_EVERY_S`` while it stays fenced. While none
-does, its clients stay connected (it acknowledges nothing meanwhile) and a CONNECT is refused server
-unavailable (v5 CONNACK 0x88, 3.1.1 return code 3), so that the device backs off.
+those that answer so (``members_now``), asking again every ``ASK_EVERY_S`` while it stays fenced. While
+others answer but none is a member (all fenced), its clients stay connected (it acknowledges nothing
+meanwhile) and a CONNECT is refused server unavailable (v5 CONNACK 0x88, 3.1.1 return code 3), so that the
+device backs off. When no other member answers at all, this member cannot tell whether it is the one cut
+off (the others healthy out of its reach) or the last one standing: it names nobody, but disconnects its
+clients (v5 DISCONNECT 0x8B) so that each finds a member by itself.
 
 A CONNECT reaching a fenced member follows the same rule (``ClusterSessions``): it waits while the fence
 may still lift and is sent to a member that answered it is one (``referrals``) once this member sends its
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.view import ClusterView
     from broker_edge.placement import Member
 
-__all__ = ["ASK_EVERY_S", "FencedClients", "members_now"]
+__all__ = ["ASK_EVERY_S", "Answers", "FencedClients", "members_now"]
 
 log = logging.getLogger("broker_edge.cluster.fenced_clients")
 
@@ -47,16 +50,22 @@ ASK_TIMEOUT_S = 1.0
 """How long a fenced member waits for another member's answer before taking it for no member."""
 
 
-async def members_now(view: ClusterView, clients: MemberClients) -> list[str]:
+Answers = tuple[list[str], bool]
+"""What the others answered: the MQTT addresses of those that are members now, and whether any answered."""
+
+
+async def members_now(view: ClusterView, clients: MemberClients) -> Answers:
     """The MQTT addresses (``host:port``) of the other members in ``view`` that answer, on their members'
-    endpoint, that they are members now (not fenced), by node id; the others (fenced, out of reach, slow,
-    of an earlier version without ``/v1/cluster`` there) are left out."""
+    endpoint, that they are members now (not fenced), by node id, the others (fenced, out of reach, slow,
+    of an earlier version without ``/v1/cluster`` there) left out; and whether any other member answered."""
     others = [m for node, m in sorted(view.members.items()) if node != view.node_id and m.peer]
     answers = await asyncio.gather(*(_is_member(member, clients) for member in others))
-    return [member.mqtt for member, yes in zip(others, answers, strict=True) if yes]
+    members = [member.mqtt for member, said in zip(others, answers, strict=True) if said]
+    return members, any(said is not None for said in answers)
 
 
-async def _is_member(member: Member, clients: MemberClients) -> bool:
+async def _is_member(member: Member, clients: MemberClients) -> bool | None:
+    """Whether ``member`` says it is a member now; None when it does not answer."""
     import aiohttp
 
     assert member.peer is not None
@@ -66,7 +75,7 @@ async def _is_member(member: Member, clients: MemberClients) -> bool:
         async with clients.session(member.node_id).get(url, timeout=timeout) as answer:
             document = await answer.json() if answer.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, ValueError):
-        return False
+        return None
     return (
         isinstance(document, dict)
         and document.get("node_id") == member.node_id
@@ -76,7 +85,8 @@ async def _is_member(member: Member, clients: MemberClients) -> bool:
 
 class FencedClients:
     """Decides when this fenced member sends its clients away, and does it once per fence
-    (``move(why, referrals)``), to the members ``ask()`` found to be members now.
+    (``move(why, referrals)``), to the members ``ask()`` found to be members now (none: when no other
+    member answered at all).
 
     ``membership`` is None on a member whose view is given (no etcd): a fence there is taken as final."""
 
@@ -86,7 +96,7 @@ class FencedClients:
         membership: Membership | None,
         hold_s: float,
         move: Callable[[str, list[str]], None],
-        ask: Callable[[], Awaitable[list[str]]],
+        ask: Callable[[], Awaitable[Answers]],
     ) -> None:
         self.view = view
         self.membership = membership
@@ -151,8 +161,9 @@ class FencedClients:
         clients to those that are, once."""
         told = False
         while True:
-            self._referrals = referrals = await self.ask()
-            if referrals and not self._moved:
+            referrals, heard = await self.ask()
+            self._referrals = referrals
+            if (referrals or not heard) and not self._moved:
                 self._moved = True
                 self.move(why, referrals)
             elif not referrals and not self._moved and not told:

@@ -657,11 +657,14 @@ class ClusterNode:
         self.fenced_clients.view_changed()
 
     def _move_clients(self, why: str, references: list[str]) -> None:
-        """Fenced (``why``): send every MQTT client to the members at ``references``, spread over them."""
+        """Fenced (``why``): send every MQTT client to the members at ``references``, spread over them (none:
+        no other member answered; the clients are disconnected, each finds a member by itself)."""
         moved = self.broker.send_clients_elsewhere(references, "this broker lost its cluster membership")
         log.warning(
             "fenced (%s): disconnected %d clients%s",
             why,
             moved,
-            f", pointing v5 clients at {', '.join(references)}" if references else "",
+            f", pointing v5 clients at {', '.join(references)}"
+            if references
+            else " (no other member answered: none named)",
         )

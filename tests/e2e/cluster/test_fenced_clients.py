@@ -5,6 +5,7 @@ reconnecting for an etcd restart. Real broker processes, a real etcd, paho clien
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from functools import partial
@@ -123,3 +124,37 @@ def test_members_all_fenced_point_no_client_at_each_other_and_refuse_connects_se
         assert connack.properties is None or connack.properties.server_reference is None
         v3 = RawClient(broker.port, version=4)
         assert v3.connect(f"new-v3-{node}", keep_alive=0).reason_code == 3
+
+
+def test_a_fenced_member_that_hears_from_no_other_member_disconnects_its_clients_0x8b(
+    tmp_path: Path, etcd: EtcdTarget
+) -> None:
+    """``b`` cut off from etcd, ``a`` frozen (SIGSTOP): ``b`` hears from no member, so it cannot tell whether
+    it is the one cut off (the others healthy, out of its reach) or the last one standing. It names nobody
+    (no Server Reference to a member it could not ask) but does not keep its clients either: MQTT 5 ones get
+    DISCONNECT 0x8B (server shutting down), 3.1.1 ones are disconnected, and each finds a member by itself."""
+    proxy = EtcdProxy(etcd.url)
+    brokers: dict[str, BrokerProcess] = {}
+    try:
+        for node in "ab":
+            section = {"etcd": [proxy.url] if node == "b" else [etcd.url], "fenced_clients_hold_ms": 500}
+            brokers[node] = started(partial(cluster_broker, tmp_path, etcd, node, section))
+        wait_settled(etcd, {"a", "b"}, 2)
+        v5 = RawClient(brokers["b"].port, version=5)
+        assert v5.connect("on-b-v5", keep_alive=0).reason_code == 0
+        v3 = PahoClient(brokers["b"].port, "on-b-v3", version=4)
+
+        assert brokers["a"].process is not None
+        brokers["a"].process.send_signal(signal.SIGSTOP)
+        proxy.cut()
+        wait_until(lambda: logged(brokers["b"], FENCED) == 1, 15, "b fenced")
+        gone = v5.recv(timeout=10)
+        assert isinstance(gone, Disconnect) and gone.reason_code == 0x8B, gone
+        assert gone.properties is None or gone.properties.server_reference is None
+        assert v3.disconnects.get(timeout=5) is not None
+    finally:
+        proxy.close()
+        for broker in brokers.values():
+            if broker.process is not None:
+                broker.process.send_signal(signal.SIGCONT)
+            broker.stop()

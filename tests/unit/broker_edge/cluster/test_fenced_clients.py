@@ -27,8 +27,8 @@ def member(
     moves: list[str] = []
     others = ["b2:1883"] if answering is None else answering
 
-    async def ask() -> list[str]:
-        return list(others)
+    async def ask() -> tuple[list[str], bool]:
+        return list(others), True  # the others answer (members now or fenced)
 
     def move(why: str, referrals: list[str]) -> None:
         assert referrals == others
@@ -136,3 +136,27 @@ def test_no_client_is_sent_to_members_that_do_not_answer_they_are_members() -> N
     moves, refused, referred = asyncio.run(scenario())
     assert refused == [] and referred == ["b2:1883"]
     assert len(moves) == 1 and "fenced_clients_hold_ms" in moves[0]
+
+
+def test_with_no_other_member_answering_the_clients_are_disconnected_naming_nobody() -> None:
+    """Cut off from every member (or the last one standing): nobody to name, but the clients leave."""
+
+    async def scenario() -> list[tuple[str, list[str]]]:
+        view = ClusterView("b1", 4)
+        view.fenced = False
+        lease = SimpleNamespace(proven_until=10.0, lease_id=7)
+        moves: list[tuple[str, list[str]]] = []
+
+        async def ask() -> tuple[list[str], bool]:
+            return [], False
+
+        fenced = FencedClients(view, cast(Any, lease), 0, lambda why, to: moves.append((why, to)), ask)
+        view.on_change(fenced.view_changed)
+        fence(view)
+        await asyncio.sleep(0.05)
+        assert fenced.referrals() == []  # CONNECTs refused server unavailable
+        fenced.close()
+        return moves
+
+    moves = asyncio.run(scenario())
+    assert len(moves) == 1 and moves[0][1] == []
