@@ -150,6 +150,17 @@ def _tls_failure(host: str, port: int, error: ssl.SSLError) -> str:
     return f"{host}:{port}: {what}: {error} (see --cafile, --certfile, --keyfile)"
 
 
+def _unreachable(host: str, port: int, error: OSError, tls: ssl.SSLContext | None) -> str:
+    """Why the broker could not be reached; over TLS, a connection reset in the handshake (asyncio's error
+    says nothing) is most often a plain MQTT listener closing it on the ClientHello."""
+    if tls is not None and isinstance(error, ConnectionResetError) and not str(error):
+        return (
+            f"{host}:{port}: TLS failed: the connection closed during the TLS handshake (a plain MQTT "
+            "listener? it is reached without --tls, --cafile, --certfile)"
+        )
+    return f"cannot reach {host}:{port}: {error}"
+
+
 async def _run(args: argparse.Namespace) -> int:
     host, port = args.broker
     try:
@@ -172,7 +183,7 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"timestone sparkplug-host: {_tls_failure(host, port, error)}", file=sys.stderr)
         return 1
     except OSError as error:
-        print(f"timestone sparkplug-host: cannot reach {host}:{port}: {error}", file=sys.stderr)
+        print(f"timestone sparkplug-host: {_unreachable(host, port, error, tls_of(args))}", file=sys.stderr)
         return 1
     print(f"Sparkplug B host {args.host_id} online on {host}:{port} ({sparkplug.topic})", flush=True)
     if not await sparkplug.run(stop):

@@ -577,3 +577,17 @@ def test_a_tls_listener_refusing_the_hosts_certificate_is_said_so_with_its_alert
             "(see --cafile, --certfile, --keyfile)"
         ]
         assert "Traceback" not in err and "never retrieved" not in err
+
+
+def test_tls_to_a_plain_listener_says_the_handshake_was_cut_and_how_to_connect_plainly(broker, capsys):
+    """``--tls`` towards a plain MQTT listener: the broker closes the connection on the ClientHello, and the
+    command said only 'cannot reach HOST:PORT: ' (asyncio's ConnectionResetError has no text); it says the
+    connection closed in the TLS handshake and that a plain listener is reached without the TLS options."""
+    address = f"127.0.0.1:{broker.port}"
+    assert main(["sparkplug-host", "--broker", address, "--tls"]) == 1
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("timestone sparkplug-host:")]
+    assert said == [
+        f"timestone sparkplug-host: {address}: TLS failed: the connection closed during the TLS handshake "
+        "(a plain MQTT listener? it is reached without --tls, --cafile, --certfile)"
+    ]
