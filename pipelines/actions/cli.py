@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 import time
 from datetime import UTC, datetime
@@ -309,19 +310,29 @@ def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:
         )
         return INVALID
     if args.action_id is None:
-        job = describe_job(read_heartbeat(root), _now_ms(), root)
+        job = describe_job(read_heartbeat(root), _now_ms(), root, _start_job(args))
         statuses = read_statuses(store)
         print(describe_list(statuses, job) if statuses else f"no actions yet\n{job}")
         return 0
     if not args.watch:
         status, now = _one(store, args.action_id, args.show), _now_ms()
-        print(describe(status, describe_job(read_heartbeat(root), now, root), now))
+        print(describe(status, describe_job(read_heartbeat(root), now, root, _start_job(args)), now))
         return 0
     try:
-        return _watch(store, args.action_id, args.show, args.interval, root)
+        return _watch(store, args, root)
     except KeyboardInterrupt:
         print()
         return INTERRUPTED
+
+
+def _start_job(args: argparse.Namespace) -> str:
+    """The command that starts an actions job on the tables (and config) this command read."""
+    words = ["timestone", "pipeline", "actions"]
+    if args.config:
+        words += ["--config", args.config]
+    if args.tables_root:
+        words += ["--set", f"tables_root={args.tables_root}"]
+    return shlex.join(words)
 
 
 def _one(store: TableStore, action_id: str, show: int) -> ActionStatus:
@@ -331,15 +342,17 @@ def _one(store: TableStore, action_id: str, show: int) -> ActionStatus:
     return statuses[0]
 
 
-def _watch(store: TableStore, action_id: str, show: int, interval_s: float, root: str) -> int:
+def _watch(store: TableStore, args: argparse.Namespace, root: str) -> int:
     """Print the action whenever it changes (or the job starts or stops) until it ends."""
+    action_id, show, interval_s = args.action_id, args.show, args.interval
     shown = None
     while True:
         status, beat, now = _one(store, action_id, show), read_heartbeat(root), _now_ms()
         seen = (describe(status, "", now), beat is not None and beat.running(now))
         if seen != shown:
             stamp = time.strftime("%H:%M:%S", time.gmtime(now / 1000))
-            print(f"-- {stamp} UTC\n{describe(status, describe_job(beat, now, root), now)}\n", flush=True)
+            job = describe_job(beat, now, root, _start_job(args))
+            print(f"-- {stamp} UTC\n{describe(status, job, now)}\n", flush=True)
             shown = seen
         if status.ended:
             return 0

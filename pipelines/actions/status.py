@@ -123,21 +123,18 @@ def _ago(ms: int, now_ms: int) -> str:
     return f"{seconds // 3600} h ago"
 
 
-def describe_job(beat: Heartbeat | None, now_ms: int, tables_root: str) -> str:
-    """Whether an actions job is running against these tables, from its heartbeat."""
+def describe_job(
+    beat: Heartbeat | None, now_ms: int, tables_root: str, start: str = "timestone pipeline actions"
+) -> str:
+    """Whether an actions job is running against these tables, from its heartbeat (``start``: the command
+    that starts one on them)."""
     if beat is None:
-        return (
-            f"actions job: no actions job has run against {tables_root} "
-            "(start one: timestone pipeline actions)"
-        )
+        return f"actions job: no actions job has run against {tables_root} (start one: {start})"
     where = f"on {beat.host} (pid {beat.pid})"
     if beat.running(now_ms):
         return f"actions job: running {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)}"
     how = "stopped" if beat.stopped else f"not running (no heartbeat for over {STALE_AFTER_S:.0f} s)"
-    return (
-        f"actions job: {how} {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)} "
-        "(start one: timestone pipeline actions)"
-    )
+    return f"actions job: {how} {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)} (start one: {start})"
 
 
 def _target(row: dict) -> str:

@@ -400,3 +400,24 @@ def test_a_list_of_tens_of_thousands_of_devices_is_written_from_a_file(tmp_path,
         err = capsys.readouterr().err
         assert err.startswith("timestone ota create: --devices-from-file") and why in err, err
     assert len(actions(root)) == 1
+
+
+def test_the_job_status_suggests_starting_it_on_the_tables_and_config_status_read(tmp_path, capsys):
+    """``ota status --tables-root DIR`` (as the demo prints it) said '(start one: timestone pipeline
+    actions)', a job that reads conf/actions.yaml's tables_root, not DIR: the job it suggests now reads the
+    tables (and the config) status read; without either option it is the plain command."""
+    root = str(tmp_path / "demo tables")
+    config = tmp_path / "actions.yaml"
+    config.write_text(f"tables_root: {tmp_path / 'elsewhere'}\n")
+    assert ota(root, "status") == 0
+    out = capsys.readouterr().out
+    assert f"(start one: timestone pipeline actions --set 'tables_root={root}')" in out
+
+    assert main(["ota", "status", "--config", str(config)]) == 0
+    assert f"(start one: timestone pipeline actions --config {config})" in capsys.readouterr().out
+
+    now = int(time.time() * 1000)
+    write_heartbeat(root, Heartbeat("edge-host", 4242, now - 3_600_000, now - 120_000, stopped=True))
+    assert ota(root, "status") == 0
+    out = capsys.readouterr().out
+    assert f"(start one: timestone pipeline actions --set 'tables_root={root}')" in out
