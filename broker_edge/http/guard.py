@@ -8,12 +8,14 @@ guard:
   that has not authenticated (``mark_authenticated``: a request of it carried valid credentials), which is
   closed; when every open connection has authenticated or is busy, the kept-alive connection that has
   waited the longest for its next request is closed instead (as nginx does with its idle keep-alive
-  connections), and only when every one is handling a request (or receiving one) is the new one answered
-  503 (a JSON error) and closed. So strangers holding connections open cannot keep readers out: they only
-  push each other out, and readers idle between requests make room for a reader with one to send. (A
-  member of a cluster has its own endpoint, which strangers cannot even finish a TLS handshake with.) With
-  TLS, at most ``max_connections`` handshakes are in progress besides: a socket accepted beyond them is
-  closed at once and counted as refused, so silent sockets hold no more.
+  connections), else the request that has waited the longest in ``waiting`` (a long poll) answers at once
+  with what it has and its connection is closed after it; only when every one is handling a request (or
+  receiving one) that is not waiting is the new one answered 503 (a JSON error) and closed. So strangers
+  holding connections open cannot keep readers out: they only push each other out; and readers idle
+  between requests, or many long polls of one reader, make room for a reader with a request to send. (A
+  member of a cluster has its own endpoint, which strangers cannot even finish a TLS handshake with.)
+  With TLS, at most ``max_connections`` handshakes are in progress besides: a socket accepted beyond them
+  is closed at once and counted as refused, so silent sockets hold no more.
 - **Time.** A connection must deliver each request's headers within ``request_timeout_s`` of its first
   byte (or of the connection opening), and a TLS client its handshake, or it is closed; an idle kept-alive
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
@@ -45,7 +47,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -67,6 +69,7 @@ __all__ = [
     "read_body",
     "settle",
     "start_guarded_site",
+    "waiting",
     "watch_bytes",
 ]
 
@@ -116,9 +119,13 @@ class _Guard:
         if len(self.open) - self.closing < self.max_connections:
             return True
         idle = self._stranger() or self._longest_idle()
-        if idle is None:
-            return False
-        idle.push_out()
+        if idle is not None:
+            idle.push_out()
+        else:
+            waiting = self._longest_waiting()
+            if waiting is None:
+                return False
+            waiting.give_way()
         self.pushed_out += 1
         return True
 
@@ -135,6 +142,11 @@ class _Guard:
         idle = [p for p in self.open.values() if p.idle_since is not None and not p.busy and not p.closing]
         return min(idle, key=lambda protocol: protocol.idle_since or 0.0, default=None)
 
+    def _longest_waiting(self) -> _GuardedProtocol | None:
+        """The connection whose request has waited the longest for something to answer (``waiting``)."""
+        waits = [p for p in self.open.values() if p.waiting is not None and not p.closing]
+        return min(waits, key=lambda protocol: protocol.waiting_since, default=None)
+
 
 class _GuardedProtocol(asyncio.Protocol):
     """aiohttp's request handler behind a timer: closed when a request does not arrive in time."""
@@ -145,10 +157,14 @@ class _GuardedProtocol(asyncio.Protocol):
         self.transport: Any = None
         self.busy = False
         self.authenticated = False
-        """A request on this connection carried valid credentials: it is never pushed out for a newcomer."""
+        """A request on this connection carried valid credentials: it makes room for a newcomer only once no
+        connection that never authenticated can."""
         self.closing = False
         self.idle_since: float | None = None
         """When its last answer was sent, while no byte of a next request has arrived (None otherwise)."""
+        self.waiting: asyncio.Event | None = None
+        """Set to have its request, which only waits (``waiting``), answer now with what it has."""
+        self.waiting_since = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.stall: asyncio.TimerHandle | None = None
         """Runs out while writing is paused (``send_timeout_s``)."""
@@ -193,6 +209,14 @@ class _GuardedProtocol(asyncio.Protocol):
         self.closing = True
         self.guard.closing += 1
         self.transport.close()
+
+    def give_way(self) -> None:
+        """Have this connection's waiting request answer now, then close the connection, to make room for a
+        new one (``_request_started`` closes it)."""
+        self.closing = True
+        self.guard.closing += 1
+        if self.waiting is not None:
+            self.waiting.set()
 
     def pause_writing(self) -> None:
         timeout = self.guard.send_timeout_s
@@ -272,7 +296,13 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
     guarded.busy = True
     guarded.disarm()
     try:
-        return await handler(request)
+        response = await handler(request)
+        if guarded.closing:  # it gave way for a new connection (``waiting``): closed after its answer
+            if response.prepared:
+                guarded.transport.close()
+            else:
+                response.force_close()
+        return response
     finally:
         guarded.busy = False
         if guarded.stall is None:
@@ -312,6 +342,26 @@ def mark_authenticated(request: web.Request) -> None:
     guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
     if guarded is not None:
         guarded.authenticated = True
+
+
+@contextlib.contextmanager
+def waiting(request: web.Request) -> Iterator[asyncio.Event]:
+    """While in this block the request only waits (a long poll, holding nothing but its connection): at the
+    connection cap, with no idle connection to close, the one that has waited the longest gives way to a
+    new connection: the event is set, the request answers with what it has, and its connection is closed
+    after the answer."""
+    give_way = asyncio.Event()
+    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    if guarded is None:
+        yield give_way
+        return
+    if guarded.closing:
+        give_way.set()
+    guarded.waiting, guarded.waiting_since = give_way, time.monotonic()
+    try:
+        yield give_way
+    finally:
+        guarded.waiting = None
 
 
 def watch_bytes(request: web.Request, watch: ByteWatch) -> None:

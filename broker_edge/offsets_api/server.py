@@ -46,6 +46,7 @@ from broker_edge.http.guard import (
     read_body,
     settle,
     start_guarded_site,
+    waiting,
 )
 from broker_edge.http.json_errors import http_error_answer
 from broker_edge.security.access import EVERYONE, Access
@@ -383,20 +384,27 @@ class _Handlers:
         self.stopping.set()
 
     async def _wait_for_data(
-        self, positions: Mapping[str, int], wait_ms: int, pattern: str | None = None
+        self,
+        request: web.Request,
+        positions: Mapping[str, int],
+        wait_ms: int,
+        pattern: str | None = None,
     ) -> None:
-        """``LogStore.wait_for_data``, cut short when the app shuts down."""
+        """``LogStore.wait_for_data``, cut short when the app shuts down, or when the connection gives way
+        to a new one at the connection cap (``http.guard.waiting``)."""
         if self.stopping.is_set():
             return
-        waits = [
-            asyncio.ensure_future(self.store.wait_for_data(positions, wait_ms / 1000, pattern)),
-            asyncio.ensure_future(self.stopping.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        with waiting(request) as give_way:
+            waits = [
+                asyncio.ensure_future(self.store.wait_for_data(positions, wait_ms / 1000, pattern)),
+                asyncio.ensure_future(self.stopping.wait()),
+                asyncio.ensure_future(give_way.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
     def _share(self, topics: Sequence[str], max_bytes: int) -> int:
         """What a read of ``topics`` within ``max_bytes`` may hold, answer included: ``max_bytes``, or less
@@ -489,7 +497,7 @@ class _Handlers:
         records = await read_in_slices(read, topic, offset, max_records, max_bytes)
         if not records and wait_ms:
             settle(request, 0)  # nothing is held while it waits
-            await self._wait_for_data({topic: offset}, wait_ms)
+            await self._wait_for_data(request, {topic: offset}, wait_ms)
             hold(request, self._share([topic], max_bytes))
             records = await read_in_slices(read, topic, offset, max_records, max_bytes)
         info = self.store.log_info(topic)
@@ -519,7 +527,7 @@ class _Handlers:
         chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar, access)
         if not chunks and wait_ms:
             settle(request, 0)
-            await self._wait_for_data(positions, wait_ms, pattern)
+            await self._wait_for_data(request, positions, wait_ms, pattern)
             hold(request, self._share(topics, max_bytes))
             chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar, access)
         if columnar:
