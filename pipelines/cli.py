@@ -55,7 +55,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "maintain the Delta tables: timestone tables maintain [telemetry|actions]",
         ("pipelines",),
     ),
-    "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
+    "devices": (
+        "pipelines.fleet.cli",
+        "devices_main",
+        "simulated fleets, devices in OTA groups: timestone devices register | simulate",
+        (),
+    ),
     "sparkplug-host": (
         "pipelines.sparkplug_host.cli",
         "sparkplug_host_main",

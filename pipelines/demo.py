@@ -43,7 +43,10 @@ STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone demo",
-        description=__doc__.split("\n")[0],
+        description="The whole platform on one machine, on embedded defaults, in about two minutes: an "
+        "edge broker, simulated devices, the telemetry pipeline and the actions job on local Spark, "
+        "Delta tables; a canary rollout, then a phased rollout of a bad build that its abort rule stops and "
+        "rolls back.",
         epilog="exit status: 0 the demo ran to its end; 1 a step did not finish within --timeout (it says "
         "which); 2 a wrong command line; 3 optional dependencies missing",
     )

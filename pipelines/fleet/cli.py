@@ -90,16 +90,21 @@ EXIT_STATUS = (
     "2 a wrong command line"
 )
 
+REGISTER_EXIT_STATUS = "exit status: 0 registered; 2 a wrong command line or config, or no device given"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="timestone devices", description="Simulated device fleets.", epilog=EXIT_STATUS
+        prog="timestone devices",
+        description="Simulated device fleets, and devices registered in OTA groups.",
+        epilog=f"exit status: register: {REGISTER_EXIT_STATUS.removeprefix('exit status: ')}; simulate: "
+        f"{EXIT_STATUS.removeprefix('exit status: ')}",
     )
     sub = parser.add_subparsers(dest="action", required=True)
     register = sub.add_parser(
         "register",
         help="register devices in an OTA group, in the devices table, without the telemetry pipeline",
-        epilog="exit status: 0 registered; 2 a wrong command line or config, or no device given",
+        epilog=REGISTER_EXIT_STATUS,
     )
     register.add_argument("devices", nargs="*", help="device ids")
     register.add_argument("--group", required=True, help="the OTA target group they are in")

@@ -40,7 +40,7 @@ def test_the_help_lists_a_commands_subcommands_as_its_own_help_does_in_one_colum
         found = re.search(rf"timestone {name} ((?:[\w-]+ \| )+[\w-]+)", row)
         if found:
             listed[name] = found.group(1).split(" | ")
-    assert {"ota", "pki"} <= set(listed)
+    assert {"ota", "pki", "devices"} <= set(listed)  # devices: it said 'simulate a fleet', not register
     for name, verbs in listed.items():
         choices = re.search(r"\{([\w,-]+)\}", help_of(capsys, [name]).split("\n\n")[0])
         assert choices and verbs == choices.group(1).split(","), (name, verbs)
@@ -107,6 +107,13 @@ def test_every_command_says_its_exit_statuses_in_its_help(capsys: pytest.Capture
     assert silent == []
     assert main(["--help"]) == 0
     assert "exit status: 0" in capsys.readouterr().out
+
+
+def test_no_help_shows_the_markup_of_a_docstring(capsys: pytest.CaptureFixture[str]) -> None:
+    """``timestone demo --help`` began '``timestone demo``: the whole platform ...', its module docstring's
+    reStructuredText quotes shown as they are."""
+    marked = [" ".join(words) for words in every_command_line(capsys) if "``" in help_of(capsys, words)]
+    assert marked == []
 
 
 def test_the_sparkplug_host_and_the_simulators_payload_formats_are_on_the_command_line(capsys):
