@@ -16,9 +16,10 @@ members' endpoint (``GET /v1/cluster``), whether it is a member now (not fenced)
 those that answer so (``members_now``), asking again every ``ASK_EVERY_S`` while it stays fenced. While
 others answer but none is a member (all fenced), its clients stay connected (it acknowledges nothing
 meanwhile) and a CONNECT is refused server unavailable (v5 CONNACK 0x88, 3.1.1 return code 3), so that the
-device backs off. When no other member answers at all, this member cannot tell whether it is the one cut
-off (the others healthy out of its reach) or the last one standing: it names nobody, but disconnects its
-clients (v5 DISCONNECT 0x8B) so that each finds a member by itself.
+device backs off. When no other member in its view answers at all, this member cannot tell whether it is
+the one cut off (the others healthy out of its reach) or the last one standing: it names nobody, but
+disconnects its clients (v5 DISCONNECT 0x8B) so that each finds a member by itself. A view without other
+members (etcd expired every lease at once and deleted every member's key) moves nobody.
 
 A CONNECT reaching a fenced member follows the same rule (``ClusterSessions``): it waits while the fence
 may still lift and is sent to a member that answered it is one (``referrals``) once this member sends its
@@ -51,17 +52,22 @@ ASK_TIMEOUT_S = 1.0
 
 
 Answers = tuple[list[str], bool]
-"""What the others answered: the MQTT addresses of those that are members now, and whether any answered."""
+"""What the others answered: the MQTT addresses of those that are members now, and whether this member is
+cut off (every other member it knows of, still in its view, left it without an answer)."""
 
 
 async def members_now(view: ClusterView, clients: MemberClients) -> Answers:
     """The MQTT addresses (``host:port``) of the other members in ``view`` that answer, on their members'
     endpoint, that they are members now (not fenced), by node id, the others (fenced, out of reach, slow,
-    of an earlier version without ``/v1/cluster`` there) left out; and whether any other member answered."""
+    of an earlier version without ``/v1/cluster`` there) left out; and whether this member is cut off. A view
+    without other members is not (etcd that expired every lease at once deleted every member's key), nor
+    is one whose members left it while they were asked."""
     others = [m for node, m in sorted(view.members.items()) if node != view.node_id and m.peer]
     answers = await asyncio.gather(*(_is_member(member, clients) for member in others))
     members = [member.mqtt for member, said in zip(others, answers, strict=True) if said]
-    return members, any(said is not None for said in answers)
+    unanswered = [member for member, said in zip(others, answers, strict=True) if said is None]
+    cut_off = bool(others) and len(unanswered) == len(others)
+    return members, cut_off and all(view.members.get(m.node_id) == m for m in unanswered)
 
 
 async def _is_member(member: Member, clients: MemberClients) -> bool | None:
@@ -85,8 +91,8 @@ async def _is_member(member: Member, clients: MemberClients) -> bool | None:
 
 class FencedClients:
     """Decides when this fenced member sends its clients away, and does it once per fence
-    (``move(why, referrals)``), to the members ``ask()`` found to be members now (none: when no other
-    member answered at all).
+    (``move(why, referrals)``), to the members ``ask()`` found to be members now (none: when it found this
+    member cut off).
 
     ``membership`` is None on a member whose view is given (no etcd): a fence there is taken as final."""
 
@@ -161,9 +167,9 @@ class FencedClients:
         clients to those that are, once."""
         told = False
         while True:
-            referrals, heard = await self.ask()
+            referrals, cut_off = await self.ask()
             self._referrals = referrals
-            if (referrals or not heard) and not self._moved:
+            if (referrals or cut_off) and not self._moved:
                 self._moved = True
                 self.move(why, referrals)
             elif not referrals and not self._moved and not told:

@@ -7,11 +7,15 @@ member's lease state and the others' answers are plain records here; the e2e tes
 from __future__ import annotations
 
 import asyncio
+import socket
+from functools import partial
 from types import SimpleNamespace
 from typing import Any, cast
 
-from broker_edge.cluster.fenced_clients import FencedClients
+from broker_edge.cluster.fenced_clients import FencedClients, members_now
+from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import Member
 
 HOLD_S = 0.2
 
@@ -28,7 +32,7 @@ def member(
     others = ["b2:1883"] if answering is None else answering
 
     async def ask() -> tuple[list[str], bool]:
-        return list(others), True  # the others answer (members now or fenced)
+        return list(others), False  # the others answer (members now or fenced): not cut off
 
     def move(why: str, referrals: list[str]) -> None:
         assert referrals == others
@@ -148,7 +152,7 @@ def test_with_no_other_member_answering_the_clients_are_disconnected_naming_nobo
         moves: list[tuple[str, list[str]]] = []
 
         async def ask() -> tuple[list[str], bool]:
-            return [], False
+            return [], True  # cut off
 
         fenced = FencedClients(view, cast(Any, lease), 0, lambda why, to: moves.append((why, to)), ask)
         view.on_change(fenced.view_changed)
@@ -160,3 +164,34 @@ def test_with_no_other_member_answering_the_clients_are_disconnected_naming_nobo
 
     moves = asyncio.run(scenario())
     assert len(moves) == 1 and moves[0][1] == []
+
+
+def test_a_view_without_other_members_is_no_sign_of_being_cut_off() -> None:
+    """etcd expired every lease at once (it was paused) and deleted every member's key: for a moment this
+    member knows of no other. Nobody failed to answer, so it does not take itself for cut off, which would
+    disconnect its clients; nor for a member that left the view while it was being asked."""
+
+    async def scenario() -> list[tuple[str, list[str]]]:
+        silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+        silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        view = ClusterView("b1", 4)
+        view.members["b1"] = Member("b1", "127.0.0.1:1881", "http://127.0.0.1:9881", silent_url)
+        view.fenced = False
+        lease = SimpleNamespace(proven_until=10.0, lease_id=7)
+        clients = MemberClients("b1", None)
+        moves: list[tuple[str, list[str]]] = []
+        ask = partial(members_now, view, clients)
+        fenced = FencedClients(view, cast(Any, lease), 0, lambda why, to: moves.append((why, to)), ask)
+        view.on_change(fenced.view_changed)
+        fence(view)  # hold 0: asks at once, and finds nobody to ask
+        await asyncio.sleep(0.1)
+        view.members["b2"] = Member("b2", "127.0.0.1:1882", "http://127.0.0.1:9882", silent_url)
+        await asyncio.sleep(1.2)  # asked again (ASK_EVERY_S): b2 is asked, and does not answer yet ...
+        del view.members["b2"]  # ... when its key is deleted
+        await asyncio.sleep(1.0)  # b2's question timed out (ASK_TIMEOUT_S)
+        fenced.close()
+        await clients.close()
+        silent.close()
+        return moves
+
+    assert asyncio.run(scenario()) == []
