@@ -67,6 +67,12 @@ class PipelineMetrics:
             ["pipeline", "reason"],
             registry=self.registry,
         )
+        self.skipped_reports = Counter(
+            f"{PREFIX}_skipped_reports",
+            "Status messages the actions job left out, by the reason (not_a_report, another_device).",
+            ["pipeline", "reason"],
+            registry=self.registry,
+        )
         self.sparkplug_seq_gaps = Counter(
             f"{PREFIX}_sparkplug_seq_gaps",
             "Sparkplug B messages whose sequence number did not follow their edge node's previous one.",

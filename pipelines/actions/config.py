@@ -10,6 +10,7 @@ from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.client_tls import ClientTls
 from pipelines.actions.buckets import DEFAULT_BUCKETS
+from pipelines.actions.model import REPORT_IDENTITIES
 from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.supervisor import RestartConfig
 
@@ -39,6 +40,10 @@ class ActionsConfig:
     status_topics: str = "actions/reports/+,devices/+/actions"
     """Topic filters of the device status reports, comma-separated (docs/device-protocol.md): each device
     bucket's report topic, and each device's own topic for devices on the earlier protocol."""
+    report_identity: str = "client_id"
+    """Who a status report may speak for (docs/ota.md, "Who may report for a device"): ``client_id``, only
+    the device whose id is the client id of the connection that published it (as the broker recorded it);
+    ``payload``, any device the report names (a gateway reporting for the devices behind it)."""
     report_topics_per_task: int = 5_000
     """Report topics one Spark task of the reports stream reads in one fetch (the source's
     ``maxTopicsPerPartition``, at most 10,000): a bucket's report topic brings a few devices' reports per
@@ -85,6 +90,10 @@ class ActionsConfig:
             raise ConfigError("report_topics_per_task", "must be from 1 to 10000")
         if self.device_buckets < 0:
             raise ConfigError("device_buckets", "must be 0 (per-device topics) or more")
+        if self.report_identity not in REPORT_IDENTITIES:
+            raise ConfigError(
+                "report_identity", f"expected client_id or payload, got {self.report_identity!r}"
+            )
         if self.backend not in ("auto", "delta-rs", "native"):
             raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")
         filters = [f.strip() for f in self.status_topics.split(",")]

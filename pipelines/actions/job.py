@@ -35,6 +35,7 @@ from pipelines.actions.engine_tables import ACTIONS, COMPLIANCE, EXECUTIONS, SUM
 from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_reports
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
+from pipelines.actions.report_scope import SHOWN
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
@@ -56,8 +57,8 @@ log = logging.getLogger(__name__)
 #: The tables the job maintains: those it writes, and the actions table whose change feed it reads.
 MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY, COMPLIANCE)
 #: What the job reads of a report's record: the report, when the broker appended it (the report's time), and
-#: its topic (a device's own topic binds the device it names).
-REPORT_COLUMNS = ("payload", "timestamp", "topic")
+#: its topic (a device's own topic binds the device it names) and its publisher's client id (report_identity).
+REPORT_COLUMNS = ("payload", "timestamp", "topic", "client_id")
 
 
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
@@ -214,6 +215,7 @@ def start_actions_job(
         device_buckets=config.device_buckets,
         compliance_interval_s=config.compliance_interval_s,
     )
+    counted = metrics or PipelineMetrics()
     checkpoints = Path(config.checkpoint_root)
     trigger = f"{config.trigger_interval_s} seconds"
     # Spark purges the checkpoints' offsets and commits older than this many batches as the queries run
@@ -226,12 +228,9 @@ def start_actions_job(
 
     def track(batch: DataFrame, batch_id: int) -> None:
         records = batch.toArrow()
-        reports = parse_reports(records)
-        if len(reports) < records.num_rows:
-            skipped = records.num_rows - len(reports)
-            log.warning(
-                "skipped %d status messages: not reports, or naming another device than their topic", skipped
-            )
+        impostors: list[str] = []
+        reports = parse_reports(records, config.report_identity, impostors)
+        _count_skipped(counted, records.num_rows - len(reports) - len(impostors), impostors)
         engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
 
     def start_reports(endpoints: Sequence[BrokerEndpoint]) -> StreamingQuery:
@@ -254,7 +253,7 @@ def start_actions_job(
             .start()
         )
 
-    supervisor = Supervisor("actions", config.restart, metrics or PipelineMetrics())
+    supervisor = Supervisor("actions", config.restart, counted)
     reports: ReportStream = (ClusterReports if cluster else BrokerReports)(start_reports, config.brokers)
     maintenance = MaintenanceScheduler(store, MAINTAINED, config.maintenance)
     job = ActionsJob(engine, reports, supervisor, maintenance, HeartbeatWriter(config.tables_root))
@@ -270,6 +269,26 @@ def start_actions_job(
         raise
     job.start_ticker(config.tick_interval_s)
     return job
+
+
+def _count_skipped(metrics: PipelineMetrics, not_reports: int, impostors: list[str]) -> None:
+    """Count and log a batch's status messages that are not reports, and its reports from another client
+    than the device they name (``"<client id> for <device id>"``)."""
+    metrics.skipped_reports.labels("actions", "not_a_report").inc(not_reports)
+    metrics.skipped_reports.labels("actions", "another_device").inc(len(impostors))
+    if not_reports:
+        log.warning(
+            "skipped %d status messages: not reports, or naming another device than their topic", not_reports
+        )
+    if impostors:
+        more = f" and {len(impostors) - SHOWN} more" if len(impostors) > SHOWN else ""
+        log.warning(
+            "skipped %d status reports naming another device than the client that sent them "
+            "(report_identity: client_id): %s%s",
+            len(impostors),
+            ", ".join(impostors[:SHOWN]),
+            more,
+        )
 
 
 def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:

@@ -197,20 +197,43 @@ def own_topic_device(topic: str | None) -> str | None:
     return parts[1] if len(parts) == 3 and parts[0] == "devices" and parts[2] == "actions" else None
 
 
-def parse_reports(records: pa.Table) -> list[StatusReport]:
+REPORT_IDENTITIES = ("client_id", "payload")
+"""How the job tells who sent a report (``report_identity`` in conf/actions.yaml)."""
+
+
+def parse_reports(
+    records: pa.Table, identity: str = "client_id", impostors: list[str] | None = None
+) -> list[StatusReport]:
     """The reports among the ``timestone`` source's records (its ``payload`` and ``timestamp`` columns), each
     received when the broker appended its record; records that are not reports are left out, and so is a
     report on a device's own topic (``topic`` column, when read) that names another device: the topic's
-    ACL (``%c``) is what says who sent it."""
+    ACL (``%c``) is what says who sent it.
+
+    On any other topic (a bucket's, shared) with ``identity`` ``client_id`` (and the ``client_id`` column
+    read), a report is taken only from its device: one whose publisher's client id, as the broker recorded
+    it, is not the ``device_id`` it names is left out, and described in ``impostors`` (``"<client id> for
+    <device id>"``). With ``payload``, the ``device_id`` a report names is believed."""
     payloads = records.column("payload").to_pylist()
     received = epoch_ms(records.column("timestamp")).to_pylist()
-    topics = (
-        records.column("topic").to_pylist() if "topic" in records.column_names else [None] * len(payloads)
-    )
+    topics = _column(records, "topic")
+    checked = identity == "client_id" and "client_id" in records.column_names
+    senders = _column(records, "client_id")
     reports = []
-    for payload, at, topic in zip(payloads, received, topics, strict=True):
+    for payload, at, topic, sender in zip(payloads, received, topics, senders, strict=True):
         report = parse_report(payload, at)
         owner = own_topic_device(topic)
-        if report is not None and (owner is None or owner == report.device_id):
-            reports.append(report)
+        if report is None or (owner is not None and owner != report.device_id):
+            continue
+        if checked and owner is None and sender != report.device_id:
+            if impostors is not None:
+                impostors.append(f"{sender} for {report.device_id}")
+            continue
+        reports.append(report)
     return reports
+
+
+def _column(records: pa.Table, name: str) -> list[Any]:
+    """The values of column ``name``, or None for each record when it was not read."""
+    if name in records.column_names:
+        return records.column(name).to_pylist()
+    return [None] * records.num_rows

@@ -57,3 +57,31 @@ def test_a_report_of_unknown_receipt_is_timed_by_its_own_ts():
     report = parse_report(report_payload(IN_PROGRESS, 1, 1_234))
     assert report == StatusReport("a1", "dev-1", IN_PROGRESS, 1, 1_234)
     assert report.at == 1_234
+
+
+def _sent(client_id: str, device_id: str, topic: str = "actions/reports/7") -> dict:
+    appended = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+    payload = json.dumps({"action_id": "a1", "device_id": device_id, "state": "FAILED", "seq": 1, "ts": 1})
+    return record(payload.encode(), appended) | {"client_id": client_id, "topic": topic}
+
+
+def test_a_report_on_a_shared_topic_counts_only_for_the_client_that_sent_it():
+    records = pa.Table.from_pylist(
+        [
+            _sent("dev-2", "dev-1"),  # dev-2 failing dev-1 on their bucket's topic
+            _sent("dev-1", "dev-1"),
+            _sent("dev-3", "dev-3", topic="devices/dev-3/actions"),
+            _sent("gateway", "dev-4", topic="devices/dev-4/actions"),  # its own topic: the ACL ties it
+        ],
+        schema=SOURCE_ARROW_SCHEMA,
+    )
+    impostors: list[str] = []
+
+    taken = parse_reports(records, "client_id", impostors)
+
+    assert [r.device_id for r in taken] == ["dev-1", "dev-3", "dev-4"]
+    assert impostors == ["dev-2 for dev-1"]
+    believed = parse_reports(records, "payload")
+    assert [r.device_id for r in believed] == ["dev-1", "dev-1", "dev-3", "dev-4"]
+    without_senders = parse_reports(records.select(["payload", "timestamp", "topic"]))
+    assert len(without_senders) == 4  # nothing to check them against
