@@ -5,6 +5,7 @@ reconnecting for an etcd restart. Real broker processes, a real etcd, paho clien
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Callable
@@ -158,3 +159,38 @@ def test_a_fenced_member_that_hears_from_no_other_member_disconnects_its_clients
             if broker.process is not None:
                 broker.process.send_signal(signal.SIGCONT)
             broker.stop()
+
+
+def test_an_etcd_paused_past_the_leases_leaves_no_client_without_a_member_to_go_to(
+    cluster_brokers: Callable[..., BrokerProcess], private_etcd: EtcdTarget
+) -> None:
+    """etcd frozen (SIGSTOP) past the members' leases and the hold: every member fenced, none sends its
+    clients anywhere. When etcd resumes it expires every lease at once and deletes every member's key, so
+    for a moment each member knows of no other: that is no sign that it is cut off, and no client is
+    disconnected naming nobody (0x8B). One may be sent (0x9C) to a member that registered again first: its
+    own member's lease is gone, which sends clients to a member at once."""
+    brokers = {node: cluster_brokers(node, target=private_etcd, fenced_clients_hold_ms=500) for node in "ab"}
+    wait_settled(private_etcd, {"a", "b"}, 2)
+    held = RawClient(brokers["a"].port, version=5)
+    assert held.connect("held-v5", keep_alive=0).reason_code == 0
+    etcd_process = private_etcd.server.process
+    assert etcd_process is not None
+
+    etcd_process.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: all(logged(b, FENCED) for b in brokers.values()), 15, "every member fenced")
+        time.sleep(0.5 + 3.0)  # the hold, and past every lease
+    finally:
+        etcd_process.send_signal(signal.SIGCONT)
+    wait_until(
+        lambda: all(logged(b, "unfenced: registered under a new lease") >= 2 for b in brokers.values()),
+        20,
+        "every member registered again",
+    )
+    time.sleep(1.5)  # each member asked the others at least once more meanwhile
+    assert not any(logged(b, "none named") for b in brokers.values())
+    with contextlib.suppress(TimeoutError):
+        moved = held.recv(timeout=0.5)
+        assert isinstance(moved, Disconnect) and moved.reason_code == 0x9C, moved
+        assert moved.properties is not None
+        assert moved.properties.server_reference == f"127.0.0.1:{brokers['b'].port}"
