@@ -198,9 +198,7 @@ def ota_main(argv: list[str]) -> int:
             )
             return 0
         if args.verb == "end":
-            end = end_action(store, args.action_id, args.at)
-            print(f"{args.action_id} ends at {end.isoformat()}")
-            return 0
+            return _end(store, args)
         return _status(store, args, root)
     except ActionRefused as refused:
         print(f"timestone ota {args.verb}: {refused}", file=sys.stderr)
@@ -296,6 +294,19 @@ def option_of(field: str) -> str | None:
             return OPTION_OF_FIELD[path]
         path = path.rpartition(".")[0]
     return None
+
+
+def _end(store: TableStore, args: argparse.Namespace) -> int:
+    """``ota end``: an end the rules refuse (before the action was created) is a wrong ``--at``."""
+    try:
+        end = end_action(store, args.action_id, args.at)
+    except InvalidAction as invalid:
+        if invalid.field != "schedule.end_at":
+            raise ActionRefused(f"action {args.action_id} cannot be ended: {invalid}") from None
+        print(f"timestone ota end: --at ({invalid.field}): {invalid.problem}", file=sys.stderr)
+        return INVALID
+    print(f"{args.action_id} ends at {end.isoformat()}")
+    return 0
 
 
 def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:

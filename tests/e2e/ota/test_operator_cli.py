@@ -421,3 +421,16 @@ def test_the_job_status_suggests_starting_it_on_the_tables_and_config_status_rea
     assert ota(root, "status") == 0
     out = capsys.readouterr().out
     assert f"(start one: timestone pipeline actions --set 'tables_root={root}')" in out
+
+
+def test_an_end_before_the_action_was_created_is_a_wrong_command_line_not_a_traceback(tmp_path, capsys):
+    """``ota end ID --at 2020-01-01T00:00`` of an action created today ended in a traceback of InvalidAction
+    (exit 1); it is refused in one line naming --at and the field, exit 2, and nothing is written."""
+    root = str(tmp_path / "tables")
+    assert ota(root, "create", "--id", "e-1", "--devices", "dev-1", *FIRMWARE) == 0
+    capsys.readouterr()
+    assert ota(root, "end", "e-1", "--at", "2020-01-01T00:00") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("timestone ota end: --at (schedule.end_at): 2020-01-01T00:00:00+00:00 is not after")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert actions(root)[0]["schedule"] is None or actions(root)[0]["schedule"]["end_at"] is None
