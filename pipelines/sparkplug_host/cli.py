@@ -60,11 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timestone sparkplug-host",
         description="Publish this host application's Sparkplug B STATE (online while it runs, its will "
         "offline) and ask edge nodes whose births it has not seen for a rebirth.",
-        epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached, or another host "
-        "with this id took its connection over; 2 a wrong command line; 3 optional dependencies missing. A "
+        epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached or refused it "
+        "(CONNACK reason, TLS alert), or another host with this id took its connection over; 2 a wrong "
+        "command line; 3 optional dependencies missing. A "
         "lost connection (a broker restart) is made again every --reconnect-delay seconds.",
     )
-    parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
+    parser.add_argument(
+        "--broker",
+        type=broker_address,
+        default=("127.0.0.1", 1883),
+        help="HOST:PORT (default 127.0.0.1:1883)",
+    )
     parser.add_argument(
         "--host-id", type=host_id, default="timestone", help="the Sparkplug host id (default timestone)"
     )

@@ -116,6 +116,14 @@ def test_no_help_shows_the_markup_of_a_docstring(capsys: pytest.CaptureFixture[s
     assert marked == []
 
 
+def test_the_sparkplug_hosts_help_names_its_default_broker_and_every_cause_of_status_1(capsys):
+    """Its help said '--broker HOST:PORT' without the default, and status 1 for a broker that 'cannot be
+    reached', where a broker refusing the CONNECT or the TLS handshake ends it with 1 too (docs)."""
+    out = " ".join(help_of(capsys, ["sparkplug-host"]).split())
+    assert "HOST:PORT (default 127.0.0.1:1883)" in out
+    assert "1 the broker cannot be reached or refused it (CONNACK reason, TLS alert)" in out
+
+
 def test_the_sparkplug_host_and_the_simulators_payload_formats_are_on_the_command_line(capsys):
     with pytest.raises(SystemExit) as done:
         main(["sparkplug-host", "--help"])
