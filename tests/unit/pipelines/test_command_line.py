@@ -287,6 +287,23 @@ def test_the_readmes_command_table_names_every_command_and_subcommand(capsys):
     assert missing == []
 
 
+def test_the_readmes_pki_row_gives_each_verb_its_required_options(capsys):
+    """README's row said `renew CERT`, which argparse refuses ('the following arguments are required:
+    --ca'): each verb shown names every option its usage line requires."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `timestone pki ca DIR`"))
+    shown = re.findall(r"`(?:timestone pki )?(\w+)( [^`]*)?`", row.split(" | ")[0])
+    missing = []
+    for verb, rest in shown:
+        usage = help_of(capsys, ["pki", verb]).split("\n\n")[0]
+        while re.search(r"\[[^\[\]]*\]", usage):  # the optional parts, innermost brackets first
+            usage = re.sub(r"\[[^\[\]]*\]", "", usage)
+        missing += [f"{verb} {option}" for option in re.findall(r" (--[\w-]+)", usage) if option not in rest]
+    assert len(shown) == 6 and missing == []
+
+
 @pytest.mark.parametrize(
     "argv",
     [
