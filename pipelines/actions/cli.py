@@ -100,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     create = sub.add_parser("create", help="write a new action row", parents=[after_verb], epilog=EXIT_STATUS)
     create.add_argument("--id", dest="action_id", help="action id (default: generated)")
-    create.add_argument("--kind", choices=("ota", "command"), default="ota")
+    create.add_argument(
+        "--kind",
+        choices=("ota", "command"),
+        default="ota",
+        help="a firmware update (--version, --url, --sha256) or a command (--command, --arg); default ota",
+    )
     target = create.add_mutually_exclusive_group(required=True)
     target.add_argument("--devices", help="comma-separated device ids")
     target.add_argument(
@@ -127,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--timeout", type=int, help="in-progress timeout per device, seconds")
     add_rollout_options(create)
-    create.add_argument("--created-by", default="cli")
+    create.add_argument("--created-by", default="cli", help="who writes it, kept in the row (default cli)")
     create.add_argument(
         "--allow-unknown-group",
         action="store_true",

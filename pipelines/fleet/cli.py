@@ -125,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT, repeatable (default 127.0.0.1:1883)",
     )
     simulate.add_argument(
-        "--groups", type=_groups, default="canary,fleet", help="comma-separated groups, assigned in turn"
+        "--groups",
+        type=_groups,
+        default="canary,fleet",
+        help="comma-separated groups, assigned in turn (default canary,fleet)",
     )
     simulate.add_argument(
         "--id-prefix",
@@ -139,22 +142,41 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BUCKETS,
         help=f"device buckets of the fleet, as the actions job's device_buckets (default {DEFAULT_BUCKETS})",
     )
-    simulate.add_argument("--firmware", default="1.0.0", help="firmware version the devices start with")
     simulate.add_argument(
-        "--telemetry-interval", type=more_than_zero, default=5.0, help="seconds between readings"
+        "--firmware", default="1.0.0", help="firmware version the devices start with (default 1.0.0)"
     )
     simulate.add_argument(
-        "--download-delay", type=zero_or_more, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX")
+        "--telemetry-interval", type=more_than_zero, default=5.0, help="seconds between readings (default 5)"
     )
-    simulate.add_argument("--failure-rate", type=probability, default=0.0)
-    simulate.add_argument("--reject-rate", type=probability, default=0.0)
+    simulate.add_argument(
+        "--download-delay",
+        type=zero_or_more,
+        nargs=2,
+        default=(0.5, 2.0),
+        metavar=("MIN", "MAX"),
+        help="seconds an OTA takes on a device, drawn between MIN and MAX (default 0.5 2)",
+    )
+    simulate.add_argument(
+        "--failure-rate",
+        type=probability,
+        default=0.0,
+        help="chance that an action a device starts fails (default 0)",
+    )
+    simulate.add_argument(
+        "--reject-rate",
+        type=probability,
+        default=0.0,
+        help="chance that a device rejects an action it receives (default 0)",
+    )
     simulate.add_argument(
         "--offline-rate", type=zero_or_more, default=0.0, help="disconnects per device per minute"
     )
     simulate.add_argument(
         "--duration", type=zero_or_more, default=0.0, help="seconds to run (0 = until Ctrl-C)"
     )
-    simulate.add_argument("--seed", type=int, default=7)
+    simulate.add_argument(
+        "--seed", type=int, default=7, help="of the devices' random choices: the same seed, the same fleet"
+    )
     simulate.add_argument(
         "--connects-per-second",
         type=more_than_zero,

@@ -116,6 +116,25 @@ def test_no_help_shows_the_markup_of_a_docstring(capsys: pytest.CaptureFixture[s
     assert marked == []
 
 
+def test_every_option_of_every_command_says_what_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """`devices simulate --help` listed --download-delay, --failure-rate, --reject-rate and --seed, and
+    `ota create --help` --kind and --created-by, with nothing said of them (nor their defaults)."""
+    bare = []
+    for words in every_command_line(capsys):
+        text = help_of(capsys, words)
+        lines = (
+            text.split("\noptions:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+            if "\noptions:\n" in text
+            else []
+        )
+        for number, line in enumerate(lines):
+            following = lines[number + 1] if number + 1 < len(lines) else ""
+            said = re.search(r"\S\s{2,}\S", line.strip()) or re.match(r"\s{3,}\S", following)
+            if line.startswith("  -") and not said:
+                bare.append(f"{' '.join(words)} {line.split()[0]}")
+    assert bare == []
+
+
 def test_the_sparkplug_hosts_help_names_its_default_broker_and_every_cause_of_status_1(capsys):
     """Its help said '--broker HOST:PORT' without the default, and status 1 for a broker that 'cannot be
     reached', where a broker refusing the CONNECT or the TLS handshake ends it with 1 too (docs)."""
