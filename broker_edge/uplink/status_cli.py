@@ -123,7 +123,7 @@ def _table(document: dict[str, Any], now: float) -> str:
     else:
         rows = [_row(site, now) for site in document.get("sites", [])]
         title = f"hub: {len(rows)} site(s)"
-    widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(_SITE_COLUMNS)]
+    widths = [max([len(column), *(len(row[i]) for row in rows)]) for i, column in enumerate(_SITE_COLUMNS)]
     lines = [
         title,
         "  ".join(column.ljust(width) for column, width in zip(_SITE_COLUMNS, widths, strict=True)),

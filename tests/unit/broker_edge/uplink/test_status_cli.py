@@ -19,6 +19,7 @@ class _Answers(http.server.BaseHTTPRequestHandler):
         "/page/v1/uplink/sites": b"<html>sign in</html>",
         "/list/v1/uplink/sites": b"[1, 2]",
         "/site/v1/uplink/sites": b'{"role": "site", "site": {"site": "s1"}}',
+        "/new-hub/v1/uplink/sites": b'{"role": "hub", "sites": []}',
     }
 
     def do_GET(self) -> None:
@@ -68,3 +69,16 @@ def test_a_broker_that_is_no_http_url_is_a_wrong_command_line(broker, capsys):
         uplink_main(["status", "--broker", broker])
     assert exited.value.code == 2
     assert "an http:// or https:// URL of the broker's offsets API" in capsys.readouterr().err
+
+
+def test_a_hub_no_site_has_reached_yet_is_a_table_of_no_rows(stranger, capsys):
+    """A new hub, before its first site connects, answers no sites: the command said 'the answer is not an
+    uplink status (TypeError: 'int' object is not iterable)', exit 1, as if it were not a hub."""
+    assert uplink_main(["status", "--broker", stranger + "/new-hub"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[0] == "hub: 0 site(s)"
+        and lines[1].split()
+        == ["site", "connected", "last", "contact", "lag", "records", "lag", "s", "records", "bytes", "gaps"]
+        and len(lines) == 2
+    )
