@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
+
+from broker_edge.config import ConfigError
+from broker_edge.offsets_api.errors import TLS_CLIENT_REFUSED
+from broker_edge.security.client_tls import ClientTls
 
 __all__ = ["format_status", "uplink_main"]
 
@@ -33,11 +38,21 @@ def uplink_main(argv: list[str]) -> int:
     status.add_argument("--broker", default="http://127.0.0.1:9884", help="the broker's offsets API URL")
     status.add_argument("--token", default=None, help="a reader's token, when the offsets API asks for one")
     status.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
+    status.add_argument(
+        "--cafile",
+        help="PEM file of the CAs an https:// broker's certificate must chain to (default: the system's)",
+    )
+    status.add_argument("--certfile", help="PEM file of the certificate to present (mutual TLS)")
+    status.add_argument("--keyfile", help="PEM file of --certfile's key (default: in --certfile)")
     args = parser.parse_args(argv)
     if not _is_http_url(args.broker):
         parser.error(f"--broker {args.broker!r}: an http:// or https:// URL of the broker's offsets API")
     try:
-        document = _fetch(args.broker, args.token)
+        context = _tls(args)
+    except ConfigError as error:
+        parser.error(f"--{error.path}: {error.detail}")
+    try:
+        document = _fetch(args.broker, args.token, context)
         shown = json.dumps(document, indent=2) if args.json else format_status(document, time.time())
     except _Unanswered as reason:
         print(f"timestone uplink: {reason}", file=sys.stderr)
@@ -54,20 +69,27 @@ def _is_http_url(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The client TLS the options ask for (None: the system's CAs); ``ConfigError`` naming its option."""
+    if not (args.cafile or args.certfile or args.keyfile):
+        return None
+    return ClientTls(args.cafile, args.certfile, args.keyfile).context()
+
+
 class _Unanswered(Exception):
     """Why the broker gave no uplink status (a message for the operator)."""
 
 
-def _fetch(broker: str, token: str | None) -> Any:
+def _fetch(broker: str, token: str | None, context: ssl.SSLContext | None = None) -> Any:
     """The broker's ``/v1/uplink/sites`` answer, decoded; ``_Unanswered`` saying why there is none."""
     request = urllib.request.Request(broker.rstrip("/") + "/v1/uplink/sites")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
             body = answer.read()
     except urllib.error.HTTPError as error:
-        if error.code == 404 and _is_admin_endpoint(broker):
+        if error.code == 404 and _is_admin_endpoint(broker, context):
             raise _Unanswered(
                 f"{broker} is a broker's admin endpoint (/metrics, /health), not its offsets API"
                 " (offsets_api.port, 9884 by default)"
@@ -75,8 +97,10 @@ def _fetch(broker: str, token: str | None) -> Any:
         if error.code == 404:
             raise _Unanswered(f"{broker} has no uplink (neither uplink: nor uplink_hub:)") from None
         raise _Unanswered(f"{broker} answered {error.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        raise _Unanswered(f"cannot reach {broker}: {error}") from None
+    except urllib.error.URLError as error:
+        raise _Unanswered(_unreached(broker, error.reason)) from None
+    except (OSError, ValueError) as error:
+        raise _Unanswered(_unreached(broker, error)) from None
     try:
         return json.loads(body)
     except ValueError:
@@ -85,11 +109,22 @@ def _fetch(broker: str, token: str | None) -> Any:
         ) from None
 
 
-def _is_admin_endpoint(broker: str) -> bool:
+def _unreached(broker: str, error: object) -> str:
+    """Why ``broker`` gave no answer: a TLS refusal or distrust said as such, naming the options."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"{broker}: its certificate is not trusted: {error} (see --cafile, --certfile, --keyfile)"
+    if isinstance(error, ssl.SSLError) and error.reason in TLS_CLIENT_REFUSED:
+        return (
+            f"{broker}: it refused this client's certificate: {error} (see --cafile, --certfile, --keyfile)"
+        )
+    return f"cannot reach {broker}: {error}"
+
+
+def _is_admin_endpoint(broker: str, context: ssl.SSLContext | None = None) -> bool:
     """Whether ``broker`` answers ``/health`` as a broker's admin endpoint does (a JSON object with
     ``status``), which the offsets API never serves."""
     try:
-        with urllib.request.urlopen(broker.rstrip("/") + "/health", timeout=10) as answer:
+        with urllib.request.urlopen(broker.rstrip("/") + "/health", timeout=10, context=context) as answer:
             body = answer.read(65536)
     except urllib.error.HTTPError as error:
         body = error.read(65536) if error.code == 503 else b""

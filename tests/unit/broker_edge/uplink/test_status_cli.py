@@ -82,3 +82,52 @@ def test_a_hub_no_site_has_reached_yet_is_a_table_of_no_rows(stranger, capsys):
         == ["site", "connected", "last", "contact", "lag", "records", "lag", "s", "records", "bytes", "gaps"]
         and len(lines) == 2
     )
+
+
+class _Hub(_Answers):
+    bodies = {"/v1/uplink/sites": b'{"role": "hub", "sites": []}'}
+
+
+@pytest.fixture
+def https_hub(tmp_path) -> Iterator[tuple[str, str]]:
+    """An HTTPS server answering ``/v1/uplink/sites`` as a hub with no sites, its certificate from a CA of
+    our own (as ``timestone pki`` makes for a hub's offsets API): its URL and the CA's file."""
+    import ssl
+
+    from broker_edge.runtime.local_pki import LocalPki
+
+    pki = LocalPki(tmp_path / "pki", name="hub-ca")
+    issued = pki.server("hub")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(issued.cert), str(issued.key))
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hub)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", str(pki.ca.cert)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_hubs_https_offsets_api_is_read_with_the_ca_of_its_certificate(https_hub, tmp_path, capsys):
+    """A hub's offsets API serves HTTPS with a certificate of the operator's CA (docs/operations.md): the
+    command had no option to trust that CA and said 'cannot reach URL: <urlopen error [SSL:
+    CERTIFICATE_VERIFY_FAILED] ...>'. --cafile trusts it; without it the command says the certificate is
+    not trusted and names the options; a CA file that does not load is a wrong command line."""
+    url, ca = https_hub
+    assert uplink_main(["status", "--broker", url, "--cafile", ca]) == 0
+    assert capsys.readouterr().out.startswith("hub: 0 site(s)")
+
+    assert uplink_main(["status", "--broker", url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"timestone uplink: {url}: its certificate is not trusted: ")
+    assert err.rstrip().endswith("(see --cafile, --certfile, --keyfile)")
+
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("no certificate\n")
+    with pytest.raises(SystemExit) as done:
+        uplink_main(["status", "--broker", url, "--cafile", str(not_pem)])
+    assert done.value.code == 2
+    assert "--cafile: cannot load CA certificates from" in capsys.readouterr().err
