@@ -57,6 +57,13 @@ def _time_axis(ax: Axes, *times: pd.Series) -> None:
     ax.set_xlim(max(low - margin, FIRST_DRAWN), min(high + margin, LAST_DRAWN))
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, in the plural but for one: ``1 minute``, ``2 minutes``, ``3 batches``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count} {noun}{'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
+
+
 def _legend(ax: Axes, **where: Any) -> None:
     """The axes' legend, when something drawn has a label: none for a table with no rows yet (matplotlib
     would warn, a red box under the notebook's cell)."""
@@ -79,7 +86,9 @@ def fleet_metric_chart(metric: str, fleet: pd.DataFrame) -> Figure:
         count_ax.step(minutes, fleet["devices"], where="post", color="#7f7f7f")
         _time_axis(ax, minutes)
     reporting = int(fleet["devices"].max()) if not fleet.empty else 0
-    ax.set_title(f"Fleet: {metric} of up to {reporting} devices over {len(fleet)} minutes")
+    ax.set_title(
+        f"Fleet: {metric} of up to {counted(reporting, 'device')} over {counted(len(fleet), 'minute')}"
+    )
     ax.set_ylabel(f"{metric} (minute average)")
     _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     count_ax.set_ylabel("devices")
@@ -124,7 +133,9 @@ def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: p
     if not readings.empty:
         ax.plot(drawn[0], readings[metric], ".", color="#d62728", label=f"{metric} readings")
     _time_axis(ax, *drawn)
-    ax.set_title(f"{device_id}: {metric}, {len(readings)} readings in {len(minutes)} minutes")
+    ax.set_title(
+        f"{device_id}: {metric}, {counted(len(readings), 'reading')} in {counted(len(minutes), 'minute')}"
+    )
     ax.set_xlabel("event time (UTC)")
     ax.set_ylabel(metric)
     _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the plot: never over the readings
@@ -142,7 +153,7 @@ def fleet_chart(counts: pd.DataFrame) -> Figure:
         ax.bar_label(bars, labels=[str(n) if n else "" for n in counts[group]], label_type="center")
         bottom = bottom + counts[group]
     total = int(counts.to_numpy().sum())
-    ax.set_title(f"Fleet: {total} devices by firmware version and group")
+    ax.set_title(f"Fleet: {counted(total, 'device')} by firmware version and group")
     ax.set_xlabel("firmware version")
     ax.set_ylabel("devices")
     _legend(ax)
@@ -168,7 +179,8 @@ def quality_chart(batches: pd.DataFrame) -> Figure:
     if not batches.empty:
         _time_axis(ax, times)
     ax.set_title(
-        f"Data quality: {len(batches)} batches validated, {int(failed.sum())} with a failed expectation"
+        f"Data quality: {counted(len(batches), 'batch')} validated, {int(failed.sum())} with a failed "
+        "expectation"
     )
     ax.set_xlabel("validated at (UTC)")
     ax.set_ylabel("rows")
@@ -222,7 +234,7 @@ def rollout_chart(
     outcome = summary["action_state"] if summary else "no summary yet"
     total = int(summary["total_count"]) if summary else 0
     fired = f" by {summary['aborted_by']}" if summary and summary.get("aborted_by") else ""
-    fig.suptitle(f"Rollout of {action_id}: {outcome}{fired}, {total} devices")
+    fig.suptitle(f"Rollout of {action_id}: {outcome}{fired}, {counted(total, 'device')}")
     return fig
 
 

@@ -142,7 +142,7 @@ def test_telemetry_notebook_draws_devices_at_year_0001_and_in_the_last_minute_of
     monkeypatch.setenv("TIMESTONE_DEVICE_ID", "dev-end")
     run = run_notebook("telemetry.ipynb", tmp_path, tmp_path)
     device = run.charts["device_chart"]
-    assert device.title == "dev-end: temperature, 2 readings in 1 minutes"
+    assert device.title == "dev-end: temperature, 2 readings in 1 minute"
     assert (device.points, device.bars, device.segments) == (2, 1, 1)
     assert run.charts["fleet_metric_chart"].points == 2 * 3  # the median and the count, in each of 3 minutes
     assert run.charts["quality_chart"].points == 2 * 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from pipelines.views.charts import counted
 from pipelines.views.location import DEMO_TABLES
 from sinks import open_table_store
 from tests.e2e.notebooks.notebook_harness import run_notebook
@@ -50,7 +51,7 @@ def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_da
 
     devices = tables["devices"]
     fleet = run.charts["fleet_chart"]
-    assert fleet.title == f"Fleet: {len(devices)} devices by firmware version and group"
+    assert fleet.title == f"Fleet: {counted(len(devices), 'device')} by firmware version and group"
     assert fleet.bars == devices.groupby(["firmware_version", "group"]).ngroups > 0
 
     device = run.charts["device_chart"]
@@ -58,7 +59,8 @@ def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_da
     assert device_id in set(devices["device_id"])
     readings = tables["silver_telemetry"].query("device_id == @device_id")
     minutes = tables["device_minute"].query("device_id == @device_id")
-    assert device.title == f"{device_id}: temperature, {len(readings)} readings in {len(minutes)} minutes"
+    shown = f"{counted(len(readings), 'reading')} in {counted(len(minutes), 'minute')}"
+    assert device.title == f"{device_id}: temperature, {shown}"
     assert device.points == len(readings) > 0
     assert device.segments == len(minutes) > 0  # every minute's average, however few minutes there are
     assert device.bars == int((minutes["temperature_max"] > minutes["temperature_min"]).sum()) > 0
@@ -66,13 +68,14 @@ def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_da
     across = run.charts["fleet_metric_chart"]
     minutes_of_fleet = tables["device_minute"].dropna(subset=["temperature_avg"])
     reporting = minutes_of_fleet.groupby("minute").size()
-    expected = f"Fleet: temperature of up to {reporting.max()} devices over {len(reporting)} minutes"
+    up_to = f"{counted(reporting.max(), 'device')} over {counted(len(reporting), 'minute')}"
+    expected = f"Fleet: temperature of up to {up_to}"
     assert across.title == expected
     assert across.points == 2 * len(reporting) > 0  # the median and the devices reporting, every minute
 
     quality = run.charts["quality_chart"]
     batches = tables["dq_results"].groupby(["run_id", "batch_id"]).ngroups
-    assert quality.title.startswith(f"Data quality: {batches} batches validated")
+    assert quality.title.startswith(f"Data quality: {counted(batches, 'batch')} validated")
     assert quality.points >= 2 * batches > 0  # rows validated and unexpected rows, per batch
 
 

@@ -48,7 +48,7 @@ def test_the_telemetry_notebook_draws_tables_with_columns_of_their_own(tmp_path,
     fleet = run.charts["fleet_chart"]
     assert fleet.title == "Fleet: 2 devices by firmware version and group" and fleet.bars == 2
     device = run.charts["device_chart"]
-    assert device.title == "d1: temperature, 2 readings in 1 minutes"
+    assert device.title == "d1: temperature, 2 readings in 1 minute"
     assert (device.points, device.bars, device.segments) == (2, 1, 1)
 
 

@@ -82,5 +82,5 @@ def test_the_device_plotted_by_default_is_the_one_with_the_most_readings_of_the_
     )
     run = run_notebook("telemetry.ipynb", tmp_path, tmp_path)
     device = run.charts["device_chart"]
-    assert device.title == "dev-warm: temperature, 2 readings in 1 minutes"
+    assert device.title == "dev-warm: temperature, 2 readings in 1 minute"
     assert (device.points, device.bars, device.segments) == (2, 1, 1)

@@ -186,7 +186,7 @@ def test_one_minute_of_data_draws_its_band_average_and_readings():
     chart = describe(
         charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 22.0))
     )
-    assert chart.title == "dev-1: temperature, 3 readings in 1 minutes"
+    assert chart.title == "dev-1: temperature, 3 readings in 1 minute"
     assert (chart.points, chart.bars, chart.segments) == (3, 1, 1)
 
 
@@ -196,6 +196,7 @@ def test_a_minute_with_one_reading_still_draws_its_average():
         charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 20.0))
     )
     assert (chart.points, chart.bars, chart.segments) == (1, 0, 1)
+    assert chart.title == "dev-1: temperature, 1 reading in 1 minute"  # was '1 readings in 1 minutes'
 
 
 def test_many_minutes_draw_one_band_and_one_average_each():
@@ -235,6 +236,22 @@ def test_quality_chart_draws_every_batch_and_marks_failed_ones():
     chart = describe(charts.quality_chart(batches))
     assert chart.title == "Data quality: 3 batches validated, 1 with a failed expectation"
     assert chart.points == 3 + 3 + 1
+
+
+def test_titles_count_one_thing_in_the_singular():
+    """After a short run the charts said '1 minutes', '1 batches validated', 'up to 1 devices'."""
+    batch = pd.DataFrame(
+        {
+            "run_id": "r",
+            "batch_id": [0],
+            "observed_at": [at(0)],
+            "rows": [10],
+            "unexpected": [0],
+            "failed": [0],
+        }
+    )
+    assert describe(charts.quality_chart(batch)).title.startswith("Data quality: 1 batch validated, ")
+    assert [charts.counted(n, "minute") for n in (0, 1, 2)] == ["0 minutes", "1 minute", "2 minutes"]
 
 
 def test_a_phased_rollout_chart_marks_when_each_phase_started_and_the_rule_that_fired():
