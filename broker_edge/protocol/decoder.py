@@ -106,6 +106,8 @@ _TOPIC_NAMES: dict[bytes, str] = {}
 the same topic in every PUBLISH, so it is decoded and checked once, and every message of it carries the same
 ``str`` (its hash computed once for every lookup after). Bounded: emptied when full."""
 _TOPIC_NAMES_MAX = 65_536
+_NO_LIMIT = sys.maxsize
+"""``feed``'s count of packets: all of them."""
 
 
 class PacketDecoder:
@@ -177,31 +179,41 @@ class PacketDecoder:
 
     def feed(self, data: bytes) -> list[Packet]:
         """Decode every complete packet in the bytes received so far; keep the partial rest for later."""
+        return self.feed_some(data, _NO_LIMIT)[0]
+
+    def feed_some(self, data: bytes, most: int) -> tuple[list[Packet], int]:
+        """Decode at most ``most`` (1 or more) complete packets of the bytes received so far, and the number
+        of bytes at the end of ``data`` left undecoded past them (0: none, the partial rest is kept for
+        later, as ``feed`` keeps it). Bytes left are not kept: the caller feeds them again."""
         if self._error is not None:
             raise self._error
         if self._pending:
             self._pending += data
             if len(self._pending) < self._needed:
-                return []
+                return [], 0
             buf = bytes(self._pending)  # packets are sliced out of bytes: faster than a memoryview's slices
             self._pending = b""
         elif not data:
-            return []
+            return [], 0
         else:
             buf = data if type(data) is bytes else bytes(data)
         packets: list[Packet] = []
         try:
-            pos = self._decode_all(buf, packets)
+            pos = self._decode_all(buf, packets, most)
         except MQTTError as error:
             error.packets_before = packets
             self._error = error
             raise
-        if pos < len(buf):
+        size = len(buf)
+        if pos < size:
+            if len(packets) >= most:  # cut at a packet's end (inside ``data``: a packet was completed)
+                return packets, size - pos
             self._pending = bytearray(memoryview(buf)[pos:])
-        return packets
+        return packets, 0
 
-    def _decode_all(self, buf, packets: list[Packet]) -> int:
-        """Decode complete packets from ``buf`` into ``packets``; return where the incomplete rest starts."""
+    def _decode_all(self, buf, packets: list[Packet], most: int = _NO_LIMIT) -> int:
+        """Decode complete packets from ``buf`` into ``packets``, at most ``most``; return where the rest
+        (incomplete, or past ``most`` packets) starts."""
         view = memoryview(buf)
         size = len(buf)
         pos = 0
@@ -255,6 +267,8 @@ class PacketDecoder:
                 accepted = self._accepted  # CONNECT switches to the packets of its protocol version
                 max_packet_size = self.max_packet_size
             pos = end
+            if len(packets) >= most:
+                return pos
         return pos
 
     def _first_byte_error(self, first: int) -> MQTTError:

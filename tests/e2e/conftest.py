@@ -1,4 +1,5 @@
-"""Fixtures of the broker suite: a real Broker on 127.0.0.1 port 0, on its own thread's uvloop event loop.
+"""Fixtures of the broker suite: a real Broker on 127.0.0.1 port 0, on its own thread's event loop (uvloop, or
+the standard one with ``runtime={"event_loop": "asyncio"}``).
 
 The broker runs on a background thread so that the tests can drive it with ordinary blocking clients
 (paho-mqtt, raw sockets, subprocesses) exactly as devices would. ``start_broker(**sections)`` builds a
@@ -32,7 +33,9 @@ class RunningBroker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.loop = uvloop.new_event_loop()
+        self.loop = (
+            asyncio.new_event_loop() if config.runtime.event_loop == "asyncio" else uvloop.new_event_loop()
+        )
         self.broker = Broker(config)
         self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
         self._started: Future = Future()

@@ -39,6 +39,7 @@ from broker_edge.engine.connection.inbound import Inbound
 from broker_edge.engine.connection.outgoing import ABORT, CLOSE, Closing, ConnectionRare, Outgoing
 from broker_edge.engine.connection.reading import (
     OwnDecoder,
+    PacketTurn,
     PeerPartial,
     forget_unfinished,
     own_decoder,
@@ -217,38 +218,44 @@ class Connection(Outgoing):
         deadline."""
         self.terms.host.connection_opened(self)
 
-    def receive(self, data: bytes) -> None:
-        """Bytes from the client, in any split: every packet they complete is handled, in order."""
+    def receive(self, data: bytes, turn: PacketTurn | None = None) -> int:
+        """Bytes from the client, in any split: every packet they complete is handled, in order. With
+        ``turn``, at most ``turn.packets_left`` of them, counted off it: the number of bytes at the end of
+        ``data`` past those is returned, not handled (the caller hands them in again); else 0."""
         if type(self._out) is Closing:
-            return  # its end is decided: nothing it sends is handled (or counted) any more
+            return 0  # its end is decided: nothing it sends is handled (or counted) any more
         state = self.terms.state
         if state == CONNECTED:
             self.deadline = HEARD_FROM
         elif state == CLOSED:
-            return
-        self.terms.stats.bytes_in += len(data)
+            return 0
         decoder = self.decoder
+        unread = 0
         try:
-            packets = decoder.feed(data)
+            if turn is None:
+                packets = decoder.feed(data)
+            else:
+                packets, unread = decoder.feed_some(data, turn.packets_left)
+                turn.packets_left -= len(packets)
         except MQTTError as error:
             packets = error.packets_before
             self.held_error = error
             if decoder.shared:
                 decoder = own_decoder(self)
         # A shared decoder holds nothing before a read, and bytes counted as unfinished are in an OwnDecoder.
+        self.terms.stats.bytes_in += len(data) - unread
         if (decoder.buffered or not decoder.shared) and not settle_decoder(self, bool(packets)):
-            return
+            return 0
         if self._rare is None or (self.backlog is None and self.held_error is None):
             # Nothing waits and no error is held: dispatch alone. Most connections set no ``RareField``,
             # so this costs them one slot read; every ``RareField`` read is a descriptor call, and a QoS 1
             # subscriber sends about one PUBACK per read, so they would be paid once per delivery.
             self._dispatch_all(packets)
-            return
-        if self.backlog is not None:  # earlier packets still wait (reading is held): keep their order
+        elif self.backlog is not None:  # earlier packets still wait (reading is held): keep their order
             self.backlog.extend(packets)
-            return
-        if self._dispatch_all(packets) and self.backlog is None:
+        elif self._dispatch_all(packets) and self.backlog is None:
             self._raise_held_error()
+        return unread
 
     def transport_closed(self, exc: Exception | None) -> None:
         """The connection is gone (closed by either side): the session is let go of, the will published."""

@@ -28,12 +28,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OwnDecoder",
+    "PacketTurn",
     "PeerPartial",
     "forget_unfinished",
     "own_decoder",
     "settle_decoder",
     "unfinished_since",
 ]
+
+
+class PacketTurn(Protocol):
+    """What a read may handle of this turn of the event loop (``runtime.transports.turns.ReadTurns``)."""
+
+    packets_left: int
+    """Packets it may still handle (1 or more as a read starts); the read counts off those it handles."""
 
 
 class Connection(Protocol):

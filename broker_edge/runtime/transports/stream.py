@@ -19,6 +19,7 @@ from broker_edge.engine.connection.outgoing import ABORT, Closing
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
+    from broker_edge.engine.connection.reading import PacketTurn
     from broker_edge.engine.connection.terms import ListenerRuntime
 
 __all__ = ["ByteTransport", "StreamConnection"]
@@ -66,11 +67,17 @@ class StreamConnection(Connection, asyncio.Protocol):
             self.flush()
 
     def data_received(self, data: bytes) -> None:
-        self.receive(data)
+        self.handle_read(data)
+
+    def handle_read(self, data: bytes, turn: PacketTurn | None = None) -> int:
+        """``receive`` ``data`` (with ``turn``: at most its packets left; the bytes past them are returned,
+        not handled), then carry out an end or a hold of reading the packets decided."""
+        unread = self.receive(data, turn)
         if type(self._out) is Closing:
             self.flush()  # the read ended the connection: its last packets go, then it closes
         elif self._rare is not None:
             self._follow_hold()  # a hold decided in this read stops reading now
+        return unread
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:

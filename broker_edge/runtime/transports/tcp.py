@@ -79,17 +79,21 @@ def tls_room(broker: ConnectionHost) -> int:
 
 class TcpConnection(StreamConnection):
     """A connection whose transport is an asyncio TCP (or TLS) transport, its reads bounded per turn of the
-    event loop (``turns.ReadTurns``: bytes kept for a later turn hold its reading, ``HELD_FOR_TURN``)."""
+    event loop in bytes and packets (``turns.ReadTurns``: bytes kept for a later turn hold its reading,
+    ``HELD_FOR_TURN``)."""
 
     __slots__ = ()
 
     def data_received(self, data: bytes) -> None:
-        now = cast(TurnsHost, self.terms.host).read_turns.take(self, data)
+        turns = cast(TurnsHost, self.terms.host).read_turns
+        now = turns.take(self, data)
         if now is not None:
-            StreamConnection.data_received(self, now)
+            unread = self.handle_read(now, turns)
+            if unread:  # past the turn's packets
+                turns.keep_unread(self, now[-unread:])
 
-    def handle_bytes(self, data: bytes) -> None:
-        StreamConnection.data_received(self, data)
+    def handle_bytes(self, data: bytes) -> int:
+        return self.handle_read(data, cast(TurnsHost, self.terms.host).read_turns)
 
     def pause_for_turn(self) -> None:
         self.hold(HELD_FOR_TURN)

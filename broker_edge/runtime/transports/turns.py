@@ -19,6 +19,14 @@ everything else: the writes of the turn go out, timers fire, other sockets are s
 reading is held for another reason (its message rate, a slow subscriber) keeps its bytes until it is
 released (``wake``).
 
+A turn also handles at most ``packets`` packets, all connections together: by default one for each
+``PACKET_BYTES`` of its budget (``packets_per_turn``: 1,024 of 64 KiB), since 64 KiB of PINGREQs is 32,768
+packets, a turn of 30-60 ms. A read whose packets pass what the turn has left is handled up to there
+(``Connection.receive`` counts them off ``packets_left``) and the bytes past them are kept as bytes past the
+budget are (``keep_unread``): in front of any kept after them, its socket not read meanwhile if they are
+more than ``MIN_SHARE``. In the line each connection gets an equal share of the packets too (at least
+``MIN_PACKET_SHARE``).
+
 It knows connections only as ``TurnReader`` (a ``TcpConnection``, which feeds its reads through ``take``). A
 WebSocket reader, which reads in a task, takes its bytes with ``spend`` and waits for ``next_turn``.
 """
@@ -30,17 +38,29 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["MIN_SHARE", "ReadTurns", "TurnReader"]
+__all__ = ["MIN_PACKET_SHARE", "MIN_SHARE", "PACKET_BYTES", "ReadTurns", "TurnReader", "packets_per_turn"]
 
 MIN_SHARE = 4096
 """The fewest bytes a connection with bytes kept is handed in a turn (however many wait)."""
+MIN_PACKET_SHARE = 64
+"""The fewest packets a connection with bytes kept may handle in a turn (however many wait)."""
+PACKET_BYTES = 64
+"""What a packet counts as at least, of a turn's bytes: a turn of 64 KiB handles 1,024 packets at most. A
+PINGREQ costs about a microsecond here, so such a turn lasts about one millisecond; a fan-in of 64-byte
+messages (about 800 to a 64 KiB read) is bound by the bytes, as before."""
+
+
+def packets_per_turn(budget: int) -> int:
+    """The packets a turn of ``budget`` bytes handles at most."""
+    return max(budget // PACKET_BYTES, MIN_PACKET_SHARE)
 
 
 class TurnReader(Protocol):
     """A connection whose reads ``ReadTurns`` may keep for a later turn."""
 
-    def handle_bytes(self, data: bytes) -> None:
-        """Handle bytes read from the client."""
+    def handle_bytes(self, data: bytes) -> int:
+        """Handle bytes read from the client, at most ``packets_left`` of the turn's packets: the number of
+        bytes at the end of ``data`` past them, not handled (0: all were)."""
 
     def pause_for_turn(self) -> None:
         """Stop reading the socket: it has bytes kept."""
@@ -60,13 +80,31 @@ class TurnReader(Protocol):
 class ReadTurns:
     """The read budget of the turns of one event loop (see the module docstring)."""
 
-    __slots__ = ("_call_soon", "_held", "_kept", "_scheduled", "_waiters", "budget", "left", "turns_cut")
+    __slots__ = (
+        "_call_soon",
+        "_held",
+        "_kept",
+        "_scheduled",
+        "_waiters",
+        "budget",
+        "left",
+        "packets",
+        "packets_left",
+        "turns_cut",
+    )
 
-    def __init__(self, budget: int, call_soon: Callable[[Callable[[], None]], object]) -> None:
+    def __init__(
+        self, budget: int, call_soon: Callable[[Callable[[], None]], object], packets: int | None = None
+    ) -> None:
         self.budget = budget
         """Bytes one turn reads at most."""
         self.left = budget
         """What this turn may still read (0 or less: reads are kept for a later turn)."""
+        self.packets = packets_per_turn(budget) if packets is None else packets
+        """Packets one turn handles at most."""
+        self.packets_left = self.packets
+        """What this turn may still handle (0: reads are kept for a later turn); a read counts off its
+        packets (``Connection.receive``)."""
         self.turns_cut = 0
         """Turns that kept bytes for a later one (a plain count)."""
         self._call_soon = call_soon
@@ -97,7 +135,7 @@ class ReadTurns:
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._next_turn)
-        left = self.left
+        left = self.left if self.packets_left > 0 else 0
         size = len(data)
         if size <= left:
             self.left = left - size
@@ -111,6 +149,21 @@ class ReadTurns:
         self._keep(reader, bytearray(data[left:]))
         return data[:left]
 
+    def keep_unread(self, reader: TurnReader, data: bytes) -> None:
+        """``reader`` handled the packets this turn had left of what ``take`` handed it: ``data``, the bytes
+        past them, go back to this turn's budget and wait for a later turn, in front of any it kept after
+        them."""
+        self.left += len(data)
+        waiting = self._kept.get(reader)
+        if waiting is None:
+            if not self._kept and not self._waiters:
+                self.turns_cut += 1
+            self._keep(reader, bytearray(data))
+            return
+        waiting[:0] = data
+        if len(waiting) > MIN_SHARE:
+            reader.pause_for_turn()
+
     def _keep(self, reader: TurnReader, data: bytearray) -> None:
         """Put ``reader`` in line with ``data`` (at the front if it owes acknowledgements), paused if that
         is more than ``MIN_SHARE``."""
@@ -121,16 +174,23 @@ class ReadTurns:
         if len(data) > MIN_SHARE:
             reader.pause_for_turn()
 
-    def spend(self, size: int) -> bool:
-        """Take ``size`` bytes from this turn (a reader in a task); False: none left, wait for
+    def spend(self, size: int, packets: int = 0) -> bool:
+        """Take ``size`` bytes and ``packets`` packets from this turn (a reader in a task, whose
+        ``Connection.receive`` counts off the packets of the bytes it hands); False: none left, wait for
         ``next_turn``."""
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._next_turn)
-        if self.left > 0:
+        if self.left > 0 and self.packets_left > 0:
             self.left -= size
+            self.packets_left -= packets
             return True
         return False
+
+    def unspend(self, size: int) -> None:
+        """``size`` bytes taken with ``spend`` were not handled (past this turn's packets): a later turn
+        takes them."""
+        self.left += size
 
     def next_turn(self) -> asyncio.Future[None]:
         """A future done at the start of a later turn, once the connections with bytes kept had theirs."""
@@ -170,10 +230,11 @@ class ReadTurns:
         """A new turn: the budget again, shared first among the connections with bytes kept."""
         self._scheduled = False
         self.left = self.budget
+        self.packets_left = self.packets
         kept = self._kept
         if kept:
             self._hand_back(kept)
-        if self._waiters and self.left > 0:
+        if self._waiters and self.left > 0 and self.packets_left > 0:
             waiters, self._waiters = self._waiters, []
             for future in waiters:
                 if not future.done():
@@ -185,9 +246,10 @@ class ReadTurns:
         A turn looks at the connections it serves, not at the whole line: a fleet's thousands of kept reads
         cost each turn only the few hundred it handles."""
         share = max(self.budget // len(kept), MIN_SHARE)
+        packet_share = max(self.packets // len(kept), MIN_PACKET_SHARE)
         offered = len(kept)  # those in line as the turn starts: none is offered a second share in it
         handed = False
-        while offered and self.left > 0:
+        while offered and self.left > 0 and self.packets_left > 0:
             offered -= 1
             reader, data = kept.popitem(last=False)
             if not reader.may_read():  # held (or closed) by what was handled before it: out of the line
@@ -197,12 +259,24 @@ class ReadTurns:
                 handed = True
                 self._scheduled = True  # this turn reads: the next one starts from a full budget again
                 self._call_soon(self._next_turn)
-            if len(data) > share:
-                part = bytes(data[:share])
-                del data[:share]
+            part = bytes(data[:share])
+            self.left -= len(part)
+            unread = self._handle_share(reader, part, packet_share)
+            del data[: len(part) - unread]  # the bytes past its packets stay in front of the rest
+            if unread:
+                self.left += unread
+                if len(data) > MIN_SHARE:
+                    reader.pause_for_turn()
+            if data:
                 kept[reader] = data  # the back of the line
             else:
-                part = bytes(data)
                 reader.resume_after_turn()
-            self.left -= len(part)
-            reader.handle_bytes(part)
+
+    def _handle_share(self, reader: TurnReader, part: bytes, packet_share: int) -> int:
+        """``reader`` handles ``part``, at most ``packet_share`` packets of it: the bytes left unhandled."""
+        left = self.packets_left
+        allowed = min(left, packet_share)
+        self.packets_left = allowed
+        unread = reader.handle_bytes(part)
+        self.packets_left = left - (allowed - self.packets_left)
+        return unread

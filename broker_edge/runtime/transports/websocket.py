@@ -237,28 +237,43 @@ CONTROL_FRAME_MIN = 6
 
 
 async def _read(transport: WebSocketTransport, connection: StreamConnection, turns: ReadTurns) -> None:
-    """Hand ``connection`` the bytes of each binary message and answer each ping, each within a turn's read
-    budget: a flood of pings is read over many turns, as a flood of packets is. While the connection holds
-    its reading (over its message rate, owing acknowledgements, ...) the next message waits, untaken."""
+    """Hand ``connection`` the bytes of each binary message and answer each ping (a packet of the turn),
+    each within a turn's read budget: a flood of pings is read over many turns, as a flood of packets is.
+    While the connection holds its reading (over its message rate, owing acknowledgements, ...) the next
+    message waits, untaken."""
     ws = transport._ws
     async for message in ws:
         if message.type in (WSMsgType.PING, WSMsgType.PONG):
-            while not turns.spend(len(message.data) + CONTROL_FRAME_MIN):
+            while not turns.spend(len(message.data) + CONTROL_FRAME_MIN, 1):
                 await turns.next_turn()
             if message.type == WSMsgType.PING:
                 await ws.pong(message.data)
         elif message.type == WSMsgType.BINARY:
-            while connection.held and transport.open:
-                await transport.until_readable()
-            while not turns.spend(len(message.data)):  # this turn's bytes are read: the next one
-                await turns.next_turn()
-            connection.data_received(message.data)
+            await _hand_message(transport, connection, turns, message.data)
         elif message.type == WSMsgType.TEXT:
             connection.abort()  # MQTT over WebSocket is binary only
             connection.flush()
             return
         elif message.type == WSMsgType.ERROR:
             return
+
+
+async def _hand_message(
+    transport: WebSocketTransport, connection: StreamConnection, turns: ReadTurns, data: bytes
+) -> None:
+    """Hand ``connection`` a binary message within the turns' budget: a message holding more packets than
+    a turn has left is handled over several turns (the rest waits, as a TCP read's rest does)."""
+    while True:
+        while connection.held and transport.open:
+            await transport.until_readable()
+        while not turns.spend(len(data)):  # this turn's bytes are read: the next one
+            await turns.next_turn()
+        unread = connection.handle_read(data, turns)
+        if not unread:
+            return
+        turns.unspend(unread)
+        data = data[-unread:]
+        await turns.next_turn()
 
 
 async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> GuardedRunner:

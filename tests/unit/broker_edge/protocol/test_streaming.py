@@ -109,3 +109,29 @@ def test_a_topic_named_again_is_the_same_string_and_a_bad_one_is_refused_every_t
             assert "wildcard" in error.message
         else:
             raise AssertionError("a wildcard in a PUBLISH topic was accepted")
+
+
+def test_feed_some_decodes_at_most_so_many_packets_and_hands_back_the_bytes_past_them():
+    """A read of more packets than the turn has left is decoded up to there: the bytes past them (whole
+    packets, the start of one) are handed back to be fed again, not kept; fed again they decode the rest."""
+    decoder = PacketDecoder()
+    packets = decoder.feed(STREAM[:40])  # CONNECT, and the start of the first PUBLISH held back
+    assert packets == SESSION[:1] and decoder.buffered
+    rest = STREAM[40:]
+    some, unread = decoder.feed_some(rest, 3)
+    assert some == SESSION[1:4] and decoder.buffered == 0 and unread
+    packets += some
+    while unread:
+        rest = rest[-unread:]
+        more, unread = decoder.feed_some(rest, 2)
+        assert 1 <= len(more) <= 2
+        packets += more
+    assert packets == SESSION
+    assert decoder.feed_some(encode(PingReq(), MQTT_5)[:1], 1) == ([], 0) and decoder.buffered == 1
+
+
+def test_feed_some_of_pubacks_read_together_gives_one_run():
+    decoder = PacketDecoder(protocol_version=MQTT_5)
+    pubacks = b"".join(encode(PubAck(n), MQTT_5) for n in range(1, 101))
+    packets, unread = decoder.feed_some(pubacks, 1)
+    assert unread == 0 and len(packets) == 1 and packets[0].packet_ids == list(range(1, 101))

@@ -1,5 +1,6 @@
-"""A turn of the event loop reads a bounded number of bytes (``ReadTurns``): by hand, with the turns driven by
-the test, then on real loopback sockets under uvloop and asyncio's loop with each transport."""
+"""A turn of the event loop reads a bounded number of bytes and handles a bounded number of packets
+(``ReadTurns``): by hand, with the turns driven by the test, then on real loopback sockets under uvloop and
+asyncio's loop with each transport."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import uvloop
 
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.tcp import TcpServer
-from broker_edge.runtime.transports.turns import MIN_SHARE, ReadTurns
+from broker_edge.runtime.transports.turns import MIN_SHARE, PACKET_BYTES, ReadTurns
 
 
 class Reader:
@@ -29,8 +30,9 @@ class Reader:
         self.asked = 0
         """How often ``ReadTurns`` asked whether it may read."""
 
-    def handle_bytes(self, data: bytes) -> None:
+    def handle_bytes(self, data: bytes) -> int:
         self.log.append((self.name, data))
+        return 0
 
     def pause_for_turn(self) -> None:
         self.reading = False
@@ -259,6 +261,72 @@ def test_a_reader_in_a_task_waits_for_the_next_turn_once_the_budget_is_spent():
     assert asyncio.run(scenario()) == ["this turn", "next turn"]
 
 
+PINGREQ = b"\xc0\x00"
+
+
+class PacketReader(Reader):
+    """A connection whose reads are 2-byte packets (PINGREQs), handling at most the turn's packets left of
+    each, as ``Connection.receive`` does: the bytes past them are handed back."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes]], turns: ReadTurns) -> None:
+        super().__init__(name, log)
+        self.turns = turns
+
+    def handle_bytes(self, data: bytes) -> int:
+        count = min(len(data) // 2, self.turns.packets_left)
+        self.turns.packets_left -= count
+        self.log.append((self.name, data[: 2 * count]))
+        return len(data) - 2 * count
+
+    def read(self, data: bytes) -> None:
+        """What ``TcpConnection`` does with a read."""
+        now = self.turns.take(self, data)
+        if now is not None:
+            unread = self.handle_bytes(now)
+            if unread:
+                self.turns.keep_unread(self, now[-unread:])
+
+
+def packet_turns() -> tuple[Turns, Callable[[str], PacketReader]]:
+    """Turns of 64 KiB: 1,024 packets (``PACKET_BYTES`` each) at most."""
+    t = Turns(budget=64 * 1024)
+    assert t.turns.packets == 64 * 1024 // PACKET_BYTES == 1024
+    return t, lambda name: PacketReader(name, t.handled, t.turns)
+
+
+def test_a_turn_handles_at_most_its_packets_and_keeps_the_bytes_past_them_for_the_next_turns():
+    """64 KiB of PINGREQs is 32,768 packets: a turn of 1,024 handles that many, the rest is kept (the
+    connection not read meanwhile) and handled 1,024 a turn, in order, none lost."""
+    t, reader = packet_turns()
+    flood = reader("flood")
+    flood.read(PINGREQ * 32_768)
+    assert t.handled == [("flood", PINGREQ * 1024)] and not flood.reading
+    assert t.turns.turns_cut == 1
+    turns = 1
+    while t.queue:
+        t.end_turn()
+        turns += 1
+        assert len(t.handled[-1][1]) <= 2 * 1024
+    assert b"".join(data for _, data in t.handled) == PINGREQ * 32_768
+    assert turns == 32 + 1 and flood.reading  # the last turn found nothing kept
+
+
+def test_a_read_behind_a_flood_s_packets_is_handled_in_the_next_turn_and_reads_behind_kept_bytes_wait():
+    t, reader = packet_turns()
+    flood, healthy = reader("flood"), reader("healthy")
+    flood.read(PINGREQ * 10_000)
+    healthy.read(PINGREQ)  # this turn's packets are handled: kept
+    flood.read(b"\xe0\x00")  # behind its kept bytes
+    assert [name for name, _ in t.handled] == ["flood"]
+    t.end_turn()
+    assert ("healthy", PINGREQ) in t.handled
+    assert sum(len(data) for _, data in t.handled[1:]) <= 2 * 1024  # the flood had its share, not more
+    while t.queue:
+        t.end_turn()
+    flooded = b"".join(data for name, data in t.handled if name == "flood")
+    assert flooded == PINGREQ * 10_000 + b"\xe0\x00"
+
+
 # -- on real sockets ---------------------------------------------------------------------------------------
 
 FLOOD = 4 * 1024 * 1024
@@ -284,9 +352,10 @@ class Counting(asyncio.Protocol):
         if now is not None:
             self.handle_bytes(now)
 
-    def handle_bytes(self, data: bytes) -> None:
+    def handle_bytes(self, data: bytes) -> int:
         self.per_turn[-1] += len(data)
         self.done(len(data))
+        return 0
 
     def pause_for_turn(self) -> None:
         assert self.transport is not None
