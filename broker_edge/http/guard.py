@@ -22,7 +22,9 @@ guard:
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
   Requests being handled are not timed: a long poll may wait. With ``send_timeout_s``, a connection whose
   peer takes none of what is written to it for that long (its writing paused all along: a reader that
-  stopped reading a large answer) is aborted, so that its answer and the budget it holds are freed.
+  stopped reading a large answer) is aborted, so that its answer and the budget it holds are freed; with
+  ``min_read_bytes_per_s``, so is one whose answer of N bytes is not taken within ``request_timeout_s`` +
+  N / that many seconds (a reader taking a few KiB now and then, never stalled that long, one WARNING).
 - **Bodies.** A body is read as sent, never decoded: one in a ``Content-Encoding`` is refused (415, one
   WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies;
   so is one in a transfer coding other than ``chunked`` (501), and a request line of another version than
@@ -46,6 +48,7 @@ import json
 import logging
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
@@ -55,6 +58,7 @@ from aiohttp import HttpVersion10, HttpVersion11, web
 
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
 from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
+from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.settings.broker import check_http_limits
 
@@ -79,6 +83,8 @@ ByteWatch = Callable[[int], bool | None]
 """What ``watch_bytes`` calls with each read's size: True aborts the connection, None stops the calls."""
 
 _GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
+_slow_readers = RefusalLog()
+"""The lines of answers abandoned because they were taken too slowly (``_too_slow``)."""
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
 """Where a request's ``Reservation`` is kept (``request[_RESERVATION]``)."""
 _BUSY = 503
@@ -92,11 +98,16 @@ class _Guard:
     """What the connections of one site share: the count, the limits, the protocols by transport."""
 
     def __init__(
-        self, max_connections: int, request_timeout_s: float, send_timeout_s: float | None = None
+        self,
+        max_connections: int,
+        request_timeout_s: float,
+        send_timeout_s: float | None = None,
+        min_read_bytes_per_s: int = 0,
     ) -> None:
         self.max_connections = max_connections
         self.request_timeout_s = request_timeout_s
         self.send_timeout_s = send_timeout_s
+        self.min_read_bytes_per_s = min_read_bytes_per_s
         self.open: dict[Any, _GuardedProtocol] = {}
         """Open connections, oldest first."""
         self.closing = 0
@@ -108,6 +119,15 @@ class _Guard:
         """Connections closed because a request (or a TLS handshake) did not arrive in time."""
         self.stalled = 0
         """Connections aborted because their peer took nothing written to them for ``send_timeout_s``."""
+        self.too_slow = 0
+        """Answers abandoned (their connections aborted) because they were taken slower than
+        ``min_read_bytes_per_s``."""
+
+    def time_to_take(self, size: int) -> float | None:
+        """Seconds a reader has to take an answer of ``size`` bytes (None: as long as it likes)."""
+        if not self.min_read_bytes_per_s:
+            return None
+        return self.request_timeout_s + size / self.min_read_bytes_per_s
 
     def refused_handshake(self) -> None:
         """A socket closed at accept: ``max_connections`` TLS handshakes were in progress."""
@@ -159,6 +179,8 @@ class _GuardedProtocol(asyncio.Protocol):
         self.authenticated = False
         """A request on this connection carried valid credentials: it makes room for a newcomer only once no
         connection that never authenticated can."""
+        self.who = "a client"
+        """Whose connection it is, for logs: the name its credentials gave (``mark_authenticated``)."""
         self.closing = False
         self.idle_since: float | None = None
         """When its last answer was sent, while no byte of a next request has arrived (None otherwise)."""
@@ -337,11 +359,14 @@ def _unserved(request: web.Request) -> web.Response | None:
     return None
 
 
-def mark_authenticated(request: web.Request) -> None:
-    """The request carried valid credentials: its connection is a known client's from now on."""
+def mark_authenticated(request: web.Request, name: str | None = None) -> None:
+    """The request carried valid credentials (of ``name``, for logs): its connection is a known client's from
+    now on."""
     guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
     if guarded is not None:
         guarded.authenticated = True
+        if name is not None:
+            guarded.who = name
 
 
 @contextlib.contextmanager
@@ -428,7 +453,48 @@ WRITE_PIECE = 256 * 1024
 
 
 async def _send(request: web.Request, response: web.Response) -> web.StreamResponse:
-    """Send ``response``; a body over ``WRITE_PIECE`` goes a piece at a time, each waiting for room on the
+    """Send ``response`` within the time its size gives (``_Guard.time_to_take``): an answer taken slower
+    than that is abandoned and its connection aborted (``_too_slow``), so that a reader taking a few KiB
+    now and then, never stalled long enough for ``send_timeout_s``, cannot hold its share of the budget for
+    hours."""
+    body = response.body
+    size = memoryview(body).nbytes if isinstance(body, bytes | bytearray | memoryview) else 0
+    limit = request.app[_GUARD_KEY].time_to_take(size)
+    try:
+        async with asyncio.timeout(limit):
+            return await _write(request, response)
+    except TimeoutError:
+        _too_slow(request, size, limit or 0.0)
+        return response
+
+
+def _too_slow(request: web.Request, size: int, limit: float) -> None:
+    """Abort the connection of ``request``, whose answer of ``size`` bytes was not taken within ``limit``
+    seconds, and say so (one WARNING naming the reader, limited per 10 s)."""
+    guard = request.app[_GUARD_KEY]
+    guard.too_slow += 1
+    guarded = guard.open.get(request.transport)
+    reader = guarded.who if guarded is not None else "a client"
+    _slow_readers.write(
+        log,
+        time.monotonic(),
+        "http_slow_reader",
+        f"HTTP answer of {size} bytes to {reader} abandoned and its connection closed: not taken within "
+        f"{limit:g} s (under {guard.min_read_bytes_per_s} bytes/s)",
+        peer=request.remote,
+        reader=reader,
+    )
+    transport = request.transport
+    if transport is not None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a reset: what the kernel still holds of the answer is dropped too
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+
+
+async def _write(request: web.Request, response: web.Response) -> web.StreamResponse:
+    """Write ``response``; a body over ``WRITE_PIECE`` goes a piece at a time, each waiting for room on the
     connection. Written whole, a TLS connection encrypts it whole into its socket's buffer at once: the
     answer left the budget before the reader had it, and a reader that stopped reading left it there for
     as long as its connection lived, its writing never paused (so never timed, ``send_timeout_s``)."""
@@ -485,6 +551,7 @@ async def start_guarded_site(
     reuse_port: bool = False,
     send_timeout_s: float | None = None,
     max_line_size: int = 8190,
+    min_read_bytes_per_s: int = 0,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -493,8 +560,9 @@ async def start_guarded_site(
     handshake is told to ``on_tls_failure`` with the peer and why. ``reuse_port``: the address is shared with
     other processes (``SO_REUSEPORT``). ``send_timeout_s``: a connection whose peer takes none of its
     answer for that long is aborted (None: never). ``max_line_size``: the longest request line or header
-    taken (longer ones are answered 400)."""
-    guard = _Guard(max_connections, request_timeout_s, send_timeout_s)
+    taken (longer ones are answered 400). ``min_read_bytes_per_s``: an answer of N bytes not taken within
+    ``request_timeout_s`` + N / this seconds is abandoned, its connection aborted (0: no minimum)."""
+    guard = _Guard(max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
     if budget is not None:

@@ -65,6 +65,9 @@ class ApiLimits:
     send_timeout_s: float = 30.0
     """Seconds a reader may take none of its answer before its connection is aborted (and what the answer
     held of the memory budget freed)."""
+    min_read_bytes_per_s: int = 65_536
+    """Slowest rate a reader may take an answer at (after ``request_timeout_s``), else it is abandoned and
+    its connection closed; 0: no minimum."""
     max_request_line: int = 8190
     """Bytes of a request line (``request_line_for``: what the longest topic a path may name needs)."""
 

@@ -212,7 +212,7 @@ def authentication(
         access = authenticate(request)
         request[ACCESS] = access
         if access is not EVERYONE:
-            mark_authenticated(request)
+            mark_authenticated(request, access.name)
         return await handler(request)
 
     return admitted
@@ -306,6 +306,7 @@ async def serve_app(
         is_member=is_member,
         send_timeout_s=limits.send_timeout_s,
         max_line_size=limits.max_request_line,
+        min_read_bytes_per_s=limits.min_read_bytes_per_s,
     )
     return runner, runner.port
 

@@ -480,6 +480,7 @@ class Broker(BrokerCore):
             limits = ApiLimits(
                 max_connections=api.max_connections,
                 request_timeout_s=api.request_timeout_s,
+                min_read_bytes_per_s=api.min_read_bytes_per_s,
                 max_request_line=request_line_for(self.config.limits.max_topic_length),
             )
             readers = reader_authenticator(self.reader_tokens)
@@ -495,6 +496,7 @@ class Broker(BrokerCore):
                 budget=self.http_budget,  # readers: never the members' share
                 send_timeout_s=limits.send_timeout_s,
                 max_line_size=limits.max_request_line,
+                min_read_bytes_per_s=limits.min_read_bytes_per_s,
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

@@ -285,9 +285,16 @@ class OffsetsApiConfig:
     """Open connections; more are answered 503 and closed."""
     request_timeout_s: float = 10.0
     """Seconds for a request's headers, and for its body, to arrive; a connection still sending is closed."""
+    min_read_bytes_per_s: int = 65_536
+    """Slowest rate a reader may take an answer at: an answer of N bytes not taken within
+    ``request_timeout_s`` + N / this seconds is abandoned, its connection closed and its share of
+    ``limits.http_buffer_bytes`` freed (one WARNING naming the reader); 0 = no minimum."""
 
     def __post_init__(self) -> None:
         expand_home(self, "tokens_file")
+        rate = self.min_read_bytes_per_s
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+            raise ConfigError("min_read_bytes_per_s", f"must be an integer >= 0, got {rate!r}")
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         check_http_limits(self.max_connections, self.request_timeout_s)
