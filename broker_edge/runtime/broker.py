@@ -121,8 +121,9 @@ class Broker(BrokerCore):
         ).set_function(self.unanswered_publishes)
         self.read_turns_cut_total = self.metrics.counter(
             "read_turns_cut",
-            "Turns of the event loop that read limits.read_bytes_per_turn and left the rest of the clients' "
-            "bytes for the next turns (the broker is reading as fast as it can).",
+            "Turns of the event loop that read limits.read_bytes_per_turn (or handled a packet for each 64 "
+            "bytes of it) and left the rest of the clients' bytes for the next turns (the broker is reading "
+            "as fast as it can).",
         )
         slow = self.slow_subscribers
         self.metrics.gauge(
