@@ -24,7 +24,8 @@ guard:
   peer takes none of what is written to it for that long (its writing paused all along: a reader that
   stopped reading a large answer) is aborted, so that its answer and the budget it holds are freed; with
   ``min_read_bytes_per_s``, so is one whose answer of N bytes is not taken within ``request_timeout_s`` +
-  N / that many seconds (a reader taking a few KiB now and then, never stalled that long, one WARNING).
+  N / that many seconds (a reader taking a few KiB now and then, never stalled that long, one WARNING);
+  an answer streamed as it is made holds its writes to the same rate (``Pace``).
 - **Bodies.** A body is read as sent, never decoded: one in a ``Content-Encoding`` is refused (415, one
   WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies;
   so is one in a transfer coding other than ``chunked`` (501), and a request line of another version than
@@ -65,6 +66,7 @@ from broker_edge.settings.broker import check_http_limits
 __all__ = [
     "ByteWatch",
     "GuardedRunner",
+    "Pace",
     "UnreadBody",
     "check_http_limits",
     "hold",
@@ -479,7 +481,7 @@ def _too_slow(request: web.Request, size: int, limit: float) -> None:
         log,
         time.monotonic(),
         "http_slow_reader",
-        f"HTTP answer of {size} bytes to {reader} abandoned and its connection closed: not taken within "
+        f"HTTP answer to {reader} abandoned and its connection closed: {size} bytes not taken within "
         f"{limit:g} s (under {guard.min_read_bytes_per_s} bytes/s)",
         peer=request.remote,
         reader=reader,
@@ -491,6 +493,32 @@ def _too_slow(request: web.Request, size: int, limit: float) -> None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         transport.abort()
+
+
+class Pace:
+    """The writes of an answer streamed as it is made, its length unknown (a listing): what it has written
+    must be taken within ``request_timeout_s`` + that many bytes / ``min_read_bytes_per_s`` of its first
+    write, else it is abandoned as ``_send`` abandons an answer taken too slowly."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.guard = request.app.get(_GUARD_KEY)
+        self.started = time.monotonic()
+        self.written = 0
+
+    async def write(self, response: web.StreamResponse, data: bytes) -> None:
+        """``response.write(data)`` in time; ``ConnectionResetError`` once the connection is aborted."""
+        self.written += len(data)
+        limit = self.guard.time_to_take(self.written) if self.guard is not None else None
+        if limit is None:
+            await response.write(data)
+            return
+        try:
+            async with asyncio.timeout(max(0.0, self.started + limit - time.monotonic())):
+                await response.write(data)
+        except TimeoutError:
+            _too_slow(self.request, self.written, limit)
+            raise ConnectionResetError("the answer was taken too slowly") from None
 
 
 async def _write(request: web.Request, response: web.Response) -> web.StreamResponse:

@@ -39,6 +39,7 @@ from aiohttp import HttpVersion11, web
 from broker_edge.bounds import MAX_OFFSET
 from broker_edge.http.guard import (
     GuardedRunner,
+    Pace,
     UnreadBody,
     hold,
     mark_authenticated,
@@ -437,17 +438,18 @@ class _Handlers:
             response.enable_chunked_encoding()
         await response.prepare(request)
         try:
-            await self._write_listing(response, itertools.chain([first], chunks), access)
+            await self._write_listing(Pace(request), response, itertools.chain([first], chunks), access)
         except ConnectionError:  # (the answer's status is sent: nothing else can be told)
             log.debug("%s closed its connection in the middle of a listing", request.remote)
         return response
 
     async def _write_listing(
-        self, response: web.StreamResponse, chunks: Iterator[list[LogInfo]], access: Access
+        self, pace: Pace, response: web.StreamResponse, chunks: Iterator[list[LogInfo]], access: Access
     ) -> None:
-        """The listing's body, a chunk of logs per write, the loop served between chunks."""
+        """The listing's body, a chunk of logs per write, the loop served between chunks, taken at
+        ``min_read_bytes_per_s`` at least (``http.guard.Pace``)."""
         replicated = self.store.replicated_log.enabled
-        await response.write(b'{"logs": [')
+        await pace.write(response, b'{"logs": [')
         separator = b""
         for chunk in chunks:
             listed = [_info_json(info) for info in chunk if access.may_read(info.topic)]
@@ -455,10 +457,10 @@ class _Handlers:
                 for item in listed:
                     item["durable_end_offset"] = self.store.durable_end(item["topic"])
             if listed:
-                await response.write(separator + json.dumps(listed)[1:-1].encode())
+                await pace.write(response, separator + json.dumps(listed)[1:-1].encode())
                 separator = b", "
             await asyncio.sleep(0)
-        await response.write(b"]}")
+        await pace.write(response, b"]}")
         await response.write_eof()
 
     async def log_info(self, request: web.Request) -> web.Response:

@@ -10,7 +10,10 @@ import socket
 import threading
 import time
 
+from broker_edge.offsets_api.requests import ApiLimits
+from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, sample_record
 
 READERS = [
     {"name": "slow-notebook", "token": "slow-secret", "topics": ["#"]},
@@ -110,3 +113,36 @@ def test_a_reader_that_takes_its_answer_at_the_minimum_rate_gets_it_whole(broker
     reader = trickle_reader(running.broker.offsets_port, BIG_READ, "slow-secret", got)
     reader.join(15)
     assert not reader.is_alive() and got[0] > 400_000  # 192 KiB/s, over the 64 KiB/s asked: served whole
+
+
+def test_a_listing_taken_slower_than_the_minimum_rate_is_cut_and_its_connection_freed(tmp_path, caplog):
+    """A listing is written as it is made, its length unknown: taken at 192 KiB/s (never stalled), a
+    listing of 8,000 long topics (8.9 MB) kept its connection busy for 45 s, and a reader doing so on every
+    connection kept every other reader out (503); the bytes it has taken must keep up with the minimum rate
+    too, after ``request_timeout_s``."""
+    caplog.set_level(logging.INFO)
+    limits = ApiLimits(max_connections=1, request_timeout_s=1.0, min_read_bytes_per_s=2 << 20)
+    harness = ApiHarness(tmp_path / "store", token=TOKEN, limits=limits)
+    try:
+
+        async def fill(store: LogStore) -> None:
+            for number in range(8000):
+                store.append(f"fleet/{number:05d}/" + "x" * 1000, sample_record(1))
+            await store.wait_durable()
+
+        harness.run(fill(harness.store))
+        got = [0]
+        started = time.monotonic()
+        reader = trickle_reader(harness.port, "/v1/logs", TOKEN, got)
+        time.sleep(0.3)
+        assert status_of(harness.port, "/v1/logs?pattern=none", TOKEN) == 503  # the listing holds the cap
+        while status_of(harness.port, "/v1/logs?pattern=none", TOKEN) != 200:
+            assert time.monotonic() - started < 8, "a listing taken slowly still holds its connection"
+            time.sleep(0.2)
+        reader.join(10)
+        assert not reader.is_alive() and 0 < got[0] < 8_800_000  # cut short, its connection closed
+    finally:
+        harness.close()
+    lines = [r for r in caplog.records if getattr(r, "reason", None) == "http_slow_reader"]
+    assert lines and lines[0].peer == "127.0.0.1"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
