@@ -37,8 +37,8 @@ guard:
   that way, whatever its frames declare.
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
-  the request's share, which is given back once it is sent. A request the budget cannot take is answered
-  503 with ``Retry-After``.
+  the request's share, which is given back once it is sent (a share counted as its reader's when
+  ``mark_authenticated`` named one). A request the budget cannot take is answered 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -181,8 +181,9 @@ class _GuardedProtocol(asyncio.Protocol):
         self.authenticated = False
         """A request on this connection carried valid credentials: it makes room for a newcomer only once no
         connection that never authenticated can."""
-        self.who = "a client"
-        """Whose connection it is, for logs: the name its credentials gave (``mark_authenticated``)."""
+        self.who: str | None = None
+        """Whose connection it is, for logs and the budget's shares: the name its credentials gave
+        (``mark_authenticated``)."""
         self.closing = False
         self.idle_since: float | None = None
         """When its last answer was sent, while no byte of a next request has arrived (None otherwise)."""
@@ -430,7 +431,9 @@ def _budget_middleware(budget: MemoryBudget, is_member: Callable[[web.Request], 
 
     @web.middleware
     async def within_budget(request: web.Request, handler: Any) -> web.StreamResponse:
-        reservation = Reservation(budget, is_member(request))
+        guarded = request.app[_GUARD_KEY].open.get(request.transport)
+        holder = guarded.who if guarded is not None and guarded.authenticated else None
+        reservation = Reservation(budget, is_member(request), holder)
         request[_RESERVATION] = reservation
         try:
             try:
@@ -476,7 +479,7 @@ def _too_slow(request: web.Request, size: int, limit: float) -> None:
     guard = request.app[_GUARD_KEY]
     guard.too_slow += 1
     guarded = guard.open.get(request.transport)
-    reader = guarded.who if guarded is not None else "a client"
+    reader = (guarded.who if guarded is not None else None) or "a client"
     _slow_readers.write(
         log,
         time.monotonic(),

@@ -43,3 +43,21 @@ def test_a_budget_needs_room_beside_its_reserve() -> None:
         MemoryBudget(10, reserved_for_members=10)
     with pytest.raises(ValueError):
         MemoryBudget(0)
+
+
+def test_a_named_reader_holding_something_stops_at_half_of_the_readers_share() -> None:
+    budget = MemoryBudget(100, reserved_for_members=20)  # readers: 80, one named reader: 40 once it holds
+    first, second = Reservation(budget, False, "greedy"), Reservation(budget, False, "greedy")
+    first.grow(60)  # its first request takes what it needs
+    with pytest.raises(BudgetExhausted):
+        second.grow(1)  # beside it, nothing more
+    other = Reservation(budget, False, "spark")
+    other.grow(20)  # the other readers keep the rest
+    first.release()
+    second.grow(40)
+    with pytest.raises(BudgetExhausted):
+        second.grow(1)  # 40: half of the readers' share
+    Reservation(budget, False).grow(20)  # a request without a name is not counted as anyone's
+    assert budget.by_holder == {"greedy": 40, "spark": 20}
+    second.release()
+    assert budget.by_holder == {"spark": 20}
