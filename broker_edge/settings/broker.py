@@ -282,7 +282,9 @@ class OffsetsApiConfig:
     tls: TlsConfig | None = None
     """Serve HTTPS with this certificate."""
     max_connections: int = 256
-    """Open connections; more are answered 503 and closed."""
+    """Open connections; at the cap, a new one takes the place of an idle one (one that never authenticated,
+    else the kept-alive one idle the longest, else the long poll waiting the longest, answered at once),
+    else it is answered 503 and closed."""
     request_timeout_s: float = 10.0
     """Seconds for a request's headers, and for its body, to arrive; a connection still sending is closed."""
     min_read_bytes_per_s: int = 65_536
