@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Delta tables; a canary rollout, then a phased rollout of a bad build that its abort rule stops and "
         "rolls back.",
         epilog="exit status: 0 the demo ran to its end; 1 a step did not finish within --timeout (it says "
-        "which); 2 a wrong command line; 3 optional dependencies missing",
+        "which), or a rollout did not end as planned (the canary completed; the bad build aborted by its "
+        "rule and rolled back: a high --failure-rate can abort the canary); 2 a wrong "
+        "command line; 3 optional dependencies missing",
     )
     parser.add_argument("--devices", type=at_least_one, default=200, help="simulated devices (default 200)")
     parser.add_argument(

@@ -135,6 +135,15 @@ def test_every_option_of_every_command_says_what_it_is(capsys: pytest.CaptureFix
     assert bare == []
 
 
+def test_the_demos_help_says_every_cause_of_status_1(capsys):
+    """It said '1 a step did not finish within --timeout', where the demo also ends 1 when a rollout ends
+    otherwise than it plans (``timestone demo --failure-rate 0.6``: the canary's abort rule stops it)."""
+    out = " ".join(help_of(capsys, ["demo"]).split())
+    assert (
+        "1 a step did not finish within --timeout (it says which), or a rollout did not end as planned" in out
+    )
+
+
 def test_the_sparkplug_hosts_help_names_its_default_broker_and_every_cause_of_status_1(capsys):
     """Its help said '--broker HOST:PORT' without the default, and status 1 for a broker that 'cannot be
     reached', where a broker refusing the CONNECT or the TLS handshake ends it with 1 too (docs)."""
