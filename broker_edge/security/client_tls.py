@@ -56,9 +56,8 @@ class ClientTls:
             try:
                 load_key_pair(context, self.certfile, self.keyfile)
             except OSError as error:
-                raise ConfigError(
-                    "certfile", f"cannot load certificate and key ({self.certfile}, {self.keyfile}): {error}"
-                ) from None
+                files = self.certfile if self.keyfile is None else f"{self.certfile}, key {self.keyfile}"
+                raise ConfigError("certfile", f"cannot load certificate and key ({files}): {error}") from None
         return context
 
 

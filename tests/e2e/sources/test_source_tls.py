@@ -86,8 +86,11 @@ def test_tls_files_that_do_not_load_fail_the_options_naming_the_option(tmp_path:
 
     with pytest.raises(SourceOptionError, match=r"'caFile': cannot load CA certificates from .*not\.pem"):
         parse_options({**base, "caFile": str(not_pem)})
-    with pytest.raises(SourceOptionError, match="'certFile': cannot load certificate and key"):
+    with pytest.raises(SourceOptionError, match="'certFile': cannot load certificate and key") as no_key:
         parse_options({**base, "certFile": str(not_pem)})
+    assert f"({not_pem}): " in str(no_key.value) and "None" not in str(no_key.value)
+    with pytest.raises(SourceOptionError, match=rf"\({not_pem}, key {reader.key}\): "):
+        parse_options({**base, "certFile": str(not_pem), "keyFile": str(reader.key)})
     with pytest.raises(SourceOptionError, match="'keyFile': is the key of certfile, which is not set"):
         parse_options({**base, "keyFile": str(reader.key)})
     options = parse_options(
