@@ -2,7 +2,7 @@
 
 Rules are checked in order and the first rule that matches decides; when none matches, ``default`` does.
 A rule matches a request when its action covers the request (``all`` covers both), its ``users``,
-``clients`` and ``anonymous`` conditions hold, and its topic pattern matches:
+``clients``, ``anonymous`` and ``client_is_user`` conditions hold, and its topic pattern matches:
 
 - publish: the pattern, after substitution, matches the topic name with MQTT wildcard rules;
 - subscribe, allow rule: the pattern covers the whole filter, i.e. every topic the filter can match is
@@ -51,6 +51,8 @@ class AclRule:
     """Client ids the rule applies to; empty = any."""
     anonymous: bool | None = None
     """True = only clients without a username, False = only authenticated clients, unset = both."""
+    client_is_user: bool | None = None
+    """True = only clients whose client id is their username, False = only others, unset = both."""
 
     def __post_init__(self) -> None:
         if self.permission not in ("allow", "deny"):
@@ -62,6 +64,8 @@ class AclRule:
             raise ConfigError("topic", problem)
         if self.users and self.anonymous:
             raise ConfigError("anonymous", "cannot be true for a rule that names users")
+        if self.client_is_user and self.anonymous:
+            raise ConfigError("client_is_user", "cannot be true for a rule of anonymous clients")
 
 
 @dataclass
@@ -207,6 +211,7 @@ class _CompiledRule:
     __slots__ = (
         "allow",
         "anonymous",
+        "client_is_user",
         "clients",
         "levels",
         "publish",
@@ -226,6 +231,7 @@ class _CompiledRule:
         self.users = frozenset(rule.users)
         self.clients = frozenset(rule.clients)
         self.anonymous = rule.anonymous
+        self.client_is_user = rule.client_is_user
 
     def applies_to(self, client_id: str, username: str | None) -> bool:
         if self.users and username not in self.users:
@@ -233,6 +239,8 @@ class _CompiledRule:
         if self.clients and client_id not in self.clients:
             return False
         if self.anonymous is not None and self.anonymous != (username is None):
+            return False
+        if self.client_is_user is not None and self.client_is_user != (client_id == username):
             return False
         return not (self.uses_u and username is None)
 

@@ -12,10 +12,12 @@ same topic, so once its own report has landed the forged ones have been read too
 from __future__ import annotations
 
 import json
+import ssl
 
 import pytest
 
 from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.security.auth import PasswordFile
 from pipelines.actions.buckets import bucket_of, bucket_topic, report_topic
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
@@ -132,3 +134,43 @@ def test_a_device_cannot_fail_finish_or_add_another_device(stack):
     assert (rollout_row["failed_count"], rollout_row["action_state"]) == (0, "IN_PROGRESS")
     assert (everyone_row["succeeded_count"], everyone_row["failed_count"]) == (1, 0)
     assert everyone_row["total_count"] == 1  # no row for dev-ghost nor dev-a
+
+
+def test_a_device_logged_in_as_itself_cannot_take_another_devices_client_id(tmp_path, passwords):
+    """The ACL rule condition ``client_is_user`` keeps a report's recorded client id its device's own: dev-b
+    logged in with dev-a's client id may not publish on a report topic (MQTT 5 PUBACK 0x87), so nothing it
+    sends there reaches the log; logged in as itself, it may."""
+    auth = {"password_file": passwords, "allow_anonymous": False}
+    with BrokerProcess(tmp_path / "broker", auth=auth, acl=_acl(client_is_user=True)) as broker:
+        impostor = _device(broker.port, "dev-b", client_id="dev-a")
+        impostor.publish(report_topic(0), _report("a-1", "dev-a", "FAILED"), qos=1, refusal=0x87)
+        _device(broker.port, "dev-b").publish(report_topic(0), _report("a-1", "dev-b", "FAILED"), qos=1)
+
+
+def test_a_device_with_a_certificate_cannot_take_another_devices_client_id(start_broker, tmp_path):
+    """With client certificates instead of passwords, the subject CN is the login ``client_is_user``
+    compares: the holder of dev-b's certificate connecting as client dev-a may not report."""
+    pki = LocalPki(tmp_path / "pki", name="fleet-ca")
+    server = pki.server("edge")
+    tls = {
+        "certfile": str(server.cert),
+        "keyfile": str(server.key),
+        "cafile": str(pki.ca.cert),
+        "require_client_cert": True,
+    }
+    broker = start_broker(
+        listeners=[{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}],
+        acl=_acl(client_is_user=True),
+    )
+
+    def holder_of(device_id: str, client_id: str) -> PahoClient:
+        context = ssl.create_default_context(cafile=str(pki.ca.cert))
+        pair = pki.client(device_id)
+        context.load_cert_chain(str(pair.cert), str(pair.key))
+        return PahoClient(broker.port, client_id, tls_context=context)
+
+    report = _report("a-1", "dev-a", "FAILED")
+    impostor = holder_of("dev-b", "dev-a")
+    impostor.publish(report_topic(0), report, qos=1, refusal=0x87)
+    impostor.disconnect()  # (while connected, it holds the client id: docs/security.md, sessions)
+    holder_of("dev-a", "dev-a").publish(report_topic(0), report, qos=1)

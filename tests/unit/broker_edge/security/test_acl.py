@@ -68,6 +68,18 @@ def test_anonymous_condition() -> None:
     assert not only_anonymous.can_publish("x", "alice", "public/a")
 
 
+def test_client_is_user_condition_binds_the_client_id_to_the_login() -> None:
+    """A device may report only under its own client id: logged in as dev-b, as client dev-a it may not."""
+    reports = {"permission": "allow", "action": "publish", "topic": "actions/reports/+"}
+    control = acl(reports | {"client_is_user": True})
+    assert control.can_publish("dev-b", "dev-b", "actions/reports/3")
+    assert not control.can_publish("dev-a", "dev-b", "actions/reports/3")
+    assert not control.can_publish("dev-a", None, "actions/reports/3"), "anonymous: no username to be"
+    others = acl(reports | {"client_is_user": False, "permission": "deny"}, {**reports, "topic": "#"})
+    assert not others.can_publish("dev-a", "dev-b", "actions/reports/3")
+    assert others.can_publish("dev-b", "dev-b", "actions/reports/3")
+
+
 def test_first_matching_rule_wins() -> None:
     control = acl(
         {"permission": "deny", "action": "publish", "topic": "devices/+/config"},
@@ -209,6 +221,11 @@ def test_rules_file_errors_name_the_file_and_field(tmp_path: Path) -> None:
             "anonymous",
             "",
         ),
+        (
+            {"permission": "allow", "action": "all", "topic": "a", "client_is_user": True, "anonymous": True},
+            "client_is_user",
+            "cannot be true for a rule of anonymous clients",
+        ),
     ],
 )
 def test_rule_validation_names_the_field(rule: dict, field: str, message: str) -> None:
@@ -337,7 +354,8 @@ def test_the_documented_example_lets_a_device_speak_the_device_protocol_and_no_m
     control = acl(*yaml.safe_load(example)["acl"]["rules"])
     for topic in ("actions/devices/d1", "actions/buckets/7", "actions/groups/canary", "devices/d1/config"):
         assert control.can_subscribe("d1", None, topic), topic
-    assert control.can_publish("d1", None, "actions/reports/7")
+    assert control.can_publish("d1", "d1", "actions/reports/7")
+    assert not control.can_publish("d1", "d2", "actions/reports/7"), "reports under its own client id only"
     assert control.can_publish("d1", None, "devices/d1/telemetry")
     assert not control.can_subscribe("d1", None, "actions/devices/d2")
     assert not control.can_subscribe("d1", None, "actions/#")
