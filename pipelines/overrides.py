@@ -18,7 +18,7 @@ import yaml
 
 from broker_edge.config.loader import ConfigError, parse_yaml, yaml_error_line
 
-__all__ = ["apply_override", "key_steps"]
+__all__ = ["apply_override", "key_steps", "split_assignment"]
 
 _KEY = re.compile(r"^[^.\[\]=\s]+(\[\d+\])*(\.[^.\[\]=\s]+(\[\d+\])*)*$")
 _STEP = re.compile(r"[^.\[\]]+|\[(\d+)\]")
@@ -93,21 +93,27 @@ def _refuse_comment(raw: str, key: str) -> None:
         )
 
 
-def apply_override(document: dict[str, Any], assignment: str) -> None:
-    """Set ``KEY=VALUE`` in ``document`` (see the module docstring for what KEY may be)."""
+def split_assignment(assignment: str) -> tuple[str, str]:
+    """``KEY=VALUE`` as its KEY (stripped) and its VALUE as written; ConfigError without ``=`` or a KEY."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise ConfigError(assignment, "expected KEY=VALUE with a dotted KEY")
-    steps = key_steps(key.strip())
+    return key.strip(), raw
+
+
+def apply_override(document: dict[str, Any], assignment: str) -> None:
+    """Set ``KEY=VALUE`` in ``document`` (see the module docstring for what KEY may be)."""
+    key, raw = split_assignment(assignment)
+    steps = key_steps(key)
     node: Any = document
     for index in range(len(steps) - 1):
         node = _child(node, steps, index)
     _check_container(node, steps, len(steps) - 1)
     try:
-        value = parse_yaml(raw, key.strip()) if raw.strip() else None
-        _refuse_comment(raw, key.strip())
+        value = parse_yaml(raw, key) if raw.strip() else None
+        _refuse_comment(raw, key)
     except yaml.YAMLError as exc:
-        raise ConfigError(key.strip(), f"value is not valid YAML: {yaml_error_line(exc)}") from None
+        raise ConfigError(key, f"value is not valid YAML: {yaml_error_line(exc)}") from None
     last = steps[-1]
     if isinstance(last, int) and last == len(node):
         node.append(value)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from broker_edge.config.loader import ConfigError, load_yaml_file, sourced
 from pipelines.graceful_stop import StopRequest, stop_on_signals
 from pipelines.metrics import PipelineMetrics
-from pipelines.overrides import apply_override, key_steps
+from pipelines.overrides import apply_override, key_steps, split_assignment
 from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
 from pipelines.preflight import BrokersUnreachable
 from pipelines.run_options import RunOptions
@@ -222,8 +222,8 @@ def config_error(error: ConfigError, args: argparse.Namespace, default: str) -> 
 
 
 def _check_section(assignment: str, sections: set[str]) -> None:
-    key = assignment.partition("=")[0].strip()
-    first = key_steps(key)[0] if key else ""
+    key, _ = split_assignment(assignment)
+    first = key_steps(key)[0]
     if first not in sections:
         hint = " or ".join(f"'{section}.{key}'" for section in sorted(sections))
         raise ConfigError(

@@ -37,6 +37,8 @@ def run(capsys, *argv: str) -> tuple[int, str]:
             "source.brokers: unknown key: keys of this file start with a section name "
             "(did you mean 'telemetry.source.brokers'?)",
         ),
+        (["--set", "telemetry.stream"], "telemetry.stream: expected KEY=VALUE with a dotted KEY"),
+        (["--set", "nope"], "nope: expected KEY=VALUE with a dotted KEY"),  # was 'unknown key'
         (
             ["--set", "telemetry.source.starting_offsets=earlist"],
             "telemetry.source.starting_offsets: 'startingOffsets': expected earliest, latest",
