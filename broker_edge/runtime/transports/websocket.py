@@ -234,17 +234,20 @@ class PreConnectBytes:
 
 CONTROL_FRAME_MIN = 6
 """The shortest frame a client sends (2 bytes of header, 4 of mask): what an empty ping costs of a turn."""
+PING_PACKETS = 8
+"""What a ping counts of a turn's packets: its pong is a write of its own, about eight PINGREQs' work (a
+flood of pings counted as one packet each held a turn about 10 ms)."""
 
 
 async def _read(transport: WebSocketTransport, connection: StreamConnection, turns: ReadTurns) -> None:
-    """Hand ``connection`` the bytes of each binary message and answer each ping (a packet of the turn),
-    each within a turn's read budget: a flood of pings is read over many turns, as a flood of packets is.
-    While the connection holds its reading (over its message rate, owing acknowledgements, ...) the next
-    message waits, untaken."""
+    """Hand ``connection`` the bytes of each binary message and answer each ping (``PING_PACKETS`` packets
+    of the turn), each within a turn's budget: a flood of pings is read over many turns, as a flood of
+    packets is. While the connection holds its reading (over its message rate, owing acknowledgements, ...)
+    the next message waits, untaken."""
     ws = transport._ws
     async for message in ws:
         if message.type in (WSMsgType.PING, WSMsgType.PONG):
-            while not turns.spend(len(message.data) + CONTROL_FRAME_MIN, 1):
+            while not turns.spend(len(message.data) + CONTROL_FRAME_MIN, PING_PACKETS):
                 await turns.next_turn()
             if message.type == WSMsgType.PING:
                 await ws.pong(message.data)

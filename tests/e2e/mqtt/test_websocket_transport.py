@@ -18,6 +18,8 @@ from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import ConnAck, Connect, Disconnect, Publish, Subscribe, Subscription
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.runtime.transports.turns import packets_per_turn
+from broker_edge.runtime.transports.websocket import PING_PACKETS
 from tests.e2e.broker_clients import PahoClient, wait_for
 
 UPGRADE = (
@@ -161,6 +163,24 @@ def test_websocket_pings_are_read_within_the_turns_budget_and_all_answered(start
     while received.count(b"\x8a\x01p") < pings:  # a pong carries the ping's payload back
         received += sock.recv(1 << 20)
     assert broker.metric("timestone_broker_read_turns_cut_total") > 0
+    sock.close()
+
+
+def test_a_websocket_ping_counts_as_eight_packets_of_a_turn_so_a_ping_flood_holds_no_turn_long(start_broker):
+    """Each ping is answered with a write of its own: counted as one packet, a turn of 1,024 of them took
+    about 10 ms (a healthy client's PINGREQ 11 ms at the median while they flooded); counted as eight
+    (``PING_PACKETS``), a turn answers 128, and a flood of them is read over eight times as many turns."""
+    broker = start_broker(listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0}])
+    sock = stalled_websocket_subscriber(broker.port_of("ws"), "pinger")
+    assert wait_for(lambda: broker.connected("pinger"))
+    pings = 40_000
+    sock.sendall(ping() * pings)
+    received = b""
+    while received.count(b"\x8a\x00") < pings:  # every ping answered
+        received += sock.recv(1 << 20)
+    cut = broker.metric("timestone_broker_read_turns_cut_total")
+    assert cut >= pings / 128 / 2, f"{pings} pings answered in {cut} turns cut"  # 1,024 a turn: about 40
+    assert packets_per_turn(broker.config.limits.read_bytes_per_turn) // PING_PACKETS == 128
     sock.close()
 
 
