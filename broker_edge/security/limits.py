@@ -245,9 +245,10 @@ class LimitsConfig:
     max_offline_bytes: int = 16_777_216
     """Payload bytes queued for one session; a message that would pass it is dropped (queue_full)."""
     read_bytes_per_turn: int = 65_536
-    """Bytes read from clients in one turn of the event loop, all connections together (the read that
-    crosses it is handled whole); later reads wait for the next turn, their sockets not read meanwhile, so
-    a flood never holds the loop: writes, timers, PINGREQ and ``/metrics`` are served between turns."""
+    """Bytes read from clients in one turn of the event loop, all connections together, and a packet handled
+    for each 64 of them (of the read that crosses either, what fits is handled); the rest waits for the next
+    turn, those sockets not read meanwhile, so a flood never holds the loop: writes, timers, PINGREQ and
+    ``/metrics`` are served between turns."""
     outgoing_buffer_bytes: int = 1_048_576
     """Write-buffer high-water mark of one connection; above it the subscriber is slow (see policy)."""
     slow_subscriber_policy: Literal["backpressure", "disconnect", "drop_qos0"] = "backpressure"
