@@ -202,11 +202,7 @@ class ActionsEngine:
                 if action.cancel:
                     changed += self._stop(action, rows_of_action, CANCELED, "canceled by operator", now)
                 elif ended:
-                    log.warning(
-                        "action %s changed after it ended (%s): not fanned out again; write a new action",
-                        action_id,
-                        previous[action_id][0],
-                    )
+                    self._ended_row(action_id, previous[action_id][0], action_id in inserted)
                 elif not rows_of_action:
                     changed += self._fan_out(action, now)
             self.tables.write_executions(changed, f"{app_id}/executions", batch_id)
@@ -373,6 +369,20 @@ class ActionsEngine:
         return list(changed.values())
 
     # -- fanout ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ended_row(action_id: str, state: str | None, replayed: bool) -> None:
+        """An ended action's row read again: never fanned out again. A row appended (a change feed
+        ``insert``) is the feed replayed by a job started again (a restart, a new checkpoint), or a second
+        row that ``_another_row`` speaks of: said only at DEBUG; a row updated in place is said."""
+        if replayed:
+            log.debug("action %s ended (%s): its row read again, not fanned out again", action_id, state)
+            return
+        log.warning(
+            "action %s changed after it ended (%s): not fanned out again; write a new action",
+            action_id,
+            state,
+        )
 
     def _fan_out(self, action: Action, now: int) -> list[Execution]:
         """Queue a new action's targets (with their phases) and send what is due now."""
