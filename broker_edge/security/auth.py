@@ -77,6 +77,10 @@ class AuthConfig:
     """Path of the password file (``timestone passwd`` writes it); unset = no password logins."""
     allow_anonymous: bool | None = None
     """Accept clients without a username; unset = only on listeners bound to loopback addresses."""
+    client_id_must_match_login: bool = False
+    """Refuse a client id that is not the login (username, or certificate CN); an empty one gets the login."""
+    client_id_free_logins: list[str] = field(default_factory=list)
+    """Logins ``client_id_must_match_login`` leaves free to pick client ids (jobs with many connections)."""
     failed_logins: LoginBackoffConfig = field(default_factory=LoginBackoffConfig)
     """Backoff after failed password logins, per client address and per user name."""
 

@@ -3,7 +3,9 @@
 A session belongs to the identity that created it (its user name, the client certificate's CN, or none for
 an anonymous client): a CONNECT of another identity with the same client id is refused with "not
 authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
-only the subscriptions the ACL still allows (see docs/security.md).
+only the subscriptions the ACL still allows (see docs/security.md). With
+``auth.client_id_must_match_login`` a client id other than the login is refused (v5 0x85, v3 2), and an
+empty one is the login.
 
 Password checks hash on purpose, so they run off the loop (``BrokerContext.verify_password``) while the
 connection reads nothing further (packets that already arrived wait in its ``backlog``). Everything else
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.ports import SessionClaims
     from broker_edge.engine.sessions.session import Session
     from broker_edge.security.acl import AccessControl
+    from broker_edge.security.auth import AuthConfig
 
 __all__ = ["accept_handed_in", "handle_connect", "refuse_elsewhere"]
 
@@ -154,6 +157,11 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         _RC.CLIENT_IDENTIFIER_NOT_VALID,
         _V3.IDENTIFIER_REJECTED,
         "client identifier too long, or empty without a clean session",
+    ),
+    "client_id_not_login": (  # auth.client_id_must_match_login
+        _RC.CLIENT_IDENTIFIER_NOT_VALID,
+        _V3.IDENTIFIER_REJECTED,
+        "the client identifier must be the login (user name or CN)",
     ),
     "bad_auth_method": (
         _RC.BAD_AUTHENTICATION_METHOD,
@@ -320,6 +328,11 @@ def _claim_then_accept(
     claims.claim(claim, claimed)
 
 
+def _bound_to_login(auth: AuthConfig, username: str) -> bool:
+    """Whether ``username`` must connect with its login as client id (auth.client_id_must_match_login)."""
+    return auth.client_id_must_match_login and username not in auth.client_id_free_logins
+
+
 def _accept(
     ctx: BrokerContext,
     conn: Client,
@@ -330,6 +343,11 @@ def _accept(
     claimed: bool = False,
 ) -> None:
     config = ctx.config
+    if username is not None and client_id != username and _bound_to_login(config.auth, username):
+        if not assigned:
+            _refuse(ctx, conn, "client_id_not_login", client_id, username)
+            return
+        client_id = username  # a server-assigned id is the login (v5: Assigned Client Identifier)
     limits = config.limits
     v5 = conn.terms.v5
     props = packet.properties
