@@ -1,6 +1,7 @@
 """CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
 
-A session belongs to the identity that created it (its user name, the client certificate's CN, or none for
+A client certificate's CN is the login: a user name sent with it must be the CN or a password login. A
+session belongs to the identity that created it (its user name, the client certificate's CN, or none for
 an anonymous client): a CONNECT of another identity with the same client id is refused with "not
 authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
 only the subscriptions the ACL still allows (see docs/security.md). With
@@ -81,7 +82,7 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         return
 
     username = packet.username
-    if username is None and conn.peer_cn is not None:
+    if conn.peer_cn is not None and username in (None, conn.peer_cn):
         username = conn.peer_cn  # authenticated by its client certificate
         _accept(ctx, conn, packet, client_id, assigned, username)
         return
@@ -93,7 +94,8 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         return
     passwords = ctx.passwords
     if passwords is None:
-        if conn.terms.listener.allow_anonymous:  # no password file: a username is only a label
+        # no password file: a username is only a label, and never one that would hide a certificate's CN
+        if conn.terms.listener.allow_anonymous and conn.peer_cn is None:
             _accept(ctx, conn, packet, client_id, assigned, username)
         else:
             _refuse(ctx, conn, "bad_credentials", client_id, username)

@@ -140,3 +140,31 @@ def test_free_logins_pick_their_client_ids(start_broker, devices, tmp_path):
     for client_id in ("timestone-actions-0", "timestone-actions-1"):
         assert _device(broker.port, "ops", client_id).connack_result[1] == 0
     assert _device(broker.port, "dev-b", "dev-a").connack_result[1] == NOT_VALID
+
+
+def test_a_certificate_holder_cannot_name_itself_by_a_user_name(start_broker, tmp_path):
+    """Without a password file a user name proves nothing, so on a listener that requires client
+    certificates the CN is the login: dev-b's certificate with user name ``dev-a`` is refused (bad user
+    name or password) instead of becoming ``dev-a`` for the ACL; the CN itself as user name is accepted."""
+    pki = LocalPki(tmp_path / "pki", name="fleet-ca")
+    server = pki.server("edge")
+    tls = {
+        "certfile": str(server.cert),
+        "keyfile": str(server.key),
+        "cafile": str(pki.ca.cert),
+        "require_client_cert": True,
+    }
+    acl = {"rules": [{"permission": "allow", "action": "publish", "topic": "r", "client_is_user": True}]}
+    broker = start_broker(
+        listeners=[{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}], acl=acl
+    )
+
+    def holder_of(device_id: str, username: str, version: int = 5) -> PahoClient:
+        context = ssl.create_default_context(cafile=str(pki.ca.cert))
+        pair = pki.client(device_id)
+        context.load_cert_chain(str(pair.cert), str(pair.key))
+        return PahoClient(broker.port, username, version, username=username, tls_context=context)
+
+    assert holder_of("dev-b", "dev-a").connack_result[1] == 0x86
+    assert holder_of("dev-b", "dev-a", 4).connack_result[1] == 0x86  # 3.1.1 return code 4, as paho says it
+    holder_of("dev-b", "dev-b").publish("r", b"own", qos=1)
