@@ -81,7 +81,8 @@ class AlertingSSLObject(ssl.SSLObject):
     def _create(
         cls, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: object, **kwargs: object
     ) -> AlertingSSLObject:
-        created: AlertingSSLObject = super()._create(incoming, outgoing, *args, **kwargs)  # type: ignore[misc]
+        base_create = vars(ssl.SSLObject)["_create"].__func__  # a classmethod typeshed does not declare
+        created: AlertingSSLObject = base_create(cls, incoming, outgoing, *args, **kwargs)
         created._alert_outgoing = outgoing
         created._alert_socket = _HANDSHAKE_SOCKET.get()
         return created

@@ -213,7 +213,7 @@ def test_a_row_written_without_an_id_is_ignored_with_a_warning_and_the_rest_are_
     assert warned == ["an actions row without an id is ignored: nothing can name its action"]
 
 
-def test_devices_whose_reports_came_before_a_failed_write_are_counted_after_the_replay(tmp_path):
+def test_devices_whose_reports_came_before_a_failed_write_are_counted_after_the_replay(tmp_path, monkeypatch):
     """The fan-out publishes, then its write of the executions fails (a store error): the devices took the
     action and reported, but their reports found no row and were left out. Spark replays the batch, which
     publishes the action again; before, devices ignored a message of an action they had seen, the rows
@@ -230,7 +230,7 @@ def test_devices_whose_reports_came_before_a_failed_write_are_counted_after_the_
                 raise OSError("injected failure of the executions write")
             return write(*args, **kwargs)
 
-        run.engine.tables.write_executions = failing_once  # type: ignore[method-assign]
+        monkeypatch.setattr(run.engine.tables, "write_executions", failing_once)
         row = action_row("rw-1", device_ids=devices)
         write_actions(run.store, [row], 0)
         with pytest.raises(OSError):

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import TlsRefused
 from broker_edge.pki.authority import PemPair
-from broker_edge.pki.builders import new_key, subject_name, write_certificate, write_key
+from broker_edge.pki.builders import PrivateKey, new_key, subject_name, write_certificate, write_key
 from broker_edge.pki.revocation import revoke
 from broker_edge.runtime.local_pki import LocalPki
 from tests.e2e.broker_clients import TIMEOUT
@@ -68,6 +68,7 @@ class Devices:
 def expired_client(pki: LocalPki, name: str) -> PemPair:
     """A client certificate of ``pki``'s CA that expired yesterday."""
     ca_key = serialization.load_pem_private_key((pki.authority.directory / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, PrivateKey)
     key = new_key("ec")
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
@@ -79,7 +80,7 @@ def expired_client(pki: LocalPki, name: str) -> PemPair:
         .not_valid_before(now - datetime.timedelta(days=30))
         .not_valid_after(now - datetime.timedelta(days=1))
         .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        .sign(ca_key, hashes.SHA256())
     )
     pair = PemPair(pki.directory / f"expired-{name}.pem", pki.directory / f"expired-{name}.key")
     write_key(pair.key, key)
