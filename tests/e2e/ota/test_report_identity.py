@@ -12,7 +12,6 @@ same topic, so once its own report has landed the forged ones have been read too
 from __future__ import annotations
 
 import json
-import ssl
 
 import pytest
 
@@ -27,6 +26,7 @@ from pipelines.actions.operator import NewAction, create_action
 from sinks import open_table_store
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.ota.conftest import SHA256, summary, wait_for
+from tests.e2e.security.certificate_devices import certificate_holder, certificate_listener
 
 BUCKETS = 4
 DEVICES = ("dev-a", "dev-b")
@@ -151,23 +151,10 @@ def test_a_device_with_a_certificate_cannot_take_another_devices_client_id(start
     """With client certificates instead of passwords, the subject CN is the login ``client_is_user``
     compares: the holder of dev-b's certificate connecting as client dev-a may not report."""
     pki = LocalPki(tmp_path / "pki", name="fleet-ca")
-    server = pki.server("edge")
-    tls = {
-        "certfile": str(server.cert),
-        "keyfile": str(server.key),
-        "cafile": str(pki.ca.cert),
-        "require_client_cert": True,
-    }
-    broker = start_broker(
-        listeners=[{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}],
-        acl=_acl(client_is_user=True),
-    )
+    broker = start_broker(listeners=[certificate_listener(pki)], acl=_acl(client_is_user=True))
 
     def holder_of(device_id: str, client_id: str) -> PahoClient:
-        context = ssl.create_default_context(cafile=str(pki.ca.cert))
-        pair = pki.client(device_id)
-        context.load_cert_chain(str(pair.cert), str(pair.key))
-        return PahoClient(broker.port, client_id, tls_context=context)
+        return certificate_holder(pki, broker.port, device_id, client_id)
 
     report = _report("a-1", "dev-a", "FAILED")
     impostor = holder_of("dev-b", "dev-a")

@@ -10,7 +10,6 @@ identifier (MQTT 5 CONNACK 0x85, 3.1.1 return code 2) and dev-a connects. An emp
 from __future__ import annotations
 
 import logging
-import ssl
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from broker_edge.observe.refusal_log import LINES_PER_WINDOW
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.security.certificate_devices import certificate_holder, certificate_listener
 
 NOT_VALID = 0x85
 """Client Identifier not valid: what paho reports for the v5 code and for 3.1.1's return code 2."""
@@ -107,23 +107,10 @@ def test_with_client_certificates_the_cn_is_the_login(start_broker, tmp_path):
     """A client certificate's subject CN is the login when no user name is sent: dev-b's certificate as
     ``dev-a`` is refused, as ``dev-b`` or with an empty client id it connects as ``dev-b``."""
     pki = LocalPki(tmp_path / "pki", name="fleet-ca")
-    server = pki.server("edge")
-    tls = {
-        "certfile": str(server.cert),
-        "keyfile": str(server.key),
-        "cafile": str(pki.ca.cert),
-        "require_client_cert": True,
-    }
-    broker = start_broker(
-        listeners=[{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}],
-        auth={"client_id_must_match_login": True},
-    )
+    broker = start_broker(listeners=[certificate_listener(pki)], auth={"client_id_must_match_login": True})
 
     def holder_of(device_id: str, client_id: str) -> PahoClient:
-        context = ssl.create_default_context(cafile=str(pki.ca.cert))
-        pair = pki.client(device_id)
-        context.load_cert_chain(str(pair.cert), str(pair.key))
-        return PahoClient(broker.port, client_id, tls_context=context)
+        return certificate_holder(pki, broker.port, device_id, client_id)
 
     assert holder_of("dev-b", "dev-a").connack_result[1] == NOT_VALID
     assert holder_of("dev-a", "dev-a").connack_result[1] == 0
@@ -147,23 +134,11 @@ def test_a_certificate_holder_cannot_name_itself_by_a_user_name(start_broker, tm
     certificates the CN is the login: dev-b's certificate with user name ``dev-a`` is refused (bad user
     name or password) instead of becoming ``dev-a`` for the ACL; the CN itself as user name is accepted."""
     pki = LocalPki(tmp_path / "pki", name="fleet-ca")
-    server = pki.server("edge")
-    tls = {
-        "certfile": str(server.cert),
-        "keyfile": str(server.key),
-        "cafile": str(pki.ca.cert),
-        "require_client_cert": True,
-    }
     acl = {"rules": [{"permission": "allow", "action": "publish", "topic": "r", "client_is_user": True}]}
-    broker = start_broker(
-        listeners=[{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}], acl=acl
-    )
+    broker = start_broker(listeners=[certificate_listener(pki)], acl=acl)
 
     def holder_of(device_id: str, username: str, version: int = 5) -> PahoClient:
-        context = ssl.create_default_context(cafile=str(pki.ca.cert))
-        pair = pki.client(device_id)
-        context.load_cert_chain(str(pair.cert), str(pair.key))
-        return PahoClient(broker.port, username, version, username=username, tls_context=context)
+        return certificate_holder(pki, broker.port, device_id, username, version=version, username=username)
 
     assert holder_of("dev-b", "dev-a").connack_result[1] == 0x86
     assert holder_of("dev-b", "dev-a", 4).connack_result[1] == 0x86  # 3.1.1 return code 4, as paho says it
