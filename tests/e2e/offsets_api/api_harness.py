@@ -7,6 +7,9 @@ thread (the store belongs to its loop) and wait until durable, so they are visib
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
+import socket
 import ssl
 import threading
 from collections.abc import Coroutine
@@ -133,3 +136,24 @@ class ApiHarness:
             return await serve(self.store, "127.0.0.1", port, self._token, self._ssl_context, self._limits)
         app = create_app(self.store, self._token, self._limits)
         return await serve_app(app, "127.0.0.1", port, self._ssl_context, self._limits, self._budget)
+
+
+def status_of(port: int, target: str, token: str = "spark-secret") -> int:
+    """The status of ``GET target`` with ``token``, on a connection of its own."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", target, headers={"Authorization": f"Bearer {token}"})
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """What ``sock`` receives until the server closes it (or resets it, or its timeout passes)."""
+    data = b""
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data

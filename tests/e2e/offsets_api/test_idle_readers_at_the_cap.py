@@ -3,30 +3,18 @@ makes room for a new reader; readers waiting for their answer never do."""
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import socket
 import time
 
 import pytest
 
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.offsets_api.api_harness import read_until_closed, status_of
 
 READERS = [
     {"name": "slow-notebook", "token": "slow-secret", "topics": ["#"]},
     {"name": "spark", "token": "spark-secret", "topics": ["#"]},
 ]
-
-
-def status_of(port: int, target: str, token: str = "spark-secret") -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        connection.request("GET", target, headers={"Authorization": f"Bearer {token}"})
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
 
 
 def listing(sock: socket.socket) -> bytes:
@@ -36,14 +24,6 @@ def listing(sock: socket.socket) -> bytes:
     while not answer.endswith(b"\r\n0\r\n\r\n"):
         answer += sock.recv(65536)
     return answer
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    data = b""
-    with contextlib.suppress(ConnectionResetError, TimeoutError):
-        while chunk := sock.recv(65536):
-            data += chunk
-    return data
 
 
 def test_at_the_cap_the_longest_idle_kept_alive_reader_makes_room_for_a_new_one(brokers):

@@ -3,11 +3,11 @@ it has not taken yet, fetched side by side, stop at half of what readers may hol
 
 from __future__ import annotations
 
-import http.client
 import socket
 import time
 
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.offsets_api.api_harness import status_of
 
 READERS = [
     {"name": "greedy", "token": "greedy-secret", "topics": ["#"]},
@@ -21,17 +21,6 @@ BUDGET = {
 """Readers share 38 MiB; one reader may hold 19 MiB, or one answer of any size when it holds nothing."""
 READ = "/v1/logs/big/records?offset=0&max_bytes=16777216&format=frames"
 """The whole 12 MB of ``big``."""
-
-
-def status_of(port: int, token: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        connection.request("GET", READ, headers={"Authorization": f"Bearer {token}"})
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
 
 
 def fetch_not_read(port: int, token: str) -> socket.socket:
@@ -59,7 +48,7 @@ def test_one_reader_fetching_side_by_side_leaves_the_other_readers_their_share(b
     greedy += [fetch_not_read(port, "greedy-secret") for _ in range(2)]
     time.sleep(0.3)
 
-    assert status_of(port, "spark-secret") == 200  # another reader still has its share
+    assert status_of(port, READ, "spark-secret") == 200  # another reader still has its share
     refused = [sock.recv(12) for sock in greedy[1:]]  # the greedy reader's own fetches beyond its half
     assert refused == [b"HTTP/1.1 503"] * 2
     for sock in greedy:

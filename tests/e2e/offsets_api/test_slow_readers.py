@@ -4,7 +4,6 @@ on a real broker: such an answer must not keep its share of the HTTP memory budg
 from __future__ import annotations
 
 import contextlib
-import http.client
 import logging
 import socket
 import threading
@@ -13,7 +12,7 @@ import time
 from broker_edge.offsets_api.requests import ApiLimits
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, sample_record
+from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, sample_record, status_of
 
 READERS = [
     {"name": "slow-notebook", "token": "slow-secret", "topics": ["#"]},
@@ -26,25 +25,6 @@ BUDGET = {
 }
 """Readers share 10 MiB: one 8 MiB fetch at a time."""
 BIG_READ = "/v1/logs/big/records?offset=0&max_bytes=8388608&format=frames"
-
-
-def status_of(port: int, target: str, token: str = "spark-secret") -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        connection.request("GET", target, headers={"Authorization": f"Bearer {token}"})
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    data = b""
-    with contextlib.suppress(ConnectionResetError, TimeoutError):
-        while chunk := sock.recv(65536):
-            data += chunk
-    return data
 
 
 def trickle_reader(port: int, target: str, token: str, got: list[int]) -> threading.Thread:
