@@ -49,6 +49,6 @@ def test_a_bundle_task_run_without_spark_delta_says_so_in_one_line(tmp_path: Pat
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip() == (
         f"{prefix}: {key}: native needs Spark's own Delta (a Databricks runtime, or the delta-spark package, "
-        "which is not installed here); auto or delta-rs write the tables with delta-rs"
-    )
+        f"which is not installed here); auto or delta-rs write the tables with delta-rs (from --set {key})"
+    )  # the bundle's own --set chose native
     assert not (tmp_path / "lake").exists()

@@ -234,7 +234,8 @@ def test_without_the_secret_the_job_stops_before_spark_naming_the_key_and_the_va
     assert pipeline_main(parameters[1:]) == 2
     assert capsys.readouterr().err.strip() == (
         "timestone pipeline telemetry: telemetry.source.options.authToken: the environment variable "
-        "TIMESTONE_OFFSETS_API_TOKEN (!env TIMESTONE_OFFSETS_API_TOKEN) is not set"
+        "TIMESTONE_OFFSETS_API_TOKEN (!env TIMESTONE_OFFSETS_API_TOKEN) is not set "
+        "(from --set telemetry.source.options.authToken)"
     )
 
 
