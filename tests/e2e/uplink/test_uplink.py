@@ -19,6 +19,7 @@ from broker_edge.settings.uplink import site_topic
 from broker_edge.uplink.status_cli import uplink_main
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.port_keeper import PortKeeper
 from tests.e2e.uplink.uplink_harness import (
     HelloClosingHub,
     WanRelay,
@@ -183,11 +184,13 @@ def test_a_hub_sees_a_sites_backlog_sent_after_it_starts_late(
     hub = brokers("hub", uplink_hub=hub_section(pki))
     port = hub_port(hub)
     hub.stop()  # the hub is away: the site keeps its logs and dials again and again
+    keeper = PortKeeper(port)
     site = brokers("site", uplink=site_section(pki, "plant-3", port))
     publish(site, "telemetry/a", [b"x" * 100] * 500)
     # each failed dial is said with the address it tried, not the TLS context's repr
     assert wait_for(lambda: f"cannot connect to 127.0.0.1:{port}: " in caplog.text, timeout=10)
     assert "SSLContext" not in caplog.text
+    keeper.release()
     hub = brokers("hub", uplink_hub=hub_section(pki, port=port))
     assert wait_for(lambda: same_logs(site, hub, "plant-3", ["telemetry/a"], 500), timeout=20)
 

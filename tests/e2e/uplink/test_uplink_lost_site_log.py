@@ -15,6 +15,7 @@ from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.port_keeper import PortKeeper
 from tests.e2e.uplink.uplink_harness import hub_port, hub_section, log_frames, pki_in, site_section
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,9 +85,11 @@ def test_records_a_site_took_before_it_reached_the_hub_stay_in_its_log_and_are_n
     hub, pki = site_that_lost_its_disk(brokers, tmp_path)
     port = hub_port(hub)
     hub.stop()
+    keeper = PortKeeper(port)
     second = brokers("site-disk-2", uplink=site_section(pki, "plant-w", port))
     publish(second, 5, "offline")  # the hub is down: offsets 0 to 4 here, which the hub holds already
     caplog.set_level(logging.WARNING, logger="broker_edge")
+    keeper.release()
     hub = brokers("hub", uplink_hub=hub_section(pki, port=port))
     assert wait_for(lambda: second.call(lambda: second.broker.site_link.connected), timeout=20)
     publish(second, 7, "after")
