@@ -22,6 +22,7 @@ from pipelines.sparkplug_host.cli import build_parser, host_of
 from pipelines.sparkplug_host.host import SparkplugHost
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.payloads.test_sparkplug_broker import edge_node, expect
+from tests.e2e.port_keeper import PortKeeper
 
 TOPIC = "spBv1.0/STATE/timestone"
 
@@ -540,8 +541,10 @@ def test_the_command_logs_a_lost_connection_and_its_return_with_time_and_level(s
     try:
         assert "online" in host.stdout.readline()
         first.stop()
+        keeper = PortKeeper(port)
         lost = wait_for("connection to")
         failed = wait_for("cannot connect")
+        keeper.release()
         start_broker(listeners=[{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": port}])
         back = wait_for("connected again")
     finally:
