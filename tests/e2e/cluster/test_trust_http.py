@@ -35,6 +35,7 @@ from tests.e2e.cluster.proof import (
     wait_until,
 )
 from tests.e2e.cluster.test_trust_members import topic_led_by
+from tests.e2e.offsets_api.api_harness import status_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -87,17 +88,6 @@ class Strangers(threading.Thread):
         self.join(10)
 
 
-def reader_get(port: int, path: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("GET", path, headers={"Authorization": f"Bearer {READER_TOKEN}"})
-        answer = connection.getresponse()
-        answer.read()
-        return answer.status
-    finally:
-        connection.close()
-
-
 def test_strangers_holding_every_connection_starve_neither_readers_nor_members(
     cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
 ) -> None:
@@ -122,15 +112,15 @@ def test_strangers_holding_every_connection_starve_neither_readers_nor_members(
     try:
         wait_until(lambda: all(flood.opened >= flood.count for flood in strangers), what="the flood up")
         for broker in order:
-            assert reader_get(broker.offsets_port, "/v1/logs") == 200
-            assert reader_get(broker.offsets_port, "/v1/cluster") == 200
-            assert reader_get(broker.admin_port, "/metrics") == 200
+            assert status_of(broker.offsets_port, "/v1/logs", READER_TOKEN, timeout_s=10) == 200
+            assert status_of(broker.offsets_port, "/v1/cluster", READER_TOKEN, timeout_s=10) == 200
+            assert status_of(broker.admin_port, "/metrics", READER_TOKEN, timeout_s=10) == 200
         # a member dies and comes back while strangers hold everything readers can reach
         brokers["c"].kill()
         wait_until(lambda: "c" not in cluster_state(etcd).members, 20, "c gone")
         brokers["c"].start()
         wait_until(lambda: settled(etcd, set(NODES), 3), 60, "c back in every in-sync set")
-        assert reader_get(brokers["c"].offsets_port, "/v1/logs") == 200
+        assert status_of(brokers["c"].offsets_port, "/v1/logs", READER_TOKEN, timeout_s=10) == 200
     finally:
         for flood in strangers:
             flood.stop()

@@ -138,9 +138,10 @@ class ApiHarness:
         return await serve_app(app, "127.0.0.1", port, self._ssl_context, self._limits, self._budget)
 
 
-def status_of(port: int, target: str, token: str = "spark-secret") -> int:
-    """The status of ``GET target`` with ``token``, on a connection of its own."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+def status_of(port: int, target: str, token: str = "spark-secret", timeout_s: float = 5.0) -> int:
+    """The status of ``GET target`` with ``token``, on a connection of its own (``timeout_s`` per socket
+    operation)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
         connection.request("GET", target, headers={"Authorization": f"Bearer {token}"})
         response = connection.getresponse()
