@@ -6,7 +6,9 @@ aiohttp answers those itself (``RequestHandler.handle_error``) with a text/plain
 with its traceback, before any middleware runs. ``answer_errors_in_json`` turns the handler of one
 connection into ``JsonErrorHandler``, which answers ``{"error": "bad_request", "message": ...}`` (or
 ``internal_error`` for a 500) and logs a WARNING without a traceback, limited per reason
-(``observe.refusal_log``). A handler's own unexpected exception still logs its traceback: that is a bug.
+(``observe.refusal_log``); a request target over the parser's bound answers 414 (``uri_too_long``), a
+header over it or too many headers 431 (``request_header_fields_too_large``). A handler's own unexpected
+exception still logs its traceback: that is a bug.
 ``refuse`` answers and logs the same way a request that ``http.guard`` refuses (a body in a
 Content-Encoding). A body whose framing breaks while aiohttp reads what no handler read, after the answer,
 is said the same way too, rather than as an "Unhandled exception" with its traceback. An app's own error
@@ -22,7 +24,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from broker_edge.observe.refusal_log import RefusalLog
@@ -41,6 +43,8 @@ log = logging.getLogger("broker_edge.http")
 
 _refusals = RefusalLog()
 
+_HEADERS_TOO_LARGE = "request_header_fields_too_large"
+
 BODY_ERRORS = (RequestPayloadError, HttpProcessingError)
 """What reading a request body whose framing is broken raises."""
 
@@ -57,7 +61,8 @@ class JsonErrorHandler(RequestHandler):
             log.error("HTTP request from %s failed", request.remote, exc_info=exc)
             error, text = "internal_error", "the request failed; the broker's log says why"
         else:
-            error, text = "bad_request", _first_line(message or str(exc or HTTPStatus(status).phrase))
+            why = _first_line(message or str(exc or HTTPStatus(status).phrase))
+            status, error, text = _oversized(exc) or (status, "bad_request", why)
             _log_refusal(request.remote, text)
         if request.writer.output_size > 0:  # an answer was on its way: the connection is broken
             raise ConnectionError("response already sent, cannot send the error")
@@ -70,6 +75,20 @@ class JsonErrorHandler(RequestHandler):
             _log_refusal(peer[0] if peer else None, f"the body cannot be read: {body_error_text(error)}")
             return
         super().log_exception(*args, **kw)
+
+
+def _oversized(error: BaseException | None) -> tuple[int, str, str] | None:
+    """414 for a request target over the parser's bound, 431 for a header over it or too many headers, each
+    with a message naming the bound rather than echoing the bytes; None for any other error. (aiohttp's
+    parser keeps the target it reads in a ``bytearray``, header names and values in ``bytes``.)"""
+    if isinstance(error, LineTooLong):
+        limit = error.args[1] if len(error.args) > 1 else "its"
+        if isinstance(error.args[0], bytearray):
+            return 414, "uri_too_long", f"the request target is over {limit} bytes"
+        return 431, _HEADERS_TOO_LARGE, f"a request header is over {limit} bytes"
+    if isinstance(error, BadHttpMessage) and "too many headers" in error.message.lower():
+        return 431, _HEADERS_TOO_LARGE, "the request has too many headers"
+    return None
 
 
 def body_error_text(error: BaseException) -> str:

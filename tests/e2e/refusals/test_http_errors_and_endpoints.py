@@ -55,6 +55,42 @@ def test_parser_errors_are_json_and_leave_no_traceback(start_broker, caplog, tmp
     assert refused and all(r.levelno == logging.WARNING and r.peer == "127.0.0.1" for r in refused)
 
 
+OVERSIZED = [
+    pytest.param(
+        b"GET /metrics?x=" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long", id="url"
+    ),
+    pytest.param(
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        431,
+        "request_header_fields_too_large",
+        id="header",
+    ),
+    pytest.param(
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: a\r\n" % n for n in range(5000)) + b"\r\n",
+        431,
+        "request_header_fields_too_large",
+        id="header-count",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "error"), OVERSIZED)
+def test_a_target_or_headers_over_the_bounds_answer_414_or_431_in_json(
+    start_broker, caplog, request_bytes, status, error
+):
+    """A URL of 100 KB is 'URI Too Long' and too large or too many headers 'Request Header Fields Too
+    Large' (RFC 9110 15.5.15, RFC 6585 5), not a 400 echoing the stranger's bytes."""
+    caplog.set_level(logging.DEBUG)
+    broker = start_broker(storage={}, offsets_api={"enabled": True, "port": 0})
+    for port in (broker.broker.admin_port, broker.broker.offsets_port):
+        answered, headers, body = answer_to(port, request_bytes)
+        assert answered == status, body
+        assert headers["Content-Type"].startswith("application/json")
+        document = json.loads(body)
+        assert document["error"] == error and "aaaa" not in document["message"]
+    assert not tracebacks(caplog)
+
+
 def encoded(method: str, path: str, body: bytes, encoding: str = "gzip") -> bytes:
     head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: {encoding}\r\n"
     return head.encode() + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
