@@ -14,15 +14,18 @@ by topic into the sealed index (`sealed_index.build`).
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from itertools import repeat
 
 from .entry import MARKER_BIT
 
-__all__ = ["HOT", "NO_PREVIOUS", "ActiveIndex", "pointed", "pointer"]
+__all__ = ["HOT", "NO_PREVIOUS", "SKIPPED", "ActiveIndex", "pointed", "pointer"]
 
 HOT = 32
 """Rows of one topic in a segment from which it gets an array of them."""
 NO_PREVIOUS = -1
+SKIPPED = MARKER_BIT - 1
+"""The topic id of an entry skipped as damaged at open (above every topic id a store gives)."""
 _ROW_BITS = 32
 _ROW_MASK = (1 << _ROW_BITS) - 1
 UNKNOWN_ROW = -1
@@ -100,6 +103,15 @@ class ActiveIndex:
             hot.append(row)
         return row
 
+    def add_skipped(self, position: int) -> None:
+        """A dead row for an entry found damaged between valid ones at open (its topic unknown): it keeps its
+        place among the entries (its neighbours' sizes, the partition's positions), in no topic's chain,
+        never served, left out of the sealed index. Its topic id is `SKIPPED`, which no topic has."""
+        row = len(self.topic_ids)
+        time = self.times[row - 1] if row else 0
+        self.add_one(SKIPPED, position, -1, time, NO_PREVIOUS)
+        self.dead.add(row)
+
     def add_marker(
         self, topic_id: int, position: int, offset: int, kind: int, dropped: int, prev: int
     ) -> int:
@@ -140,9 +152,13 @@ class ActiveIndex:
         hot = self.hot.get(topic_id)
         if hot is not None:
             base = offsets[hot[0]]
-            low = max(first_offset - base, 0)
-            high = min(stop - base, len(hot))
             reached_first = first_offset < base
+            if offsets[hot[-1]] - base == len(hot) - 1:  # dense: a row per offset
+                low = max(first_offset - base, 0)
+                high = min(stop - base, len(hot))
+            else:  # records lost to damage left a gap in its offsets here (found at open): bisected
+                low = bisect_left(hot, first_offset, key=offsets.__getitem__)
+                high = bisect_left(hot, stop, key=offsets.__getitem__)
             return (list(hot[low:high]) if high > low else []), self.prevs[hot[0]] if reached_first else 0
         rows: list[int] = []
         prevs = self.prevs

@@ -13,7 +13,8 @@ What a read passes over without serving it:
   segment): counted per topic in `lost`, data loss for a reader that had not read them;
 * records a truncation cut (only a store that was once a cluster's replica has them): found by the
   topic's index, passed over silently;
-* entries failing their checks (`damaged`): a frame whose CRC fails is stepped over; an entry whose
+* entries failing their checks (`damaged`): a frame whose CRC fails is stepped over, and so is an entry
+  whose topic id fails its check when a checked entry follows it (what open skipped); an entry whose
   length cannot be trusted ends the read of its segment, the rest of which is counted as damaged;
 * the positions of a segment retention deleted while older ones stay (every record in it was below its
   topic's start, or cut): counted in `removed`, data loss for a reader that had not read them.
@@ -275,7 +276,12 @@ class _ChunkScan:
             if end > size:
                 break  # it goes on past this chunk: the next chunk starts with it
             if check != crc32c(pack_id(topic_id), frame_crc):
-                raise EntryError("check")
+                if not _valid_head(buffer, end, max_body):
+                    raise EntryError("check")
+                read.damaged += 1  # its id damaged, a checked entry after it: stepped over (as at open)
+                position += 1
+                at = end
+                continue
             if not topic_id & MARKER_BIT:
                 if topic_id >= topics:
                     read.damaged += 1
@@ -334,6 +340,15 @@ def _entries(
         if not at:
             return
         byte += at
+
+
+def _valid_head(buffer: bytes, at: int, max_body: int) -> bool:
+    """Whether a whole entry whose head passes its check starts at `at` of `buffer`."""
+    try:
+        parse_head(buffer, at, max_body)
+    except EntryError:
+        return False
+    return True
 
 
 def _whole_entry(part: PartitionLog, segment: Segment, byte: int, data_end: int) -> bytes | None:

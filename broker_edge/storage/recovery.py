@@ -521,7 +521,7 @@ def _rebuild_index(
         topics,
         lambda topic_id: sealed.end[topic_id] if topic_id < len(sealed) else 0,
     )
-    end, report = scanner.scan(0, apply, on_marker)
+    end, report = scanner.scan(0, apply, on_marker, rows.add_skipped)
     damage = report.damage if end < os.path.getsize(segment.log_path) else None
     if damage is not None:
         log.error(
@@ -577,6 +577,7 @@ def _load_rows(
             part, segment, topic_id, position, offset, time, size, quarantine
         ),
         lambda marker, position: replay_marker(part, segment, marker, position, quarantine, loading.marked),
+        segment.rows.add_skipped,
     )
     loading.records_scanned += report.scanned
     names = part.names

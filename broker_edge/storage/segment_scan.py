@@ -89,8 +89,10 @@ class SegmentScanner:
         start: int,
         apply: Callable[[int, int, int, int, int], None],
         on_marker: Callable[[Marker, int], None],
+        on_skip: Callable[[int], None],
     ) -> tuple[int, ScanReport]:
-        """Scan from byte `start`; returns the position after the last valid entry and the report."""
+        """Scan from byte `start`; returns the position after the last valid entry and the report.
+        `on_skip(position)` is called for each entry stepped over (a damaged topic id, a repeated offset)."""
         report = ScanReport()
         file_size = os.path.getsize(self.path)
         position = start
@@ -116,8 +118,16 @@ class SegmentScanner:
                         return position, report
                     continue
                 report.damage = error.reason
-                if error.reason == "check" and self._valid_after(position, file_size):
-                    position += self._entry_size(position) or 0  # an entry whose topic id is damaged: skipped
+                skip = self._entry_size(position) if error.reason == "check" else None
+                if skip and self._valid_after(position + skip, file_size):
+                    log.error(
+                        "%s: entry at %d fails its topic id check; skipped (%d bytes)",
+                        self.path,
+                        position,
+                        skip,
+                    )
+                    on_skip(position)
+                    position += skip  # an entry whose topic id is damaged: skipped, the entries after it kept
                     report.skipped += 1
                     continue
                 return position, report
@@ -161,6 +171,7 @@ class SegmentScanner:
                             topic_id,
                         )
                         report.skipped += 1
+                        on_skip(position)
                         position += size
                         continue
                 elif error.reason == "checksum" and self._valid_after(position + size, file_size):

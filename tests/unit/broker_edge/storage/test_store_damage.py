@@ -208,3 +208,52 @@ def test_a_torn_write_of_a_new_segment_leaves_the_earlier_ones_as_they_were(
     assert _offsets(reopened, "t", 0) == list(range(kept))
     assert kept < 200
     reopened.close()
+
+
+ONE_SEGMENT = StorageConfig(segment_bytes=1 << 20, retention_ms=None, index_checkpoint_bytes=1 << 30)
+"""One active segment never checkpointed: after a crash every entry of it is scanned."""
+
+
+def _served_and_missing(store: LogStore, topic: str) -> tuple[list[int], list[int]]:
+    """The offsets a reader walking the whole log gets, and those it is told are damaged or missing."""
+    served: list[int] = []
+    missing: list[int] = []
+    offset, end = store.log_info(topic).start_offset, store.log_info(topic).end_offset
+    while offset < end:
+        try:
+            records = store.read(topic, offset, max_records=10_000, max_bytes=10**9)
+        except CorruptRecord as error:
+            missing += range(error.offset, error.next_offset)
+            offset = error.next_offset
+            continue
+        served += [record.offset for record in records]
+        offset = records[-1].offset + 1
+    return served, missing
+
+
+def test_an_entry_whose_topic_id_is_damaged_between_valid_ones_is_skipped_and_the_rest_kept(tmp_path: Path):
+    _filled(tmp_path, ONE_SEGMENT)  # crash: the active segment is scanned at open
+    tail = partition_segments(tmp_path)[-1]
+    size_before = tail.stat().st_size
+    damaged_at = entry_positions(tail, TOPIC_ID)[100]
+    flip_byte(tail, damaged_at)  # "t"'s record 100 now names another topic id, failing its check
+
+    store, report = _reopen(tmp_path, ONE_SEGMENT)
+
+    assert report.bytes_dropped == 0
+    assert tail.stat().st_size == size_before  # the 199 entries after it are not cut away
+    assert _served_and_missing(store, "t") == ([*range(100), *range(101, 200)], [100])
+    assert _served_and_missing(store, "u") == (list(range(200)), [])
+    assert_matches(store.read("t", 199)[0], 199)
+    assert store.append("t", make_record(200)) == 200  # no offset given twice
+    store.flush()
+    for crash in (True, False):  # opened again after a crash, then after a clean close (sealed)
+        if not crash:
+            store.close()
+        store, report = _reopen(tmp_path, ONE_SEGMENT)
+        assert _served_and_missing(store, "t") == ([*range(100), *range(101, 201)], [100])
+        assert _served_and_missing(store, "u") == (list(range(200)), [])
+        partition = store.partitions()[0]
+        read = store.read_partition(0, partition.start, max_entries=10_000, max_bytes=10**9)
+        assert (len(read.frames), read.damaged, read.next_position) == (400, 1, partition.end)
+    store.close()
