@@ -1,0 +1,170 @@
+"""What the actions engine sends and records: an action fanned out, what a rollout releases at a
+tick, retries, timeouts, the schedule's end, and the cancel messages of a stop."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+from pipelines.actions.engine_base import EngineBase, _reached_and_open, _retry_message, _utc
+from pipelines.actions.model import Action
+from pipelines.actions.phases import phase_of_devices
+from pipelines.actions.release import Release, due
+from pipelines.actions.retries import retry
+from pipelines.actions.schedule import END_CANCEL
+from pipelines.actions.states import (
+    CANCELED,
+    FAILED,
+    IN_PROGRESS,
+    QUEUED,
+    TIMED_OUT,
+    Execution,
+    platform_transition,
+    queued,
+)
+from pipelines.actions.summary import FINAL_ACTION_STATES
+
+log = logging.getLogger("pipelines.actions.engine")
+
+
+class Sending(EngineBase):
+    """Fan-out, release, failures and stopping of :class:`~pipelines.actions.engine.ActionsEngine`."""
+
+    def _fan_out(self, action: Action, now: int) -> list[Execution]:
+        """Queue a new action's targets (with their phases) and send what is due now."""
+        targets = self._targets(action)
+        phases = phase_of_devices(action.id, action.phases, targets) if len(action.phases) > 1 else {}
+        rows = {d: queued(action.id, d, now, phase=phases.get(d)) for d in targets}
+        topic = action.shared_topic
+        if not rows and topic is not None and action.schedule.may_send(now):
+            self.publisher.publish(topic, action.message(now))  # for devices that join the group later
+            log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
+            return []
+        try:
+            sent = {row.device_id: row for row in self._send(action, rows, now)}
+        except Exception as error:  # refused (a topic quota): queued, unsent, for the ticker to send
+            self._held_back(action.id, error)
+            if self._unsent is not None:  # else the first tick looks at every action
+                self._unsent.add(action.id)
+            return list(rows.values())
+        log.info(
+            "action %s queued for %d devices, %d sent now%s",
+            action.id,
+            len(rows),
+            len(sent),
+            f" ({action.max_per_minute}/min)" if action.max_per_minute else "",
+        )
+        return [sent.get(device_id, row) for device_id, row in rows.items()]
+
+    def _send(self, action: Action, rows: Mapping[str, Execution], now: int) -> list[Execution]:
+        """Send what ``release.due`` says is due and record it: first messages, then retries."""
+        release = due(action, rows, now)
+        if release.phase is not None:
+            self._phases[action.id] = release.phase
+        if not release:
+            return []
+        self._publish_first(action, rows, release, now)
+        for attempt in sorted({row.attempt for row in release.retries}):
+            ids = [row.device_id for row in release.retries if row.attempt == attempt]
+            self.publisher.publish_many(self._listed_messages(ids, _retry_message(action, now, attempt)))
+        sent = [
+            replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now)
+            for d in release.first
+        ]
+        sent += [
+            replace(row, retry_at=None, version=row.version + 1, updated_at=now) for row in release.retries
+        ]
+        return sent
+
+    def _publish_first(
+        self, action: Action, rows: Mapping[str, Execution], release: Release, now: int
+    ) -> None:
+        if not release.first:
+            return
+        topic = action.shared_topic
+        untouched = all(row.published_at is None for row in rows.values())
+        if topic is not None and untouched and len(release.first) == len(rows):
+            self.publisher.publish(topic, action.message(now))
+            log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
+            return
+        self.publisher.publish_many(
+            self._listed_messages(release.first, lambda ids: action.message(now, ids))
+        )
+
+    def _retrying(self, action_ids: list[str]) -> dict[str, Action]:
+        """The actions of ``action_ids`` with retry rules that may still send something."""
+        actions = {a.id: a for a in self._actions(action_ids) if a.retries and not a.cancel}
+        states = self._summary_states(list(actions))
+        return {
+            a: action
+            for a, action in actions.items()
+            if states.get(a, (None,))[0] not in FINAL_ACTION_STATES
+            and not action.schedule.ended(self.clock())
+        }
+
+    @staticmethod
+    def _after_failure(action: Action | None, row: Execution, now: int) -> Execution:
+        """A failed or timed-out row, queued again when a retry rule of ``action`` covers it."""
+        if action is None or row.state not in (FAILED, TIMED_OUT):
+            return row
+        return retry(row, action.retries, now) or row
+
+    def _stop(
+        self, action: Action, rows: dict[str, Execution], state: str, details: str, now: int
+    ) -> list[Execution]:
+        """Cancel what has not started; ask devices that have started to stop (they report CANCELED)."""
+        self._cancel_started(action, rows, now)
+        changed = self._cancel_queued(rows, details, now)
+        log.info("action %s stopped (%s): %d queued executions canceled", action.id, state, len(changed))
+        return changed
+
+    def _cancel_started(self, action: Action, rows: Mapping[str, Execution], now: int) -> None:
+        """The cancel message to devices that have the action and have not finished it."""
+        topic = action.shared_topic
+        if topic and any(row.published_at is not None for row in rows.values()):
+            self.publisher.publish(topic, action.cancel_message(now))  # late joiners took it from there too
+            return
+        reached = [r.device_id for r in rows.values() if _reached_and_open(r)]
+        listed = self._listed_messages(reached, lambda ids: action.cancel_message(now, ids))
+        self.publisher.publish_many(listed)
+
+    @staticmethod
+    def _cancel_queued(
+        rows: Mapping[str, Execution], details: str, now: int, unsent_only: bool = False
+    ) -> list[Execution]:
+        """QUEUED rows canceled: all of them, or only those not sent the action (or waiting for a retry)."""
+        changed = []
+        for row in rows.values():
+            if row.state != QUEUED or (unsent_only and row.published_at is not None and row.retry_at is None):
+                continue
+            updated = platform_transition(row, CANCELED, details, now)
+            if updated is not None:
+                changed.append(updated)
+        return changed
+
+    def _end(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+        """``schedule.end_at`` passed: nothing new goes out. ``end_behavior`` stop: devices not sent the
+        action are canceled, the others may still do it; cancel: every device not done is told to stop."""
+        details = f"schedule.end_at {_utc(action.schedule.end_at_ms)} passed"
+        stop_all = action.schedule.end_behavior == END_CANCEL
+        changed = self._cancel_queued(rows, details, now, unsent_only=not stop_all)
+        if action.id not in self._ended:
+            self._ended.add(action.id)
+            if stop_all:
+                self._cancel_started(action, rows, now)
+            log.info("action %s reached its schedule's end: %d devices canceled", action.id, len(changed))
+        return changed
+
+    def _time_out(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+        if not action.in_progress_timeout_s:
+            return []
+        limit = action.in_progress_timeout_s * 1000
+        changed = []
+        for row in rows.values():
+            if row.state == IN_PROGRESS and row.started_at is not None and now - row.started_at > limit:
+                details = f"no final report within {action.in_progress_timeout_s} s"
+                updated = platform_transition(row, TIMED_OUT, details, now)
+                if updated is not None:
+                    changed.append(updated)
+        return changed
