@@ -27,7 +27,7 @@ from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
 from broker_edge.runtime import stop_signals
 from broker_edge.security.auth import PasswordFile, PasswordFileError
-from broker_edge.settings.broker import BrokerConfig, load_broker_config
+from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
 from broker_edge.storage.errors import StoreDamaged
 
 if TYPE_CHECKING:
@@ -334,12 +334,12 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
     configuration error). Nothing is bound, opened or written."""
     where = config_path if config_path is not None else "the embedded defaults"
     try:
-        config = load_broker_config(config_path)
+        document, config = load_broker_document(config_path)  # read once: it may be a pipe
         read_security_files(config)
         if workers > 1:
             from broker_edge.runtime.workers import check_workers
 
-            check_workers(config_path, config, workers)
+            check_workers(document, config, workers)
         else:
             from broker_edge.runtime.broker import budget_descriptors
 

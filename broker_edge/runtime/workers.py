@@ -55,7 +55,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker_edge.config.loader import ConfigError, load_yaml_file, sourced
+from broker_edge.config.loader import ConfigError, sourced
 from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
@@ -63,7 +63,12 @@ from broker_edge.runtime.workers_config import member_documents, write_yaml
 from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
 from broker_edge.runtime.workers_members import Member, RunBroker
 from broker_edge.runtime.workers_supervision import SIGNALS, run_members, stop_members
-from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig, load_broker_config
+from broker_edge.settings.broker import (
+    WORKERS_DIRECTORY,
+    BrokerConfig,
+    load_broker_config,
+    load_broker_document,
+)
 
 __all__ = ["check_workers", "run_workers", "supervise"]
 
@@ -148,12 +153,10 @@ def _naming_running_members(error: ConfigError, base: Path) -> ConfigError:
     )
 
 
-def check_workers(config_path: str | None, config: BrokerConfig, workers: int) -> dict[str, Any]:
-    """The YAML document of ``config_path`` (loaded as ``config``), once ``ConfigError`` said nothing that
-    ``workers`` members refuse (a listener on port 0, the log off, an uplink hub; ``--check`` too)."""
-    document = load_yaml_file(config_path) if config_path is not None else {}
+def check_workers(document: dict[str, Any], config: BrokerConfig, workers: int) -> None:
+    """``ConfigError`` for what ``workers`` members refuse in ``document`` (loaded as ``config``): a listener
+    on port 0, the log off, an uplink hub (``--check`` too)."""
     member_documents(document, config, workers, "http://127.0.0.1:2379")
-    return document
 
 
 def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
@@ -165,8 +168,8 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
     # the start is passed on to the members once they run, instead of ending the command.
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
-        config = load_broker_config(config_path)
-        document = check_workers(config_path, config, workers)
+        document, config = load_broker_document(config_path)  # read once: it may be a pipe
+        check_workers(document, config, workers)
     except (ConfigError, OSError) as exc:
         error = sourced(exc, config_path) if isinstance(exc, ConfigError) else exc
         print(f"timestone broker: configuration error: {error}", file=sys.stderr)

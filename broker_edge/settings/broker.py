@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from broker_edge.config.loader import ConfigError, expand_home, load_dataclass, load_yaml_file
 from broker_edge.observe.logs import LoggingConfig
@@ -46,6 +46,7 @@ __all__ = [
     "SessionsConfig",
     "check_files_of",
     "load_broker_config",
+    "load_broker_document",
     "workers_cluster",
 ]
 
@@ -552,11 +553,17 @@ def check_files_of(config: BrokerConfig) -> None:
 def load_broker_config(path: str | Path | None = None) -> BrokerConfig:
     """The configuration in ``path`` (YAML), or the defaults when ``path`` is None; every file it names has
     been read once (``check_files_of``)."""
-    if path is None:
-        return BrokerConfig()
-    config = load_dataclass(BrokerConfig, load_yaml_file(path))
+    return load_broker_document(path)[1]
+
+
+def load_broker_document(path: str | Path | None) -> tuple[dict[str, Any], BrokerConfig]:
+    """The YAML document of ``path`` ({} when None) and the configuration it holds, as
+    ``load_broker_config``: the file is read once (a pipe, ``-c <(envsubst < broker.yaml)``, reads empty a
+    second time, and a named pipe opened again waits for a writer)."""
+    document = load_yaml_file(path) if path is not None else {}
+    config = load_dataclass(BrokerConfig, document)
     check_files_of(config)
-    return config
+    return document, config
 
 
 WORKERS_DIRECTORY = "workers"

@@ -1,0 +1,88 @@
+"""``timestone broker --workers 2`` and the configuration file it is given:
+
+- a file that can be read once (``-c <(envsubst < broker.yaml)``, a named pipe) is read once: the members
+  serve what it says (they served the defaults, the pipe read empty a second time) and ``--check`` ends
+  (it waited for a second writer on a named pipe);
+- an error a member finds names the user's file and its line, not the member's generated file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker_edge.runtime.launcher import free_ports
+from tests.e2e.cluster.test_workers import stop_workers
+from tests.harness.local_cluster import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def config_text(directory: Path, port: int, extra: str = "") -> str:
+    api, admin = free_ports(2)
+    return (
+        f"listeners:\n  - {{name: default, host: 127.0.0.1, port: {port}}}\n"
+        f"storage: {{directory: {directory / 'data'}}}\n"
+        f"offsets_api: {{port: {api}}}\n"
+        f"admin_http: {{port: {admin}}}\n" + extra
+    )
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.cli", "broker", *args]
+
+
+def test_a_configuration_given_through_a_pipe_is_what_the_members_serve(tmp_path):
+    """``-c <(envsubst < broker.yaml)``: the command read the pipe, then read it again for the members'
+    configurations and found it empty: they served the defaults (port 1883) while the command held the
+    configured port. It is read once."""
+    port = free_ports(1)[0]
+    reading, writing = os.pipe()
+    os.write(writing, config_text(tmp_path, port).encode())
+    os.close(writing)
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command("--config", f"/dev/fd/{reading}", "--workers", "2"),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            pass_fds=(reading,),
+            start_new_session=True,
+        )
+    os.close(reading)
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
+        said = log.read_text()
+        assert f"listening: default tcp on 127.0.0.1:{port}" in said, said[-3000:]
+        assert "127.0.0.1:1883" not in said, said[-3000:]
+    finally:
+        stop_workers(process)
+
+
+def test_check_with_workers_reads_a_named_pipe_once(tmp_path):
+    """``--check --workers 2 -c FIFO`` read the FIFO twice: the second open waited for a writer for ever."""
+    fifo = tmp_path / "broker.yaml"
+    os.mkfifo(fifo)
+    text = config_text(tmp_path, free_ports(1)[0]).encode()
+
+    def write_once() -> None:
+        with open(fifo, "wb") as pipe:
+            pipe.write(text)
+
+    writer = threading.Thread(target=write_once, daemon=True)
+    writer.start()
+    try:
+        done = subprocess.run(
+            command("--check", "--config", str(fifo), "--workers", "2"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:  # the command is killed
+        raise AssertionError("--check waited on the named pipe") from None
+    assert done.returncode == 0 and "configuration OK" in done.stdout, done
