@@ -61,7 +61,13 @@ from sinks.store import (
     target_condition,
 )
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
-from sinks.writer_rules import BROKEN, rules_of, with_rules
+from sinks.writer_rules import (
+    BROKEN,
+    refuse_column_mapping,
+    refuse_unsupported_features,
+    rules_of,
+    with_rules,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -149,12 +155,17 @@ class DeltaRsTableStore(TableStore):
             except CommitFailedError:
                 if not self.exists(name):  # lost the race to another creator: fine; anything else is not
                     raise
-        self._evolve(spec, self._open(name))
+        try:
+            self._evolve(spec, self._open(name))
+        except CommitFailedError as exc:
+            refuse_unsupported_features(name, exc)
+            raise
         self._ensured.add(name)
 
     def _evolve(self, spec: TableSpec, table: DeltaTable) -> None:
         """Bring an existing table up to its spec: add missing columns and properties, reject conflicts."""
         metadata = table.metadata()
+        refuse_column_mapping(spec.name, table)
         if list(metadata.partition_columns) != list(spec.partition_by):
             raise SchemaMismatch(
                 f"{spec.name}: table is partitioned by {list(metadata.partition_columns)}, "
@@ -365,7 +376,8 @@ class DeltaRsTableStore(TableStore):
                 return False
             try:
                 return write(table)
-            except CommitFailedError:
+            except CommitFailedError as exc:
+                refuse_unsupported_features(name, exc)
                 if attempt + 1 == self.max_commit_attempts:
                     raise
                 time.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))

@@ -8,6 +8,9 @@ lack and adds :data:`BROKEN` naming, per row, the first rule it breaks (null: no
 (:func:`check_rules`) fails its task on any such row, naming the rule, and drops the column: a batch that
 breaks a rule writes nothing, as delta-rs's own writer refuses it, and the rows never leave the tasks.
 
+Some tables ask more than the store can keep: column mapping (:func:`refuse_column_mapping`) and writer
+features delta-rs lacks (:func:`refuse_unsupported_features`) are refused, naming the table.
+
 As in delta-rs, a rule whose expression is null for a row (a null column in it) does not fail it. A
 generated column the rows carry must equal its expression.
 """
@@ -21,14 +24,29 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.store import TableStoreError
+
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
-__all__ = ["BROKEN", "RuleBroken", "WriterRules", "check_rules", "rules_of", "with_rules"]
+__all__ = [
+    "BROKEN",
+    "RuleBroken",
+    "WriterRules",
+    "check_rules",
+    "refuse_column_mapping",
+    "refuse_unsupported_features",
+    "rules_of",
+    "with_rules",
+]
 
 BROKEN = "__timestone_broken_rule"
 """The column naming the first rule a row breaks, from :func:`with_rules` to the writer."""
+
+
+#: How delta-rs' CommitFailedError says that the table needs writer features it does not implement.
+UNSUPPORTED_FEATURES = "Unsupported table features required"
 
 
 class RuleBroken(ValueError):
@@ -95,3 +113,25 @@ def check_rules(batch: pa.RecordBatch, table: str) -> pa.RecordBatch:
             "table for its writers): nothing of the batch is written"
         )
     return batch.remove_column(index)
+
+
+def refuse_unsupported_features(name: str, exc: Exception) -> None:
+    """A :class:`TableStoreError` naming the table when ``exc`` (delta-rs' ``CommitFailedError``) says
+    that it asks its writers for features delta-rs does not implement (identity columns, row tracking, a
+    newer engine's): no lost race, so no retry."""
+    if UNSUPPORTED_FEATURES in str(exc):
+        raise TableStoreError(
+            f"{name}: the table asks its writers for features delta-rs does not have ({exc}): write it "
+            "with the native Delta backend, or use a table without them"
+        ) from None
+
+
+def refuse_column_mapping(name: str, table: DeltaTable) -> None:
+    """Refuse a table with column mapping: the tasks write its files under the logical column names, which
+    a column-mapping reader does not find, and delta-rs reads back the physical names it writes as nulls."""
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise TableStoreError(
+            f"{name}: uses column mapping (delta.columnMapping.mode={mode}), which the delta-rs store cannot "
+            "write or read correctly: write it with the native Delta backend, or use a table without it"
+        )

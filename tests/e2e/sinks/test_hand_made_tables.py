@@ -5,14 +5,17 @@ reach the driver), as delta-rs's own writer keeps them."""
 from __future__ import annotations
 
 import json
+import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from sinks.delta_rs import AppendReport, DeltaRsTableStore
+from sinks.store import TableStoreError
 from sinks.tables import DEFAULT_CATALOG
-from tests.e2e.sinks.conftest import bronze_row, spark_rows
+from tests.e2e.sinks.conftest import T0, bronze_row, spark_rows
 
 pytestmark = pytest.mark.spark
 
@@ -66,3 +69,67 @@ def test_a_generated_column_of_a_table_made_by_hand_is_computed_for_a_spark_batc
     stored = DeltaTable(path).to_pyarrow_table().sort_by("offset")
     assert stored.column("next_offset").to_pylist() == [1, 2, 3]
     assert [(r.on_executors, r.rows) for r in reports] == [(True, 3)]
+
+
+def test_a_table_made_with_column_mapping_is_refused_naming_it_and_written_nothing(spark, lake) -> None:
+    """delta-rs wrote the job's rows under physical column names that its own reads took for nulls (a
+    NOT NULL device_id read back as null), and the tasks' files under logical ones that a column-mapping
+    reader takes for nulls: the data was wrong, silently. The store now refuses the table."""
+    spec = DEFAULT_CATALOG["devices"]
+    path = lake.location("devices")
+    DeltaTable.create(path, spec.arrow_schema, configuration={"delta.columnMapping.mode": "name"})
+    row = {"device_id": "d1", "broker": "b1", "group": "g", "tags": [("site", "s1")]}
+    rows = pa.Table.from_pylist([row], schema=spec.arrow_schema)
+    refusal = r"devices: .*column mapping \(delta\.columnMapping\.mode=name\)"
+    with pytest.raises(TableStoreError, match=refusal):
+        lake.merge("devices", rows, "q", 0)
+    with pytest.raises(TableStoreError, match=refusal):
+        lake.append("devices", spark.createDataFrame(rows), "q", 1)
+    assert DeltaTable(path).version() == 0, "nothing committed"
+
+
+@pytest.mark.parametrize("name", ["bronze_telemetry", "telemetry_quarantine"])
+def test_a_table_asking_its_writers_for_features_the_store_lacks_is_refused_at_once(
+    spark, lake, name
+) -> None:
+    """Spark made the table with an identity column (writer feature identityColumns): the job's first write
+    (bronze: setting its change feed property; quarantine: the tasks' files' commit) failed with delta-rs'
+    'Unsupported table features required' taken for a lost commit race, retried 12 times, and ended as a
+    CommitFailedError naming no table, which the job restarted for ever."""
+    spec = DEFAULT_CATALOG[name]
+    path = lake.location(name)
+    schema = json.loads(spec.schema.json())
+    identity = {
+        "delta.identity.start": 1,
+        "delta.identity.step": 1,
+        "delta.identity.allowExplicitInsert": False,
+    }
+    schema["fields"].append({"name": "row_id", "type": "long", "nullable": True, "metadata": identity})
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["identityColumns"]}
+    write_log(path, protocol, schema, list(spec.partition_by))
+    if name == "bronze_telemetry":
+        rows = spark_rows(spark, name, [bronze_row(offset) for offset in range(3)])
+    else:
+        quarantined = {"reason": "unparseable_payload", "quarantine_date": T0.date(), "quarantined_at": T0}
+        rows = spark_rows(spark, name, [{"broker": "b1", "topic": "t", "offset": 1, **quarantined}])
+    with pytest.raises(TableStoreError, match=rf"{name}: .*asks its writers for features .*IdentityColumns"):
+        lake.append(name, rows, "q", 0)
+    assert DeltaTable(path).version() == 0
+    assert not list(Path(path).rglob("*.parquet")), "the tasks' files were removed"
+
+
+def write_log(path: str, protocol: dict, schema: dict, partition_by: list[str]) -> None:
+    """A table's first commit as another engine (Spark with Delta) writes it."""
+    log_dir = Path(path) / "_delta_log"
+    log_dir.mkdir(parents=True)
+    metadata = {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps(schema),
+        "partitionColumns": partition_by,
+        "configuration": {},
+        "createdTime": 1_700_000_000_000,
+    }
+    info = {"timestamp": 1_700_000_000_000, "operation": "CREATE TABLE", "engineInfo": "Apache-Spark/3.5.0"}
+    actions = [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}]
+    (log_dir / "00000000000000000000.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
