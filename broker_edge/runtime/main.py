@@ -279,7 +279,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
     try:
         config = load_broker_config(config_path)
     except (ConfigError, OSError) as exc:
-        return _refused(exc, config_path, tell)
+        return _refused(exc, config_path, tell, member=report is not None)
     configure_logging(config.logging, node=node)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
     asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
@@ -290,7 +290,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
     try:
         asyncio_run(_serve_telling(config, tell, ConfigFile(config_path) if config_path else None))
     except ConfigError as exc:
-        return _refused(exc, config_path, tell)
+        return _refused(exc, config_path, tell, member=report is not None)
     except (OSError, StoreDamaged) as exc:
         log.error("cannot start: %s", exc)
         tell(str(exc))
@@ -302,8 +302,16 @@ def _ignore(_: str | None) -> None:
     pass
 
 
-def _refused(error: ConfigError | OSError, config_path: str | None, tell: Report = _ignore) -> int:
-    """Say a configuration error on standard error, with the file and line of its key: exit status 2."""
+def _refused(
+    error: ConfigError | OSError, config_path: str | None, tell: Report = _ignore, member: bool = False
+) -> int:
+    """Say a configuration error on standard error, with the file and line of its key: exit status 2. A
+    ``member`` of ``--workers`` tells its command the key alone, which says it once, naming the file given."""
+    if member and isinstance(error, ConfigError) and not error.source:
+        from broker_edge.runtime.workers_members import config_refusal
+
+        tell(config_refusal(error))
+        return 2
     if isinstance(error, ConfigError):
         error = sourced(error, config_path)
     print(f"timestone broker: configuration error: {error}", file=sys.stderr)

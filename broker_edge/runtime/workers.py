@@ -61,7 +61,7 @@ from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.workers_config import member_documents, write_yaml
 from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
-from broker_edge.runtime.workers_members import Member, RunBroker
+from broker_edge.runtime.workers_members import Member, RunBroker, config_error_of
 from broker_edge.runtime.workers_supervision import SIGNALS, run_members, stop_members
 from broker_edge.settings.broker import (
     WORKERS_DIRECTORY,
@@ -78,9 +78,16 @@ PRELOAD = ("broker_edge.runtime.broker", "broker_edge.cluster.node", "uvloop")
 """What the command imports before it forks a member (none of it starts a thread at import)."""
 
 
-def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run: RunBroker) -> int:
+def supervise(
+    document: dict[str, Any],
+    config: BrokerConfig,
+    workers: int,
+    run: RunBroker,
+    config_path: str | None = None,
+) -> int:
     """Run etcd (unless configured) and the members until SIGTERM or SIGINT, or until a member cannot
-    start; the exit status. ``SIGNALS`` must be blocked (``run_workers``)."""
+    start; the exit status. ``SIGNALS`` must be blocked (``run_workers``); ``config_path``: the file given,
+    which a member's configuration error names (with its key's line), not the member's own file."""
     for module in PRELOAD:
         __import__(module)
     if stop_signals.requested():  # before they were blocked: stopped before anything started
@@ -126,7 +133,9 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
     if fatal is not None:
         member, code, reason = fatal
         if code == 2:
-            print(f"timestone broker: configuration error: member {member.node}: {reason}", file=sys.stderr)
+            refusal = config_error_of(reason)
+            said = sourced(refusal, config_path) if refusal is not None else reason
+            print(f"timestone broker: configuration error: member {member.node}: {said}", file=sys.stderr)
         else:
             log.error("cannot start: member %s: %s", member.node, reason)
         return code
@@ -176,7 +185,7 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
         return 2
     configure_logging(config.logging)
     try:
-        return supervise(document, config, workers, run)
+        return supervise(document, config, workers, run, config_path)
     except ConfigError as exc:
         print(f"timestone broker: configuration error: {sourced(exc, config_path)}", file=sys.stderr)
         return 2

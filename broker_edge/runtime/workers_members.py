@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -16,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from broker_edge.config.loader import ConfigError
 from broker_edge.process.parent_death import die_with_parent
 from broker_edge.settings.cluster import ClusterConfig
 
-__all__ = ["HUNG_S", "SERVING", "Member", "RunBroker", "remove_pid_file"]
+__all__ = ["HUNG_S", "SERVING", "Member", "RunBroker", "config_error_of", "config_refusal", "remove_pid_file"]
 
 log = logging.getLogger("broker_edge.workers")
 
@@ -42,6 +44,27 @@ serves or why it could not start: its exit status."""
 SERVING = b"serving\n"
 """What a member writes on its pipe once it serves, and again every ``main.HEARTBEAT_S`` while it does;
 ``failed <reason>`` lines say why it could not start."""
+
+
+CONFIG_ERROR = "configuration error "
+"""How a member's reason starts when it is a configuration error: its key and message follow (JSON), without
+the member's file, which the command writes: the command names the file given and the key's line there."""
+
+
+def config_refusal(error: ConfigError) -> str:
+    """The reason a member tells its command of ``error``: its key and message, not where it was set."""
+    return CONFIG_ERROR + json.dumps([error.path, error.detail])
+
+
+def config_error_of(reason: str) -> ConfigError | None:
+    """The configuration error a member's ``reason`` (``config_refusal``) tells, or None."""
+    if not reason.startswith(CONFIG_ERROR):
+        return None
+    try:
+        path, detail = json.loads(reason.removeprefix(CONFIG_ERROR))
+    except ValueError:
+        return None
+    return ConfigError(str(path), str(detail))
 
 
 class Member:

@@ -86,3 +86,22 @@ def test_check_with_workers_reads_a_named_pipe_once(tmp_path):
     except subprocess.TimeoutExpired:  # the command is killed
         raise AssertionError("--check waited on the named pipe") from None
     assert done.returncode == 0 and "configuration OK" in done.stdout, done
+
+
+def test_a_configuration_error_a_member_finds_names_the_file_given_and_its_line(tmp_path):
+    """A password file the members refuse (found when each starts, not by the command): the error named
+    ``.../workers/w1.yaml, line 18``, a file the command writes, twice more from the members themselves.
+    It names the file given and the line of ``auth.password_file`` there, once."""
+    passwords = tmp_path / "passwd"
+    passwords.write_text("alice:not-a-hash\n")
+    passwords.chmod(0o600)
+    config = tmp_path / "broker.yaml"
+    config.write_text(config_text(tmp_path, free_ports(1)[0], f"auth:\n  password_file: {passwords}\n"))
+    done = subprocess.run(
+        command("--config", str(config), "--workers", "2"), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done
+    said = [line for line in done.stderr.splitlines() if "configuration error" in line]
+    assert len(said) == 1, done.stderr
+    assert "workers/w" not in said[0], said
+    assert f"{passwords}:1" in said[0] and f"(in {config}, line 7)" in said[0], said
