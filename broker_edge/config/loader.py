@@ -250,11 +250,37 @@ first, as UTF-32 LE's starts with UTF-16 LE's."""
 def read_yaml_text(path: Path) -> str:
     """The text of a YAML file: UTF-16 or UTF-32 when it starts with their byte order mark (what Windows
     PowerShell's ``>`` writes), else UTF-8 (a BOM of its own dropped); ``UnicodeDecodeError`` otherwise."""
-    data = path.read_bytes()
+    return decode_text(path.read_bytes())
+
+
+def decode_text(data: bytes) -> str:
+    """The text of a file's bytes, as ``read_yaml_text`` reads them (also the ACL and password files)."""
     for bom, encoding in _BOMS:
         if data.startswith(bom):
             return data.decode(encoding).lstrip("\ufeff")
     return data.decode("utf-8-sig")
+
+
+def undecodable(error: UnicodeDecodeError) -> tuple[int, str]:
+    """The line (from 1) of the first byte ``decode_text`` could not read, and what is wrong there."""
+    line = error.object[: error.start].count(b"\n") + 1
+    byte = error.object[error.start : error.start + 1].hex()
+    return line, (
+        f"not UTF-8 text (byte 0x{byte}), nor UTF-16 or UTF-32 with a byte order mark: save it as UTF-8"
+    )
+
+
+def nul_line(text: str) -> int | None:
+    """The line (from 1) of the first NUL character of ``text``, or None: a file saved as UTF-16 or UTF-32
+    without a byte order mark, read as UTF-8, has one beside every ASCII character."""
+    at = text.find("\0")
+    return None if at < 0 else text.count("\n", 0, at) + 1
+
+
+NUL_TEXT = (
+    "holds NUL characters: UTF-16 or UTF-32 text without a byte order mark? save it as UTF-8 (or with its "
+    "byte order mark)"
+)
 
 
 def load_yaml_file(path: str | Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from broker_edge.config import ConfigError, load_dataclass, load_yaml_file
-from broker_edge.config.loader import expand_home
+from broker_edge.config.loader import NUL_TEXT, decode_text, expand_home, nul_line, undecodable
 from broker_edge.protocol.topics import topic_matches
 
 __all__ = ["AccessControl", "AclConfig", "AclRule", "filter_covers", "filters_overlap"]
@@ -111,11 +111,15 @@ def _file_rules(path: Path) -> list[AclRule]:
     import yaml  # here: a broker without an ACL file never needs it
 
     try:
-        text = path.read_text(encoding="utf-8")
+        text = decode_text(path.read_bytes())
     except OSError as exc:
         raise ConfigError("file", f"cannot read ACL file {path}: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"not UTF-8 text: {exc}") from None
+        line, problem = undecodable(exc)
+        raise ConfigError(f"{path}, line {line}", problem) from None
+    nul = nul_line(text)
+    if nul is not None:
+        raise ConfigError(f"{path}, line {nul}", NUL_TEXT)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:

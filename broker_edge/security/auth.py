@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker_edge.config import ConfigError
-from broker_edge.config.loader import expand_home
+from broker_edge.config.loader import NUL_TEXT, decode_text, expand_home, nul_line, undecodable
 from broker_edge.security.login_backoff import LoginBackoffConfig
 
 if TYPE_CHECKING:
@@ -238,6 +238,8 @@ def _check_username(username: str) -> None:
     if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in username):
         # Cc holds every character str.splitlines() splits on but U+2028 and U+2029 (Zl, Zp)
         raise ValueError("username must not contain control characters or line separators")
+    if "\ufeff" in username:  # files joined (cat a b), the second with its BOM: a name no client types
+        raise ValueError("username must not hold a byte order mark (U+FEFF): files joined together?")
     if username.startswith("#") or username != username.strip():
         raise ValueError("username must not start with '#' or start or end with whitespace")
 
@@ -263,12 +265,25 @@ def _lines(text: str) -> list[str]:
 def _parse_file(path: Path) -> tuple[dict[str, _ParsedHash], tuple[int, int, int, int]]:
     try:
         stamp = _file_stamp(path)
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
     except FileNotFoundError:
         raise PasswordFileError(path, 0, "file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
     return _parse_text(path, text), stamp
+
+
+def _read_text(path: Path) -> str:
+    """The file's text as the configuration file's is read (UTF-8, UTF-16 or UTF-32 with a byte order mark:
+    what Windows tools write); ``PasswordFileError`` naming the line of bytes that are no such text."""
+    try:
+        text = decode_text(path.read_bytes())
+    except UnicodeDecodeError as exc:
+        raise PasswordFileError(path, *undecodable(exc)) from None
+    nul = nul_line(text)
+    if nul is not None:
+        raise PasswordFileError(path, nul, NUL_TEXT)
+    return text
 
 
 def _parse_text(path: Path, text: str) -> dict[str, _ParsedHash]:
@@ -489,12 +504,12 @@ def _locked(path: Path, create: bool) -> Iterator[None]:
 def _read_lines(path: Path, create: bool) -> list[str]:
     """The file's lines (checked by ``_write_atomically``, as the edit would leave them)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
     except FileNotFoundError:
         if create:
             return []
         raise _not_found(path) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
     return _lines(text)
 
