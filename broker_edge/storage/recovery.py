@@ -72,11 +72,14 @@ class PartitionRepair:
     """Segments whose data file is gone while records of theirs were still the topics' (damage)."""
     records_lost: int = 0
     """Records the indexes or the snapshot counted that are no longer on disk (missing or cut segments)."""
+    bytes_skipped: int = 0
+    """Damaged bytes between valid entries of unsealed segments, stepped over (kept in the file)."""
 
     @property
     def repaired(self) -> bool:
         return bool(
             self.bytes_dropped
+            or self.bytes_skipped
             or self.segments_dropped
             or self.damaged_records
             or self.damaged_segments
@@ -522,8 +525,9 @@ def _rebuild_index(
         lambda topic_id: sealed.end[topic_id] if topic_id < len(sealed) else 0,
     )
     end, report = scanner.scan(0, apply, on_marker, rows.add_skipped)
-    damage = report.damage if end < os.path.getsize(segment.log_path) else None
-    if damage is not None:
+    cut_short = end < os.path.getsize(segment.log_path)
+    damage = report.damage if cut_short or report.bytes_skipped else None
+    if cut_short:
         log.error(
             "%s: damaged at byte %d (%s); kept whole, the records after the damage are not served",
             segment.log_path, end, report.damage,
@@ -555,7 +559,7 @@ def _load_rows(
     or later jobs, never acknowledged. One that was sealed once and lost its index (damage, or an operator
     deleting it to have it rebuilt) is kept whole: its readable part is served, the records after the damage
     are missing (reads of them raise `CorruptRecord` with the next offset each topic still has), and the
-    segments after it stay."""
+    segments after it stay. Damage followed by valid entries is stepped over by the scan, not cut."""
     pool = part.pool
     if segment.base < 0:  # no open index header: it follows the segment before it
         previous = part.segments[-1] if part.segments else None
@@ -580,6 +584,9 @@ def _load_rows(
         segment.rows.add_skipped,
     )
     loading.records_scanned += report.scanned
+    if report.bytes_skipped:
+        repair.bytes_skipped += report.bytes_skipped
+        repair.damage = report.damage
     names = part.names
     repair.damaged_records += [(names[topic_id], offset) for topic_id, offset in report.damaged_records]
     if report.damaged_records:

@@ -11,11 +11,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .entry import (
+    ENTRY_HEAD,
     HEAD_SIZE,
     MARKER_BIT,
+    MARKER_BODY_SIZE,
     EntryError,
     Marker,
+    check_of,
     parse_head,
     parse_marker,
 )
@@ -23,6 +28,7 @@ from .file_pool import FileHandlePool
 from .open_index import header_bytes
 from .quarantine import Quarantine
 from .record import (
+    MIN_BODY_SIZE,
     PREFIX,
     PREFIX_SIZE,
     FrameError,
@@ -35,6 +41,9 @@ from .topic_table import NO_TIME, SealedState
 log = logging.getLogger("broker_edge.storage.partition_log")
 
 _SCAN_CHUNK = 4 * 1024 * 1024
+_RESYNC_CHUNK = 1024 * 1024
+"""Bytes searched at a time for the next valid entry after damage (`find_next_entry`)."""
+_SHORTEST_BODY = min(MIN_BODY_SIZE, MARKER_BODY_SIZE)
 
 __all__ = [
     "ScanReport",
@@ -57,7 +66,9 @@ class ScanReport:
     damage: str | None = None
     scanned: int = 0
     skipped: int = 0
-    """Entries stepped over: a damaged topic id, or a record repeating an offset."""
+    """Entries stepped over: a damaged topic id, a record repeating an offset, a damaged range."""
+    bytes_skipped: int = 0
+    """Bytes of damaged ranges stepped over to the valid entries after them (kept in the file)."""
 
 
 class SegmentScanner:
@@ -92,9 +103,43 @@ class SegmentScanner:
         on_skip: Callable[[int], None],
     ) -> tuple[int, ScanReport]:
         """Scan from byte `start`; returns the position after the last valid entry and the report.
-        `on_skip(position)` is called for each entry stepped over (a damaged topic id, a repeated offset)."""
+        `on_skip(position)` is called for each entry or damaged range stepped over (a damaged topic id, a
+        repeated offset, bytes that are no entry followed by valid ones: zeroed or overwritten pages)."""
         report = ScanReport()
         file_size = os.path.getsize(self.path)
+        position = self._scan_from(start, file_size, apply, on_marker, on_skip, report)
+        stepped_over = None
+        while position < file_size:
+            found = self.find_next_entry(position + 1, file_size)
+            if found is None:
+                return position, report  # nothing valid after the damage: a torn or damaged end
+            stepped_over = report.damage
+            log.error(
+                "%s: bytes %d to %d are damaged (%s); stepped over to the valid entries after them (the"
+                " records they held are lost)",
+                self.path,
+                position,
+                found,
+                report.damage,
+            )
+            on_skip(position)
+            report.skipped += 1
+            report.bytes_skipped += found - position
+            position = self._scan_from(found, file_size, apply, on_marker, on_skip, report)
+        report.damage = stepped_over
+        return position, report
+
+    def _scan_from(
+        self,
+        start: int,
+        file_size: int,
+        apply: Callable[[int, int, int, int, int], None],
+        on_marker: Callable[[Marker, int], None],
+        on_skip: Callable[[int], None],
+        report: ScanReport,
+    ) -> int:
+        """Scan from byte `start` up to the end or to an entry that cannot be stepped over (its reason in
+        `report.damage`); returns the position reached."""
         position = start
         chunk_start = start
         view = memoryview(b"")
@@ -115,7 +160,7 @@ class SegmentScanner:
                     )
                     if len(view) < needed and needed != _SCAN_CHUNK:
                         report.damage = "torn"
-                        return position, report
+                        return position
                     continue
                 report.damage = error.reason
                 skip = self._entry_size(position) if error.reason == "check" else None
@@ -130,7 +175,7 @@ class SegmentScanner:
                     position += skip  # an entry whose topic id is damaged: skipped, the entries after it kept
                     report.skipped += 1
                     continue
-                return position, report
+                return position
             size = end - at
             report.scanned += 1
             if marked & MARKER_BIT:
@@ -138,7 +183,7 @@ class SegmentScanner:
                     marker = parse_marker(view, at)
                 except EntryError as error:
                     report.damage = error.reason
-                    return position, report
+                    return position
                 on_marker(marker, position)
                 expected[marker.topic_id] = marker.offset
                 position += size
@@ -146,7 +191,7 @@ class SegmentScanner:
             topic_id = marked
             if topic_id >= self.topics:
                 report.damage = "unknown topic"
-                return position, report
+                return position
             want = expected.get(topic_id)
             if want is None:
                 want = self.next_offset(topic_id)
@@ -160,7 +205,7 @@ class SegmentScanner:
                             _end, timestamp = check_frame(view, at + HEAD_SIZE, found, max_body)
                         except FrameError:
                             report.damage = "offset"
-                            return position, report
+                            return position
                         want = found
                     else:  # an offset going back without a marker: a stray entry, skipped
                         log.error(
@@ -179,13 +224,13 @@ class SegmentScanner:
                     timestamp = NO_TIME
                 else:
                     report.damage = error.reason
-                    return position, report
+                    return position
             apply(topic_id, position, want, timestamp, size)
             expected[topic_id] = want + 1
             report.records += 1
             position += size
         report.damage = None
-        return position, report
+        return position
 
     def _entry_size(self, position: int) -> int | None:
         head = self.pool.pread(self.path, HEAD_SIZE + PREFIX_SIZE, position)
@@ -193,6 +238,56 @@ class SegmentScanner:
             return None
         body_length, _crc = PREFIX.unpack_from(head, HEAD_SIZE)
         return HEAD_SIZE + PREFIX_SIZE + body_length if body_length <= self.max_body else None
+
+    def find_next_entry(self, start: int, file_size: int) -> int | None:
+        """The first position from `start` where a valid entry begins (its head's check, its frame's CRC,
+        version and length, or a marker's) followed by another entry's checked head or the end of the file:
+        where the scan goes on after damage it cannot step over. None when there is none."""
+        shortest = HEAD_SIZE + PREFIX_SIZE + _SHORTEST_BODY
+        chunk_start = start
+        while chunk_start + shortest <= file_size:
+            data = self.pool.pread(self.path, min(_RESYNC_CHUNK, file_size - chunk_start), chunk_start)
+            for at in self._candidates(data):
+                if self._entry_at(chunk_start + at, file_size):
+                    return chunk_start + at
+            if chunk_start + len(data) >= file_size:
+                return None
+            chunk_start += len(data) - shortest + 1  # the next chunk overlaps: no head is cut in two
+        return None
+
+    def _candidates(self, data: bytes) -> list[int]:
+        """Positions in `data` whose topic id (a known topic's, or a marker's) and length prefix are
+        plausible, in order: found on whole arrays, so a zeroed or random range costs no Python per byte."""
+        found: list[np.ndarray] = []
+        for align in range(4):
+            words = np.frombuffer(data, dtype="<u4", count=(len(data) - align) // 4, offset=align)
+            if len(words) < 4:
+                continue
+            ids, lengths = words[:-3], words[2:-1]
+            plain = (ids < self.topics) & (lengths >= MIN_BODY_SIZE) & (lengths <= self.max_body)
+            marker = ((ids & MARKER_BIT) != 0) & (lengths == MARKER_BODY_SIZE)
+            found.append(np.flatnonzero(plain | marker) * 4 + align)
+        return sorted(np.concatenate(found).tolist()) if found else []
+
+    def _entry_at(self, position: int, file_size: int) -> bool:
+        """Whether a whole valid entry starts at `position`, followed by a checked head or the end."""
+        head = self.pool.pread(self.path, HEAD_SIZE + PREFIX_SIZE, position)
+        marked, check = ENTRY_HEAD.unpack_from(head)
+        body_length, frame_crc = PREFIX.unpack_from(head, HEAD_SIZE)
+        size = HEAD_SIZE + PREFIX_SIZE + body_length
+        if position + size > file_size or check != check_of(marked, frame_crc):
+            return False  # (checked before its body is read: a candidate may claim megabytes)
+        data = self.pool.pread(self.path, size, position)
+        try:
+            parse_head(data, 0, self.max_body)
+            if marked & MARKER_BIT:
+                parse_marker(data, 0)
+            else:
+                found = int.from_bytes(data[HEAD_SIZE + 9 : HEAD_SIZE + 17], "little")
+                check_frame(data, HEAD_SIZE, found, self.max_body)
+        except (EntryError, FrameError):
+            return False
+        return position + size == file_size or self._valid_after(position + size, file_size)
 
     def _valid_after(self, position: int, file_size: int) -> bool:
         """Whether a checked entry starts at `position` (a resync point after a damaged one), or the file

@@ -137,14 +137,14 @@ def test_a_sealed_segment_whose_index_is_gone_is_rebuilt(tmp_path: Path, small_s
     again.close()
 
 
-def test_a_damaged_sealed_segment_without_its_index_is_kept_whole_and_served_up_to_the_damage(
+def test_a_damaged_sealed_segment_without_its_index_is_kept_whole_and_served_around_the_damage(
     tmp_path: Path, small_segments: StorageConfig
 ):
     _filled(tmp_path, small_segments).close()
     first = partition_segments(tmp_path)[0]
     size = first.stat().st_size
     t_in_first = len(entry_positions(first, TOPIC_ID))
-    flip_byte(first, entry_positions(first, TOPIC_ID)[2] + 9)  # a length prefix: what follows is lost
+    flip_byte(first, entry_positions(first, TOPIC_ID)[2] + 9)  # a length prefix: that record is lost
     partition_segments(tmp_path, suffix=".index")[0].unlink()
 
     store, report = _reopen(tmp_path, small_segments)
@@ -152,10 +152,10 @@ def test_a_damaged_sealed_segment_without_its_index_is_kept_whole_and_served_up_
     assert [repair.damaged_segments for repair in report.repaired] == [[0]]
     assert first.stat().st_size == size  # kept whole for inspection
     assert _offsets(store, "t", 0) == [0, 1]
-    for offset in (2, t_in_first - 1):
-        with pytest.raises(CorruptRecord) as caught:
-            store.read("t", offset)
-        assert caught.value.next_offset == t_in_first  # the first record of the next segment
+    with pytest.raises(CorruptRecord) as caught:
+        store.read("t", 2)
+    assert caught.value.next_offset == 3  # the scan went on at the next valid entry
+    assert _offsets(store, "t", 3)[: t_in_first - 3] == list(range(3, t_in_first))
     assert_matches(store.read("t", t_in_first, max_records=1)[0], t_in_first)
     assert store.log_info("t").end_offset == 200
     assert _offsets(store, "t", 199) == [199]
@@ -256,4 +256,30 @@ def test_an_entry_whose_topic_id_is_damaged_between_valid_ones_is_skipped_and_th
         partition = store.partitions()[0]
         read = store.read_partition(0, partition.start, max_entries=10_000, max_bytes=10**9)
         assert (len(read.frames), read.damaged, read.next_position) == (400, 1, partition.end)
+    store.close()
+
+
+def test_a_zeroed_page_in_the_middle_of_the_active_segment_loses_only_the_records_in_it(tmp_path: Path):
+    _filled(tmp_path, ONE_SEGMENT)
+    tail = partition_segments(tmp_path)[-1]
+    size_before = tail.stat().st_size
+    page = 4 * 4096
+    entries = entry_positions(tail)
+    in_page = [n for n, at in enumerate(entries) if page - 200 < at < page + 4096]  # touched by the zeros
+    with open(tail, "r+b") as file:
+        file.seek(page)
+        file.write(bytes(4096))
+
+    store, report = _reopen(tmp_path, ONE_SEGMENT)
+
+    assert report.bytes_dropped == 0
+    assert tail.stat().st_size == size_before
+    lost_t = [n // 2 for n in in_page if n % 2 == 0]  # entries alternate "t", "u"
+    served, missing = _served_and_missing(store, "t")
+    assert store.log_info("t").end_offset == 200
+    assert set(missing) <= set(lost_t) and len(missing) >= len(lost_t) - 1
+    assert served == [offset for offset in range(200) if offset not in missing]
+    assert len(_served_and_missing(store, "u")[0]) >= 200 - len(in_page)
+    assert_matches(store.read("t", 199)[0], 199)
+    assert store.append("t", make_record(200)) == 200
     store.close()
