@@ -24,6 +24,10 @@ from .config import PayloadConfig, TopicTemplate
 ERROR = "_error"
 DETAIL = "_detail"
 _CORRUPT = "_corrupt_record"
+#: Whether a JSON payload holds more than its object (``from_json`` reads the first object and stops).
+_TRAILING = "_trailing"
+#: JSON only: Jackson's default takes 'single-quoted' names and strings.
+_JSON_ONLY = {"allowSingleQuotes": "false"}
 #: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
 JSON_REFUSED = "json: not an object of the declared fields and types"
 
@@ -101,17 +105,25 @@ def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) 
     JSON, :func:`decoded_struct`'s with :data:`DETAIL` for the others."""
     if reader.name == "json":
         schema = ", ".join(f"`{name}` {type_name}" for name, type_name in fields.items())
-        return F.when(
-            matches(template),
-            F.from_json(
-                F.col("payload").cast("string"),
-                f"{schema}, `{_CORRUPT}` string",
-                # JSON only: Jackson's default takes 'single-quoted' names and strings
-                {"columnNameOfCorruptRecord": _CORRUPT, "allowSingleQuotes": "false"},
-            ),
+        text = F.col("payload").cast("string")
+        parsed = F.from_json(
+            text, f"{schema}, `{_CORRUPT}` string", {"columnNameOfCorruptRecord": _CORRUPT, **_JSON_ONLY}
         )
+        return F.when(matches(template), parsed.withField(_TRAILING, _more_after_the_object(text)))
     # only the template's rows reach the reader: the others are null payloads, skipped at once
     return decoded_struct(F.when(matches(template), F.col("payload")), reader, fields, DETAIL)
+
+
+def _more_after_the_object(text: Column) -> Column:
+    """Whether JSON ``text`` holds more than whitespace after its first value, which ``from_json`` ignores
+    (``{...}{...}``: a second reading that would be lost). Only a payload with more than whitespace after
+    its first ``}`` may (a flat object has nothing there), and only such a payload is parsed again, inside
+    brackets and as an object's value: what follows the object then breaks one of the two (or, after a
+    comma, makes a list of more than one value)."""
+    listed = F.from_json(F.concat(F.lit("["), text, F.lit("]")), "array<string>", _JSON_ONLY)
+    held = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), "map<string,string>", _JSON_ONLY)
+    breaks = F.coalesce(F.size(listed) != 1, F.lit(True)) | (text.contains("]") & held.isNull())
+    return F.when(text.rlike(r"^[^}]*\}\s*\S"), breaks).otherwise(F.lit(False))
 
 
 def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column) -> Column:
@@ -120,7 +132,7 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column) -> Col
         # the payload's bytes cast to a string keep bytes that are no UTF-8, which the parser would read as
         # U+FFFD inside a string value: such a payload is refused as the Python reader refuses it
         utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
-        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | ~utf8
+        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | parsed.getField(_TRAILING) | ~utf8
         detail = F.lit(None).cast("string")
     else:
         detail = parsed.getField(DETAIL)

@@ -172,6 +172,42 @@ def test_json_that_only_a_lenient_parser_reads_is_unparseable_saying_where(spark
     ]
 
 
+def test_a_payload_with_more_after_its_object_is_unparseable_and_none_of_it_lands(spark):
+    """Spark's JSON parser stops at the end of the first object: two readings sent in one payload landed as
+    the first alone (the second lost, silently), and text after the object was ignored. Such a payload is
+    one that JSON does not read, quarantined whole; whitespace after it, nesting and braces in strings are
+    not."""
+    first = b'{"ts": 1795000000000, "seq": 1, "temperature": 20.5}'
+    second = b'{"ts": 1795000001000, "seq": 2, "temperature": 21.5}'
+    nested = b'{"seq": 4, "firmware": "}{", "extra": {"a": [{"b": 1}, {"c": NaN}]}}'
+    payloads = {
+        "two": first + second,
+        "lines": first + b"\n" + second,
+        "listed": first + b", " + second,
+        "closed": first + b"]",
+        "closed-two": first + b"] " + second,
+        "braced": first + b"}",
+        "text": first + b" sent by d7",
+        "spaced": first + b" \r\n\t ",
+        "nested": nested,
+    }
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(payloads.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
+    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    details = {r["device_id"]: r["detail"] for r in quarantine.collect()}
+    assert details == {
+        "two": "json: character 52: Extra data",
+        "lines": "json: character 53: Extra data",
+        "listed": "json: character 52: Extra data",
+        "closed": "json: character 52: Extra data",
+        "closed-two": "json: character 52: Extra data",
+        "braced": "json: character 52: Extra data",
+        "text": "json: character 53: Extra data",
+    }
+    passed = {r["device_id"]: (r["seq"], r["firmware"]) for r in T.passed_rows(flagged).collect()}
+    assert passed == {"spaced": (1, None), "nested": (4, "}{")}
+
+
 def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
     parsed = T.parse_records(
         bronze(
