@@ -322,6 +322,18 @@ class SuiteConfig:
     name: str
     expectations: list[ExpectationConfig] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        first: dict[str, int] = {}
+        for index, expectation in enumerate(self.expectations):
+            earlier = first.setdefault(expectation.name, index)
+            if earlier != index:  # rows and dq_results could not tell the two apart: one would go unchecked
+                raise ConfigError(
+                    f"expectations[{index}]",
+                    f"{expectation.name} is already expectations[{earlier}]: quarantined rows and dq_results "
+                    "name an expectation by its type and column, so make them one expectation (both bounds "
+                    "in one) or put the second in another suite",
+                )
+
 
 @dataclass
 class GxRunConfig:

@@ -234,3 +234,25 @@ def test_a_template_given_twice_names_the_first_by_its_whole_key():
         load_telemetry_config({"payload": {"formats": [entry, {**entry, "format": "json"}]}})
     assert raised.value.path == "telemetry.payload.formats[1].topic_template"
     assert raised.value.detail == "already given at telemetry.payload.formats[0]"
+
+
+def suite_of(*expectations: dict) -> dict:
+    """A telemetry section whose one quality suite holds ``expectations``."""
+    return {"quality": {"suites": [{"name": "s", "expectations": list(expectations)}]}}
+
+
+BETWEEN = "expect_column_values_to_be_between"
+
+
+def test_an_expectation_given_twice_in_a_suite_is_refused_naming_the_second():
+    """Rows and dq_results name an expectation by suite, type and column: of two between-expectations on
+    temperature (min 0; max 50) the row check kept the second only, so -5 reached silver unchecked."""
+    section = suite_of(
+        {"type": BETWEEN, "column": "temperature", "min_value": 0},
+        {"type": "expect_column_values_to_not_be_null", "column": "temperature"},
+        {"type": BETWEEN, "column": "temperature", "max_value": 50},
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == "telemetry.quality.suites[0].expectations[2]", str(raised.value)
+    assert "expectations[0]" in str(raised.value) and "one expectation" in str(raised.value)
