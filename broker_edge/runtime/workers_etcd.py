@@ -1,6 +1,7 @@
 """The etcd of ``timestone broker --workers N`` without a ``cluster:`` section: Debian's ``etcd`` (package
 etcd-server) on free loopback ports, its data beside the members', started once it serves and again when it
-exits, tried again while it cannot start."""
+exits (on other free ports where another process took one of its own meanwhile: the members follow), tried
+again while it cannot start; its log bounded (``ETCD_LOG_BYTES``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -33,6 +35,9 @@ ETCD_HISTORY = "1h"
 """How much of its history the command's etcd keeps (``--auto-compaction-retention``, periodic): every
 client's connection writes a version of its session's record; older versions are compacted away, so that the
 database holds what the cluster holds now (and reuses its pages) instead of growing to its quota."""
+ETCD_LOG_BYTES = 10_000_000
+"""etcd's log (``workers/etcd.log``, at WARNING) is kept under this: past it, its lines go to ``etcd.log.1``,
+the one older file kept (checked every ``HEALTH_EVERY_S`` and at each start)."""
 ETCD_HUNG_S = 5.0
 """The command's etcd that answers nothing for this long (asked every ``HEALTH_EVERY_S``) hangs: stopped
 (SIGSTOP), its disk stalled, deadlocked. The members' leases ran out before (they are fenced, acknowledging
@@ -61,6 +66,12 @@ class LocalEtcd:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.url = ""
+        self.ports = (0, 0)
+        """Its client and peer ports."""
+        self.moved = False
+        """Started again on other ports (one of its own was taken): the members must be told its new URL
+        (the command clears this once it told them)."""
+        self._binary = ""
         self.process: subprocess.Popen[bytes] | None = None
         self._command: list[str] = []
         self.retry_at: float | None = None
@@ -85,14 +96,22 @@ class LocalEtcd:
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(data, 0o700)  # etcd refuses a data directory others may read
         _check_room(data)
-        client, peer = free_ports(2)
+        self._binary = binary
+        self._on_ports(*free_ports(2))
+        self._launch()
+        log.info("etcd for the members on %s (data in %s)", self.url, data)
+        return self.url
+
+    def _on_ports(self, client: int, peer: int) -> None:
+        """Its command line and URL for these loopback ports."""
+        self.ports = (client, peer)
         self.url = f"http://127.0.0.1:{client}"
         self._command = [
-            binary,
+            self._binary,
             "--name",
             "timestone-workers",
             "--data-dir",
-            str(data),
+            str(self.directory / "etcd"),
             "--listen-client-urls",
             self.url,
             "--advertise-client-urls",
@@ -112,9 +131,24 @@ class LocalEtcd:
             "--auto-compaction-retention",
             ETCD_HISTORY,
         ]
-        self._launch()
-        log.info("etcd for the members on %s (data in %s)", self.url, data)
-        return self.url
+
+    def _move_if_taken(self) -> None:
+        """Before it starts again: a port of its own another process took meanwhile (etcd could never bind
+        it again) is replaced by free ones; ``moved`` then tells the command to give the members its new
+        URL. One etcd member alone on its data: its own peer URL may change (etcd 3.4 takes the new one)."""
+        taken = [port for port in self.ports if not _bindable(port)]
+        if not taken:
+            return
+        old = self.url
+        self._on_ports(*free_ports(2))
+        self.moved = True
+        log.error(
+            "etcd of the members cannot start again on %s: 127.0.0.1:%d is taken (by another process since "
+            "it started): starting it on %s, the members started again with it",
+            old,
+            taken[0],
+            self.url,
+        )
 
     def owns(self, pid: int) -> bool:
         """Whether ``pid`` is its process."""
@@ -131,6 +165,7 @@ class LocalEtcd:
             return HEALTH_EVERY_S
         if now < self._ask_at:
             return self._ask_at - now
+        _bound_log(self.directory / "etcd.log")
         if _answers(self.url):
             self.heard_at, self._silent_since = time.monotonic(), None
         else:
@@ -154,7 +189,8 @@ class LocalEtcd:
 
     def restart(self, status: int) -> None:
         """It exited (``status``, as ``waitpid`` gives it, the process already reaped): start it again on the
-        same ports and data, where the members look for it (``try_again``)."""
+        same ports and data, where the members look for it (``try_again``; on free ones where another
+        process took one of them meanwhile: ``moved``)."""
         how = (
             f"signal {os.WTERMSIG(status)}"
             if os.WIFSIGNALED(status)
@@ -169,6 +205,7 @@ class LocalEtcd:
         ``retry_at``, after a wait that doubles up to ``ETCD_RETRY_MAX_S``: the members, fenced meanwhile,
         serve again once it does, where the command stopped them all for a passing shortage."""
         try:
+            self._move_if_taken()
             self._launch()
         except StartStopped:  # the supervision loop takes the signal next, before it tries again
             self.retry_at = time.monotonic() + self._delay
@@ -189,6 +226,7 @@ class LocalEtcd:
         parent = os.getpid()
         self.heard_at = self._silent_since = None  # not watched until it serves
         etcd_log = self.directory / "etcd.log"
+        _bound_log(etcd_log)
         with open(etcd_log, "ab") as output:
             logged = output.tell()
             self.process = subprocess.Popen(
@@ -223,6 +261,32 @@ class LocalEtcd:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener may bind 127.0.0.1:``port`` (as etcd binds it: ``SO_REUSEADDR``, so that its own
+    connections left in TIME_WAIT are no obstacle)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _bound_log(path: Path) -> None:
+    """Keep etcd's log (appended to by etcd, ``O_APPEND``) under ``ETCD_LOG_BYTES``: past it, its lines are
+    copied to ``<path>.1`` (the one older file kept) and it is emptied in place, as logrotate's
+    ``copytruncate`` does (etcd writes on at its new end); a line written in between may be lost."""
+    try:
+        if not path.exists() or path.stat().st_size <= ETCD_LOG_BYTES:
+            return
+        older = path.with_name(path.name + ".1")
+        shutil.copyfile(path, older)
+        os.truncate(path, 0)
+    except OSError as error:  # a full disk: the log is information, never a reason to stop
+        log.warning("etcd's log %s not rotated: %s", path, error)
 
 
 def _check_room(data: Path) -> None:

@@ -117,6 +117,20 @@ class Member:
         except OSError as error:
             log.warning("member %s is pid %d: %s not written (%s)", self.node, pid, self.pid_file, error)
 
+    def follow_etcd(self, url: str) -> None:
+        """Name the command's etcd at ``url`` in its configuration file (read at its next start)."""
+        import yaml
+
+        from broker_edge.runtime.workers_config import write_yaml
+        from broker_edge.settings.broker import load_broker_config
+
+        document = yaml.safe_load(self.config_path.read_text())
+        document["cluster"]["etcd"] = [url]
+        write_yaml(self.config_path, document)
+        cluster = load_broker_config(self.config_path).cluster
+        assert cluster is not None, "every member's configuration has a cluster: section"
+        self.cluster = cluster
+
     def reload(self) -> None:
         """SIGHUP to its process (one that serves): it reads its files and certificates again."""
         self.reload_due = False

@@ -15,7 +15,7 @@ from broker_edge.runtime.workers_etcd import LocalEtcd, stop_pending
 from broker_edge.runtime.workers_members import Member
 from broker_edge.settings.broker import BrokerConfig
 
-__all__ = ["SIGNALS", "pass_on_due_sighups", "pass_on_sighup", "run_members", "stop_members"]
+__all__ = ["SIGNALS", "follow_etcd", "pass_on_due_sighups", "pass_on_sighup", "run_members", "stop_members"]
 
 log = logging.getLogger("broker_edge.workers")
 
@@ -42,6 +42,9 @@ def run_members(
         if etcd is not None and etcd.retry_at is not None and etcd.retry_at <= now:
             etcd.try_again()
             now = time.monotonic()
+        if etcd is not None and etcd.moved:
+            etcd.moved = False
+            follow_etcd(members, etcd.url)
         for member in members:
             if member.start_at is not None and member.start_at <= now:
                 member.start([m.reports for m in members if m.reports is not None])
@@ -59,6 +62,9 @@ def run_members(
             return None
         if signo == signal.SIGHUP:
             pass_on_sighup(members)
+        if etcd is not None and etcd.moved:  # started again on other ports after it exited (below)
+            etcd.moved = False
+            follow_etcd(members, etcd.url)
         while by_pid:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
@@ -85,6 +91,18 @@ def run_members(
             all_serving = True
             addresses = ", ".join(f"{listener.host}:{listener.port}" for listener in config.listeners)
             log.info("%d members serving %s: %s", len(members), addresses, ", ".join(m.node for m in members))
+
+
+def follow_etcd(members: list[Member], url: str) -> None:
+    """The command's etcd moved to ``url`` (a port of its own was taken): each member's configuration names
+    it now, and each running member is stopped (SIGTERM), to be started again with it as after a crash; its
+    etcd client would look for the old address for ever."""
+    for member in members:
+        member.follow_etcd(url)
+        if member.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member.pid, signal.SIGTERM)
+                os.kill(member.pid, signal.SIGCONT)
 
 
 def pass_on_sighup(members: list[Member]) -> None:
