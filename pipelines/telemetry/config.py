@@ -290,6 +290,11 @@ class ExpectationConfig:
             raise ConfigError("regex", f"{self.type} needs a regex")
         if not is_regex and self.regex is not None:
             raise ConfigError("regex", f"{self.type} takes no regex")
+        if is_regex and self.regex:
+            try:  # Spark's tasks would fail on it in every batch, the query restarted for ever
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ConfigError("regex", f"not a regular expression: {exc}") from None
 
     @property
     def name(self) -> str:

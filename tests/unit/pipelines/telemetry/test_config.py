@@ -256,3 +256,13 @@ def test_an_expectation_given_twice_in_a_suite_is_refused_naming_the_second():
         load_telemetry_config(section)
     assert raised.value.path == "telemetry.quality.suites[0].expectations[2]", str(raised.value)
     assert "expectations[0]" in str(raised.value) and "one expectation" in str(raised.value)
+
+
+def test_a_regex_that_does_not_compile_is_refused_naming_it():
+    """'[a-' was accepted: the first batch's tasks failed on it (PatternSyntaxException), which the job
+    took for a failure a restart fixes, and restarted the query for ever."""
+    section = suite_of({"type": "expect_column_values_to_match_regex", "column": "device_id", "regex": "[a-"})
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == "telemetry.quality.suites[0].expectations[0].regex", str(raised.value)
+    assert "not a regular expression" in str(raised.value)
