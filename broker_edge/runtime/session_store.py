@@ -70,7 +70,7 @@ class SessionStore:
         snapshot = self._read()
         if snapshot is None:
             return 0
-        restored, expired, over = restore(
+        restored, expired, over, moved = restore(
             self.router,
             snapshot,
             self._log_ends(),
@@ -79,7 +79,15 @@ class SessionStore:
             self.config.max_session_expiry_s,
             self.can_subscribe,
             self.config.max_persistent,
+            self.log_store.store_id,
         )
+        if moved:
+            log.warning(
+                "%d positions of persistent sessions were past their logs' ends (the logs lost records or"
+                " were wiped since %s was written): those sessions read the logs from their ends now",
+                moved,
+                self.path,
+            )
         if over:
             log.warning(
                 "%d persistent sessions not restored: sessions.max_persistent is %d",
@@ -146,7 +154,7 @@ class SessionStore:
         """The document, built on the loop (the router is not thread-safe); plain data from here on."""
         sessions = self.router.sessions
         log_ends = self._log_ends() if any(s.expiry_interval > 0 for s in sessions.values()) else {}
-        return capture(self.router, log_ends, self.loop.time(), time.time())
+        return capture(self.router, log_ends, self.loop.time(), time.time(), self.log_store.store_id)
 
     def _log_ends(self) -> dict[str, int]:
         return self.log_store.end_offsets()

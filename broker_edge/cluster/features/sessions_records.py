@@ -240,5 +240,5 @@ def restore_saved_session(
     for subscription in snapshot.sessions[0].subscriptions:
         if subscription.group is None:
             log_ends.update((info.topic, info.end_offset) for info in logs(subscription.topic_filter))
-    restored, _, _ = restore(router, snapshot, log_ends, now, 0.0, max_expiry_s, can_subscribe)
+    restored, _, _, _ = restore(router, snapshot, log_ends, now, 0.0, max_expiry_s, can_subscribe)
     return restored == 1

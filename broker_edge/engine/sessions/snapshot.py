@@ -82,20 +82,28 @@ class Snapshot:
     """Every log's end offset when written: records past it were appended later (before a crash), so the
     sessions that were caught up on that topic read them from there."""
     sessions: list[SavedSession]
+    store_id: str | None = None
+    """The store whose logs ``log_ends`` and the cursors are offsets of (None: not recorded)."""
 
 
 # -- capture ----------------------------------------------------------------------------------------------
 
 
-def capture(router: Router, log_ends: dict[str, int], now: float, wall: float) -> dict[str, Any]:
-    """The document of every persistent session (Session Expiry Interval > 0), online or not."""
-    return {
+def capture(
+    router: Router, log_ends: dict[str, int], now: float, wall: float, store_id: str | None = None
+) -> dict[str, Any]:
+    """The document of every persistent session (Session Expiry Interval > 0), online or not; ``store_id``
+    names the logs whose offsets its cursors and ``log_ends`` are."""
+    document: dict[str, Any] = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "written_at": wall,
         "log_ends": log_ends,
         "sessions": [session_document(s, now) for s in router.sessions.values() if s.expiry_interval > 0],
     }
+    if store_id is not None:
+        document["store_id"] = store_id
+    return document
 
 
 def session_document(session: Session, now: float) -> dict[str, Any]:
@@ -183,6 +191,7 @@ def parse(document: Any) -> Snapshot:
         float(_typed(top, "written_at", (int, float), "document")),
         log_ends,
         [_parse_session(entry, index) for index, entry in enumerate(sessions)],
+        _typed(top, "store_id", (str, type(None)), "document", None),
     )
 
 
@@ -264,14 +273,19 @@ def restore(
     max_expiry_s: int,
     can_subscribe: Callable[[str, str | None, str], bool] | None = None,
     max_persistent: int = 0,
-) -> tuple[int, int, int]:
+    store_id: str | None = None,
+) -> tuple[int, int, int, int]:
     """Put the snapshot's sessions into ``router`` as offline sessions; returns (restored, expired, over
-    the bound): at most ``max_persistent`` persistent sessions in all (0: no bound), the first ones kept.
+    the bound, cursors moved back): at most ``max_persistent`` persistent sessions in all (0: no bound), the
+    first ones kept.
 
     Deadlines continue from the snapshot (the downtime counts), capped by the current ``max_expiry_s``.
     ``log_ends`` are the logs' end offsets now; a log that grew past its end in the snapshot (appends between
     the last write and a crash) is read from there by every session subscribed to it without a cursor.
-    ``can_subscribe`` (the current ACL) drops subscriptions it no longer allows.
+    A cursor past its log's end now, of a log that ends below its end in the snapshot or of another store
+    than ``store_id`` (the logs wiped or replaced since), is moved back to that end: the offsets from there
+    name records the session never saw. ``can_subscribe`` (the current ACL) drops subscriptions it no
+    longer allows.
     """
     elapsed = max(0.0, wall - snapshot.written_at)
     grown = {
@@ -279,7 +293,8 @@ def restore(
         for topic, end in log_ends.items()
         if end > snapshot.log_ends.get(topic, 0)
     }
-    restored = expired = over = 0
+    replaced = snapshot.store_id is not None and store_id is not None and snapshot.store_id != store_id
+    restored = expired = over = moved = 0
     for saved in snapshot.sessions:
         if saved.client_id in router.sessions:
             continue
@@ -300,9 +315,14 @@ def restore(
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):
                 router.subscribe(session, sub.key, sub.topic_filter, sub.group, sub.options)
         cursors = dict(saved.cursors)
+        for topic, since in saved.cursors.items():
+            end = log_ends.get(topic, 0)
+            if since > end and (replaced or (topic in log_ends and end < snapshot.log_ends.get(topic, end))):
+                cursors[topic] = end
+                moved += 1
         for topic, since in grown.items():
             if topic not in cursors and _reads_log(session, topic, min_qos=1):  # QoS 0 is not kept offline
                 cursors[topic] = since
         session.cursors = cursors or None
         restored += 1
-    return restored, expired, over
+    return restored, expired, over, moved

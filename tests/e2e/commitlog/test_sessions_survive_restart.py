@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,51 @@ def test_a_restart_restores_no_more_persistent_sessions_than_the_bound(brokers, 
         broker = restarted(broker, brokers, sessions={"max_persistent": 3})
     assert broker.call(lambda: broker.broker.router.persistent_count) == 3
     assert "2 persistent sessions not restored: sessions.max_persistent is 3" in caplog.text
+
+
+def test_a_session_whose_logs_were_wiped_gets_every_message_of_the_new_logs(brokers, tmp_path):
+    """The logs deleted while the broker was stopped (meta/ kept): they start again at offset 0 under a new
+    store id, and an offline session's saved position in the old log must not skip the new one's records."""
+    broker = brokers()
+    device = PahoClient(broker.port, "device-w", **PERSISTENT[5])
+    assert device.subscribe("fleet/9/cmd", 1) == [1]
+    publish_numbered(broker, "fleet/9/cmd", 3)
+    assert [offset_of(m) for m in device.expect(3)] == [0, 1, 2]  # acknowledged: its position is 3
+    device.disconnect()
+    publish_numbered(broker, "fleet/9/cmd", 2, first=3)
+    broker.stop()
+    assert sessions_file(broker)["sessions"][0]["cursors"] == {"fleet/9/cmd": 3}
+    shutil.rmtree(tmp_path / "a" / "log")
+
+    broker = brokers()
+    publish_numbered(broker, "fleet/9/cmd", 5, first=100)  # offsets 0 to 4 of the new log
+    again = PahoClient(broker.port, "device-w", **PERSISTENT[5])
+    assert again.connack_result[0].session_present is True
+    got = again.expect(5)
+    assert [(offset_of(m), m.payload) for m in got] == [(n, str(100 + n).encode()) for n in range(5)]
+    again.expect_none()
+
+
+def test_a_session_position_past_a_log_that_ended_lower_after_the_restart_reads_from_its_end(brokers, caplog):
+    """A log that ends below its end in the sessions file (records lost since it was written: a file cut
+    by hand, `durability: none` after a power cut) gives those offsets again: a session positioned past
+    its end reads the new records from there, said once at WARNING."""
+    broker = brokers()
+    device = PahoClient(broker.port, "device-s", **PERSISTENT[5])
+    assert device.subscribe("fleet/5/cmd", 1) == [1]
+    device.disconnect()
+    publish_numbered(broker, "fleet/5/cmd", 3)
+    broker.stop()
+    path = broker.broker.session_store.path
+    document = json.loads(path.read_text())
+    document["log_ends"]["fleet/5/cmd"] = 45  # the log had reached 45 when this was written, and the
+    document["sessions"][0]["cursors"] = {"fleet/5/cmd": 40}  # device had read up to 40
+    path.write_text(json.dumps(document))
+
+    with caplog.at_level(logging.WARNING, logger="broker_edge.runtime.session_store"):
+        broker = brokers()
+    assert "1 positions of persistent sessions were past their logs' ends" in caplog.text
+    publish_numbered(broker, "fleet/5/cmd", 2, first=3)
+    again = PahoClient(broker.port, "device-s", **PERSISTENT[5])
+    assert [(offset_of(m), m.payload) for m in again.expect(2)] == [(3, b"3"), (4, b"4")]
+    again.expect_none()
