@@ -280,6 +280,8 @@ class ExpectationConfig:
             raise ConfigError("min_value", f"{self.type} needs min_value, max_value or both")
         if not bounded and (self.min_value is not None or self.max_value is not None):
             raise ConfigError("min_value", f"{self.type} takes no min_value/max_value")
+        if bounded:
+            self._check_bounds()
         in_set = self.type in ("expect_column_values_to_be_in_set", "expect_column_values_to_not_be_in_set")
         if in_set and not self.value_set:
             raise ConfigError("value_set", f"{self.type} needs a non-empty value_set")
@@ -295,6 +297,17 @@ class ExpectationConfig:
                 re.compile(self.regex)
             except re.error as exc:
                 raise ConfigError("regex", f"not a regular expression: {exc}") from None
+
+    def _check_bounds(self) -> None:
+        """Bounds no value meets (swapped, or one value excluded by a strict bound) would quarantine every
+        row: refused."""
+        low, high = self.min_value, self.max_value
+        if low is None or high is None:
+            return
+        if high < low:
+            raise ConfigError("max_value", f"{high:g} is below min_value {low:g}: no value is between them")
+        if high == low and (self.strict_min or self.strict_max):
+            raise ConfigError("max_value", f"equals min_value {low:g} with a strict bound: no value meets it")
 
     @property
     def name(self) -> str:

@@ -266,3 +266,22 @@ def test_a_regex_that_does_not_compile_is_refused_naming_it():
         load_telemetry_config(section)
     assert raised.value.path == "telemetry.quality.suites[0].expectations[0].regex", str(raised.value)
     assert "not a regular expression" in str(raised.value)
+
+
+@pytest.mark.parametrize("kind", [BETWEEN, "expect_column_value_lengths_to_be_between"])
+def test_bounds_no_value_can_meet_are_refused_naming_the_maximum(kind):
+    """min_value 125, max_value -40 (swapped) was accepted: every reading failed it, so the whole fleet's
+    telemetry went to quarantine."""
+    column = "temperature" if kind == BETWEEN else "firmware"
+    section = suite_of({"type": kind, "column": column, "min_value": 125, "max_value": -40})
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == "telemetry.quality.suites[0].expectations[0].max_value", str(raised.value)
+    assert "below min_value 125" in str(raised.value)
+
+
+def test_equal_bounds_are_one_value_unless_strict():
+    equal = {"type": BETWEEN, "column": "temperature", "min_value": 5, "max_value": 5}
+    load_telemetry_config(suite_of(equal))
+    with pytest.raises(ConfigError, match=r"expectations\[0\]\.max_value: .*strict"):
+        load_telemetry_config(suite_of({**equal, "strict_max": True}))
