@@ -8,6 +8,7 @@ error inside the first micro-batch, far from the file that caused it.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,6 +26,15 @@ from sources.options import SourceOptionError, parse_options
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
 STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic", "offset", "timestamp")
+#: The types of the standard columns, as an expectation on them reads them.
+STANDARD_TYPES: dict[str, str] = {
+    "device_id": "string",
+    "event_time": "timestamp",
+    "broker": "string",
+    "topic": "string",
+    "offset": "bigint",
+    "timestamp": "timestamp",
+}
 #: Other columns the job gives a record on its way to the tables: a payload field may not take their names.
 RESERVED_COLUMNS: frozenset[str] = frozenset(
     {"client_id", "qos", "retain", "properties", "payload", "ingest_date", "ingested_at", "event_date"}
@@ -333,6 +343,34 @@ class ExpectationConfig:
         return kwargs
 
 
+def _check_column_type(expectation: ExpectationConfig, kind: str, path: str) -> None:
+    """Refuse an expectation its column's type cannot meet: Spark would cast every value of the column to
+    the bound's or the set's type, failing each batch (or the query's analysis) instead of naming the key."""
+    column = expectation.column
+    if expectation.type == "expect_column_values_to_be_between" and kind not in NUMERIC_TYPES:
+        raise ConfigError(
+            f"{path}.column", f"{expectation.type} needs a numeric column; {column!r} is {kind}"
+        )
+    if expectation.type == "expect_column_value_lengths_to_be_between" and kind != "string":
+        raise ConfigError(f"{path}.column", f"{expectation.type} needs a string column; {column!r} is {kind}")
+    for index, value in enumerate(expectation.value_set or []):
+        if value is not None and not _is_value_of(value, kind):
+            raise ConfigError(
+                f"{path}.value_set[{index}]", f"{value!r} is no {kind}, the type of column {column!r}"
+            )
+
+
+def _is_value_of(value: Any, kind: str) -> bool:
+    """Whether ``value`` (from YAML) is one of the values of a column of type ``kind``."""
+    if kind in NUMERIC_TYPES:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind in ("date", "timestamp"):
+        return isinstance(value, str | dt.date)  # YAML reads an unquoted 2026-01-01 as a date
+    return isinstance(value, str)
+
+
 @dataclass
 class SuiteConfig:
     """A named expectation suite; every expectation of every suite gates every silver row."""
@@ -461,7 +499,7 @@ class TelemetryConfig:
             if name not in self.payload.silver_fields:
                 raise ConfigError(f"gold.devices.tag_fields[{i}]", f"{name!r} is not a payload field")
         check_source_options(self.source_options(), self.source.options)
-        columns = set(STANDARD_COLUMNS) | set(fields)
+        columns = STANDARD_TYPES | {name: kind.strip().lower() for name, kind in fields.items()}
         for s, suite in enumerate(self.quality.suites):
             for e, expectation in enumerate(suite.expectations):
                 if expectation.column not in columns:
@@ -469,6 +507,9 @@ class TelemetryConfig:
                         f"quality.suites[{s}].expectations[{e}].column",
                         f"unknown column {expectation.column!r}; known: {', '.join(sorted(columns))}",
                     )
+                _check_column_type(
+                    expectation, columns[expectation.column], f"quality.suites[{s}].expectations[{e}]"
+                )
 
     @property
     def topic_filters(self) -> list[str]:

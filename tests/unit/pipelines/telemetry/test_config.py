@@ -285,3 +285,56 @@ def test_equal_bounds_are_one_value_unless_strict():
     load_telemetry_config(suite_of(equal))
     with pytest.raises(ConfigError, match=r"expectations\[0\]\.max_value: .*strict"):
         load_telemetry_config(suite_of({**equal, "strict_max": True}))
+
+
+@pytest.mark.parametrize(
+    ("expectation", "path", "said"),
+    [
+        (  # Spark cast every firmware to a number: each batch failed (CAST_INVALID_INPUT), restarted for ever
+            {"type": BETWEEN, "column": "firmware", "min_value": 0, "max_value": 3},
+            "column",
+            "'firmware' is string",
+        ),
+        (  # the query did not analyse: a Spark error naming no key
+            {"type": BETWEEN, "column": "event_time", "min_value": 0},
+            "column",
+            "'event_time' is timestamp",
+        ),
+        (
+            {"type": "expect_column_value_lengths_to_be_between", "column": "temperature", "max_value": 3},
+            "column",
+            "'temperature' is double",
+        ),
+        (  # 'hot' cast to a double failed every batch
+            {"type": "expect_column_values_to_be_in_set", "column": "temperature", "value_set": [20, "hot"]},
+            "value_set[1]",
+            "'hot' is no double",
+        ),
+        (  # every group cast to a number failed every batch
+            {"type": "expect_column_values_to_not_be_in_set", "column": "group", "value_set": [1]},
+            "value_set[0]",
+            "1 is no string",
+        ),
+        (
+            {"type": "expect_column_values_to_be_in_set", "column": "seq", "value_set": [True]},
+            "value_set[0]",
+            "True is no bigint",
+        ),
+    ],
+)
+def test_an_expectation_its_column_cannot_meet_is_refused_naming_the_key(expectation, path, said):
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(suite_of(expectation))
+    assert raised.value.path == f"telemetry.quality.suites[0].expectations[0].{path}", str(raised.value)
+    assert said in str(raised.value)
+
+
+def test_values_of_the_columns_type_are_accepted():
+    load_telemetry_config(
+        suite_of(
+            {"type": "expect_column_values_to_be_in_set", "column": "temperature", "value_set": [20, 21.5]},
+            {"type": "expect_column_values_to_be_in_set", "column": "group", "value_set": ["a", None]},
+            {"type": "expect_column_value_lengths_to_be_between", "column": "device_id", "max_value": 64},
+            {"type": BETWEEN, "column": "offset", "min_value": 0},
+        )
+    )
