@@ -5,9 +5,10 @@ back into the router's retained store (within the current bounds; one whose Mess
 while the broker was down is dropped), writes it when the set changed since the last write, every
 ``sessions.persist_interval_s`` (encoded and written off the loop), and a last time at stop. The file is
 a header with the time it was written, then per message its topic, log offset and record frame
-(``engine.records``: payload, QoS, properties, publisher and what remains of its expiry). Every write is
-atomic (a temporary file, fsync, rename, fsync of the directory). A file that cannot be read is logged,
-moved aside and the broker starts without retained messages.
+(``engine.records``: payload, QoS, properties, publisher and what remains of its expiry), its topic and
+offset under a CRC32C of their own (the frame has its CRC). Every write is atomic (a temporary file, fsync,
+rename, fsync of the directory). A file that cannot be read is logged, moved aside and the broker starts
+without retained messages; a file with damaged entries is moved aside too, its other messages restored.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.records import message_of_frame, record_fields
-from broker_edge.storage.record import FrameError, decode_frame, encode_frame
+from broker_edge.storage.record import FrameError, crc32c, decode_frame, encode_frame
 from broker_edge.storage.segment import fsync_directory
 
 if TYPE_CHECKING:
@@ -37,8 +38,11 @@ log = logging.getLogger(__name__)
 
 RETAINED_FILE = "retained.bin"
 _HEADER = struct.Struct("<8sd")
-_MAGIC = b"TSRET001"
+_MAGIC = b"TSRET002"
+_MAGIC_UNCHECKED = b"TSRET001"
+"""Written before the entries had a check of their topic and offset: still read."""
 _ENTRY = struct.Struct("<IqI")  # topic bytes, log offset (-1: none), frame bytes
+_CHECK = struct.Struct("<I")  # crc32c of the entry head and the topic (TSRET002)
 _MAX_BODY = 64 * 1024 * 1024
 
 
@@ -51,29 +55,47 @@ def encode_messages(entries: Iterable[tuple[str, Message]]) -> bytes:
         raw = topic.encode()
         frame = encode_frame(0, 0, *record_fields(message))
         offset = -1 if message.offset is None else message.offset
-        parts += (_ENTRY.pack(len(raw), offset, len(frame)), raw, frame)
+        head = _ENTRY.pack(len(raw), offset, len(frame))
+        parts += (head, _CHECK.pack(crc32c(head + raw)), raw, frame)
     return b"".join(parts)
 
 
-def decode_messages(body: memoryview, now: float) -> list[Message]:
-    """The messages of a body; their expiry counts from ``now``. ``ValueError`` when it is not well formed."""
+def decode_messages(body: memoryview, now: float, checked: bool = True) -> tuple[list[Message], int]:
+    """The messages of a body, and how many entries were damaged (left out: a topic or offset failing its
+    check, a frame failing its CRC, or what follows a length that runs past the body, counted as one);
+    their expiry counts from ``now``. ``ValueError`` when no entry can be read (not well formed)."""
     messages: list[Message] = []
+    damaged = 0
     pos = 0
+    check_size = _CHECK.size if checked else 0
     while pos < len(body):
+        if pos + _ENTRY.size + check_size > len(body):
+            damaged += 1
+            break
         topic_size, offset, frame_size = _ENTRY.unpack_from(body, pos)
-        pos += _ENTRY.size
-        topic = str(body[pos : pos + topic_size], "utf-8")
-        frame = bytes(body[pos + topic_size : pos + topic_size + frame_size])
-        pos += topic_size + frame_size
+        start = pos + _ENTRY.size + check_size
+        pos = start + topic_size + frame_size
         if pos > len(body):
-            raise ValueError("truncated")
+            damaged += 1  # a size is damaged: nothing after it can be found
+            break
+        raw = body[start : start + topic_size]
+        if checked and _CHECK.unpack_from(body, start - check_size)[0] != crc32c(
+            bytes(body[start - check_size - _ENTRY.size : start - check_size]) + bytes(raw)
+        ):
+            damaged += 1
+            continue
         try:
-            message = message_of_frame(topic, decode_frame(frame, 0, _MAX_BODY), now)
-        except FrameError as error:
-            raise ValueError(f"bad record frame: {error}") from None
+            message = message_of_frame(
+                str(raw, "utf-8"), decode_frame(bytes(body[start + topic_size : pos]), 0, _MAX_BODY), now
+            )
+        except (FrameError, UnicodeDecodeError):
+            damaged += 1
+            continue
         message.offset = None if offset < 0 else offset
         messages.append(message)
-    return messages
+    if damaged and not messages:
+        raise ValueError(f"{damaged} damaged entries and no readable one")
+    return messages, damaged
 
 
 class RetainedFile:
@@ -100,23 +122,43 @@ class RetainedFile:
             return self._refuse(f"cannot be read ({exc})")
         try:
             magic, written_at = _HEADER.unpack_from(data, 0)
-            if magic != _MAGIC:
+            if magic not in (_MAGIC, _MAGIC_UNCHECKED):
                 raise ValueError("not a retained file")
             down_s = max(0.0, time.time() - written_at)
-            messages = decode_messages(memoryview(data)[_HEADER.size :], time.monotonic() - down_s)
+            messages, damaged = decode_messages(
+                memoryview(data)[_HEADER.size :], time.monotonic() - down_s, checked=magic == _MAGIC
+            )
         except (ValueError, struct.error) as exc:
             return self._refuse(f"is corrupt ({exc})")
         kept = sum(1 for m in messages if not m.expired() and self.router.retain(m))
         self._written = self.router.retained.changes
+        if damaged:
+            aside = self._set_aside()
+            self._write(self._capture())  # the messages restored, in a file of their own at once
+            log.error(
+                "%s: %d of its %d retained messages are damaged (a topic, offset or frame failing its check):"
+                " not restored; the others are; the file %s",
+                self.path,
+                damaged,
+                damaged + len(messages),
+                aside,
+            )
         log.info("restored %d retained messages from %s", kept, self.path)
         return kept
 
     def _refuse(self, why: str) -> int:
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-        with contextlib.suppress(OSError):
-            os.replace(self.path, aside)
-        log.error("retained messages not restored: %s %s; starting without them", self.path, why)
+        aside = self._set_aside()
+        log.error("retained messages not restored: %s %s; starting without them (%s)", self.path, why, aside)
         return 0
+
+    def _set_aside(self) -> str:
+        """Move the file aside for inspection (the next write makes a new one); says where."""
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            return f"could not be moved aside ({exc})"
+        return f"moved to {aside}"
 
     def tick(self, now: float) -> None:
         """Write the set in the background when it changed and the interval passed (the sweep calls it)."""

@@ -3,6 +3,7 @@ periodic save): a device subscribing after it gets them, as before it."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from paho.mqtt.packettypes import PacketTypes
@@ -73,3 +74,27 @@ def test_a_retained_file_that_cannot_be_read_is_set_aside_and_the_broker_starts_
 
     assert _retained(again.port) == {}
     assert list(path.parent.glob("retained.bin.corrupt-*"))
+
+
+def test_a_bit_flipped_in_a_retained_topic_is_never_served_under_another_topic(brokers, tmp_path, caplog):
+    """A disk's flipped bit in a topic name of retained.bin ('state/a' read as 'state/c') must not make a
+    device see one thing's state as another's: that entry is dropped, said at ERROR, the others restored."""
+    broker = brokers()
+    publisher = PahoClient(broker.port, "pub")
+    publisher.publish("state/a", "on", 1, retain=True)
+    publisher.publish("state/b", "off", 1, retain=True)
+    publisher.close()
+    broker.stop()
+    path = tmp_path / "a" / "meta" / "retained.bin"
+    data = bytearray(path.read_bytes())
+    at = data.index(b"state/a") + len("state/")
+    data[at] ^= 0x02  # 'a' -> 'c'
+    path.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.ERROR, logger="broker_edge.runtime.retained_file"):
+        again = brokers()
+
+    assert _retained(again.port) == {"state/b": b"off"}
+    assert "1 of its 2 retained messages are damaged" in caplog.text
+    assert list(path.parent.glob("retained.bin.corrupt-*"))  # kept for inspection
+    assert b"state/b" in path.read_bytes() and b"state/c" not in path.read_bytes()  # written again at once
