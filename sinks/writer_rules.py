@@ -8,8 +8,9 @@ lack and adds :data:`BROKEN` naming, per row, the first rule it breaks (null: no
 (:func:`check_rules`) fails its task on any such row, naming the rule, and drops the column: a batch that
 breaks a rule writes nothing, as delta-rs's own writer refuses it, and the rows never leave the tasks.
 
-Some tables ask more than the store can keep: column mapping (:func:`refuse_column_mapping`) and writer
-features delta-rs lacks (:func:`refuse_unsupported_features`) are refused, naming the table.
+Some tables ask more than the store can keep: column mapping (:func:`refuse_column_mapping`), writer
+features delta-rs lacks and merges into an append-only table (:func:`refuse_unsupported_features`) are
+refused, naming the table.
 
 As in delta-rs, a rule whose expression is null for a row (a null column in it) does not fail it. A
 generated column the rows carry must equal its expression.
@@ -47,6 +48,8 @@ BROKEN = "__timestone_broken_rule"
 
 #: How delta-rs' CommitFailedError says that the table needs writer features it does not implement.
 UNSUPPORTED_FEATURES = "Unsupported table features required"
+#: How it says that a write removes rows of an append-only table.
+APPEND_ONLY = "Delta table is append-only"
 
 
 class RuleBroken(ValueError):
@@ -118,11 +121,16 @@ def check_rules(batch: pa.RecordBatch, table: str) -> pa.RecordBatch:
 def refuse_unsupported_features(name: str, exc: Exception) -> None:
     """A :class:`TableStoreError` naming the table when ``exc`` (delta-rs' ``CommitFailedError``) says
     that it asks its writers for features delta-rs does not implement (identity columns, row tracking, a
-    newer engine's): no lost race, so no retry."""
+    newer engine's), or that it is append-only and the write removes rows: no lost race, so no retry."""
     if UNSUPPORTED_FEATURES in str(exc):
         raise TableStoreError(
             f"{name}: the table asks its writers for features delta-rs does not have ({exc}): write it "
             "with the native Delta backend, or use a table without them"
+        ) from None
+    if APPEND_ONLY in str(exc):
+        raise TableStoreError(
+            f"{name}: the table is append-only (delta.appendOnly=true), and this write changes or removes "
+            "rows of it (a merge): unset the property, or use a table without it"
         ) from None
 
 

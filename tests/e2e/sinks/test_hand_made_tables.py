@@ -133,3 +133,17 @@ def write_log(path: str, protocol: dict, schema: dict, partition_by: list[str]) 
     info = {"timestamp": 1_700_000_000_000, "operation": "CREATE TABLE", "engineInfo": "Apache-Spark/3.5.0"}
     actions = [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}]
     (log_dir / "00000000000000000000.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+
+def test_an_append_only_table_the_job_merges_into_is_refused_naming_it(lake) -> None:
+    """devices made with delta.appendOnly=true: the first merge inserted, the next one's update failed with
+    delta-rs' CommitFailedError taken for a lost race, retried 12 times and naming no table."""
+    spec = DEFAULT_CATALOG["devices"]
+    path = lake.location("devices")
+    DeltaTable.create(path, spec.arrow_schema, configuration={"delta.appendOnly": "true"})
+    row = {"device_id": "d1", "broker": "b1", "group": "g", "last_seen": T0}
+    assert lake.merge("devices", pa.Table.from_pylist([row], schema=spec.arrow_schema), "q", 0) is True
+    seen_again = {**row, "last_seen": T0.replace(minute=1)}
+    with pytest.raises(TableStoreError, match=r"devices: .*append-only \(delta\.appendOnly=true\)"):
+        lake.merge("devices", pa.Table.from_pylist([seen_again], schema=spec.arrow_schema), "q", 1)
+    assert DeltaTable(path).version() == 1
