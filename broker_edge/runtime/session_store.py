@@ -18,12 +18,20 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.engine.sessions.snapshot import NewerSnapshotVersion, Snapshot, capture, parse, restore
+from broker_edge.engine.sessions.snapshot import (
+    NewerSnapshotVersion,
+    Snapshot,
+    add_checks,
+    capture,
+    parse,
+    restore,
+)
 from broker_edge.storage.segment import fsync_directory
 
 if TYPE_CHECKING:
@@ -81,6 +89,14 @@ class SessionStore:
             self.config.max_persistent,
             self.log_store.store_id,
         )
+        if snapshot.damaged:
+            log.error(
+                "%s: %d persistent sessions failed their check (the file is damaged): not restored, the"
+                " others are; a copy is kept as %s",
+                self.path,
+                snapshot.damaged,
+                self._copy_aside("damaged"),
+            )
         if moved:
             log.warning(
                 "%d positions of persistent sessions were past their logs' ends (the logs lost records or"
@@ -117,6 +133,15 @@ class SessionStore:
         except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and SnapshotError are ValueErrors
             self._refuse(f"is corrupt ({exc})", "corrupt")
         return None
+
+    def _copy_aside(self, suffix: str) -> str:
+        """A copy of the file for inspection (it is written again at the next interval)."""
+        aside = self.path.with_name(f"{self.path.name}.{suffix}-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            shutil.copyfile(self.path, aside)
+        except OSError as exc:
+            return f"none ({exc})"
+        return str(aside)
 
     def _refuse(self, why: str, suffix: str) -> None:
         aside = self.path.with_name(f"{self.path.name}.{suffix}-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -164,7 +189,7 @@ class SessionStore:
         stays, and the next interval writes again."""
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
-            data = json.dumps(document, separators=(",", ":")).encode()
+            data = json.dumps(add_checks(document), separators=(",", ":")).encode()
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # user names
             with os.fdopen(descriptor, "wb") as file:
                 file.write(data)

@@ -14,6 +14,8 @@ deliveries only ever lived in memory and are not saved.
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ __all__ = [
     "SavedSession",
     "Snapshot",
     "SnapshotError",
+    "add_checks",
     "capture",
     "parse",
     "restore",
@@ -84,6 +87,8 @@ class Snapshot:
     sessions: list[SavedSession]
     store_id: str | None = None
     """The store whose logs ``log_ends`` and the cursors are offsets of (None: not recorded)."""
+    damaged: int = 0
+    """Sessions left out because their entry failed its check (a damaged file that is still JSON)."""
 
 
 # -- capture ----------------------------------------------------------------------------------------------
@@ -168,6 +173,23 @@ def _reads_log(session: Session, topic: str, min_qos: int = 0) -> bool:
     )
 
 
+def _check_of(fields: dict[str, Any]) -> int:
+    """The check of a part of the document: CRC-32 of its fields but ``check`` as canonical JSON."""
+    canonical = json.dumps(
+        {key: value for key, value in fields.items() if key != "check"}, separators=(",", ":"), sort_keys=True
+    )
+    return zlib.crc32(canonical.encode())
+
+
+def add_checks(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` (of ``capture``) with a ``check`` in each session's entry and one of the rest at the top,
+    so that a flipped bit that leaves valid JSON (a client id, an offset) is found when it is read."""
+    for entry in document["sessions"]:
+        entry["check"] = _check_of(entry)
+    document["check"] = _check_of({key: value for key, value in document.items() if key != "sessions"})
+    return document
+
+
 # -- parse ------------------------------------------------------------------------------------------------
 
 
@@ -183,16 +205,29 @@ def parse(document: Any) -> Snapshot:
         )
     if version < 1:
         raise SnapshotError(f"unknown format version {version}")
+    check = _typed(top, "check", (int, type(None)), "document", None)
+    if check is not None and check != _check_of(
+        {key: value for key, value in top.items() if key != "sessions"}
+    ):
+        raise SnapshotError("its check fails: the document is damaged")
     log_ends = _offsets(top.get("log_ends"), "log_ends")
     sessions = top.get("sessions")
     if not isinstance(sessions, list):
         raise SnapshotError("sessions: expected a list")
+    intact = [entry for entry in sessions if not isinstance(entry, dict) or _intact(entry)]
     return Snapshot(
         float(_typed(top, "written_at", (int, float), "document")),
         log_ends,
-        [_parse_session(entry, index) for index, entry in enumerate(sessions)],
+        [_parse_session(entry, index) for index, entry in enumerate(intact)],
         _typed(top, "store_id", (str, type(None)), "document", None),
+        len(sessions) - len(intact),
     )
+
+
+def _intact(entry: dict[str, Any]) -> bool:
+    """Whether a session's entry passes its check (an entry without one, of an earlier broker, does)."""
+    check = entry.get("check")
+    return check is None or check == _check_of(entry)
 
 
 def _parse_session(entry: Any, index: int) -> SavedSession:

@@ -18,7 +18,7 @@ import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
-from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION
+from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION, add_checks
 from broker_edge.protocol.packets import ConnAck, PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from broker_edge.runtime.launcher import BrokerProcess
@@ -332,7 +332,7 @@ def test_a_session_position_past_a_log_that_ended_lower_after_the_restart_reads_
     document = json.loads(path.read_text())
     document["log_ends"]["fleet/5/cmd"] = 45  # the log had reached 45 when this was written, and the
     document["sessions"][0]["cursors"] = {"fleet/5/cmd": 40}  # device had read up to 40
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(add_checks(document)))  # an intact file saying so
 
     with caplog.at_level(logging.WARNING, logger="broker_edge.runtime.session_store"):
         broker = brokers()
@@ -341,3 +341,22 @@ def test_a_session_position_past_a_log_that_ended_lower_after_the_restart_reads_
     again = PahoClient(broker.port, "device-s", **PERSISTENT[5])
     assert [(offset_of(m), m.payload) for m in again.expect(2)] == [(3, b"3"), (4, b"4")]
     again.expect_none()
+
+
+def test_a_bit_flipped_in_the_sessions_file_never_gives_a_session_to_another_device(brokers, caplog):
+    """A disk's flipped bit that leaves the file valid JSON ('device-1' read as 'device-3'): the damaged
+    session is not restored (device-3 must not get device-1's subscriptions), the others are, said at
+    ERROR."""
+    broker = brokers()
+    for name in ("device-1", "device-2"):
+        PahoClient(broker.port, name, **PERSISTENT[5]).subscribe(f"cmd/{name}", 1)
+    broker.stop()
+    path = broker.broker.session_store.path
+    path.write_bytes(path.read_bytes().replace(b'"device-1"', b'"device-3"'))  # '1' ^ 0x02 == '3'
+
+    with caplog.at_level(logging.ERROR, logger="broker_edge.runtime.session_store"):
+        broker = brokers()
+    assert "1 persistent sessions failed their check" in caplog.text
+    assert session_present(broker, "device-2") is True
+    assert session_present(broker, "device-3") is False
+    assert list(path.parent.glob(f"{SESSIONS_FILE}.damaged-*"))
