@@ -172,9 +172,13 @@ class DeltaRsTableStore(TableStore):
                 f"spec says {list(spec.partition_by)}"
             )
         existing = {f.name: f for f in to_spark(_arrow_schema(table)).fields}
+        spelt = {name.lower(): name for name in existing}
         missing = []
         for declared in spec.schema.fields:
             found = existing.get(declared.name)
+            other = spelt.get(declared.name.lower())
+            if found is None and other is not None:  # Delta's names are case-insensitive: no second one
+                raise SchemaMismatch(f"{spec.name}.{declared.name}: the table has it as {other!r}")
             if found is None:
                 if not declared.nullable:
                     raise SchemaMismatch(f"{spec.name}.{declared.name}: cannot add a NOT NULL column")

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from sinks.arrow_conform import SchemaMismatch
 from sinks.delta_rs import AppendReport, DeltaRsTableStore
 from sinks.store import TableStoreError
 from sinks.tables import DEFAULT_CATALOG
@@ -147,3 +148,13 @@ def test_an_append_only_table_the_job_merges_into_is_refused_naming_it(lake) -> 
     with pytest.raises(TableStoreError, match=r"devices: .*append-only \(delta\.appendOnly=true\)"):
         lake.merge("devices", pa.Table.from_pylist([seen_again], schema=spec.arrow_schema), "q", 1)
     assert DeltaTable(path).version() == 1
+
+
+def test_a_column_named_in_other_letters_is_refused_naming_both(lake) -> None:
+    """Spark SQL made devices with a column Group: ensure() added the declared group beside it, which
+    delta-rs refused with 'Duplicate field name (case-insensitive)', naming no table."""
+    spec = DEFAULT_CATALOG["devices"]
+    schema = pa.schema([f.with_name("Group") if f.name == "group" else f for f in spec.arrow_schema])
+    DeltaTable.create(lake.location("devices"), schema)
+    with pytest.raises(SchemaMismatch, match=r"devices\.group: the table has it as 'Group'"):
+        lake.ensure("devices")
