@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from broker_edge.config.loader import ConfigError
+from broker_edge.config.loader import ConfigError, EnvironmentValue
 from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig
 
 __all__ = ["host_name", "member_documents", "node_id", "write_yaml"]
@@ -103,12 +103,20 @@ def _cluster_section(
 
 
 def write_yaml(path: Path, document: dict[str, Any]) -> None:
-    """Write a member's configuration ``document`` to ``path`` whole (a temporary file renamed)."""
+    """Write a member's configuration ``document`` to ``path`` whole (a temporary file renamed); a value
+    written ``!env NAME`` in the file given stays so (the member reads the variable, and a secret kept out
+    of files stays out of this one)."""
     import yaml
 
+    class Dumper(yaml.SafeDumper):
+        """YAML's safe dumper, plus ``!env NAME``."""
+
+    Dumper.add_representer(
+        EnvironmentValue, lambda dumper, value: dumper.represent_scalar("!env", value.name)
+    )
     temporary = path.with_suffix(".yaml.tmp")
     temporary.write_text(
         "# Made by timestone broker --workers from its configuration: changes here are overwritten.\n"
-        + yaml.safe_dump(document, sort_keys=False)
+        + yaml.dump(document, Dumper=Dumper, sort_keys=False)
     )
     os.replace(temporary, path)

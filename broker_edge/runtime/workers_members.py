@@ -119,12 +119,11 @@ class Member:
 
     def follow_etcd(self, url: str) -> None:
         """Name the command's etcd at ``url`` in its configuration file (read at its next start)."""
-        import yaml
-
+        from broker_edge.config.loader import load_yaml_file
         from broker_edge.runtime.workers_config import write_yaml
         from broker_edge.settings.broker import load_broker_config
 
-        document = yaml.safe_load(self.config_path.read_text())
+        document = load_yaml_file(self.config_path)  # its ``!env NAME`` values kept
         document["cluster"]["etcd"] = [url]
         write_yaml(self.config_path, document)
         cluster = load_broker_config(self.config_path).cluster

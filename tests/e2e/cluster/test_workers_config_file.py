@@ -105,3 +105,28 @@ def test_a_configuration_error_a_member_finds_names_the_file_given_and_its_line(
     assert len(said) == 1, done.stderr
     assert "workers/w" not in said[0], said
     assert f"{passwords}:1" in said[0] and f"(in {config}, line 7)" in said[0], said
+
+
+def test_a_value_taken_from_the_environment_reaches_the_members_not_their_files(tmp_path):
+    """``password: !env MQTT_PASSWORD`` (a secret kept out of files): the command could not write the
+    members' configurations ('cannot represent an object', a traceback, exit 1). Each member's file says
+    ``!env NAME`` as the file given does, and the member reads the variable itself."""
+    port = free_ports(1)[0]
+    config = tmp_path / "broker.yaml"
+    config.write_text(config_text(tmp_path, port, "limits: {max_connections: !env TS_MAX_CONNECTIONS}\n"))
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command("--config", str(config), "--workers", "2"),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TS_MAX_CONNECTIONS": "321"},
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
+        assert process.poll() is None, log.read_text()[-3000:]
+        member = (tmp_path / "data" / "workers" / "w1.yaml").read_text()
+        assert "max_connections: !env 'TS_MAX_CONNECTIONS'" in member and "321" not in member, member
+    finally:
+        stop_workers(process)
