@@ -216,7 +216,7 @@ def reload_files(broker: Broker) -> None:
         try:
             broker.passwords.reload()
         except Exception as exc:  # keep the users in force; say why
-            log.error("password file not reloaded: %s", exc)
+            log.error("password file not reloaded, the previous users stay in force: %s", exc)
     acl_config = broker.config.acl
     if broker.acl is not None and acl_config.file:
         try:

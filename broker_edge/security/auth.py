@@ -350,10 +350,19 @@ class PasswordFile:
         except OSError:
             pass  # reported by _parse_file below
         entries, stamp = _parse_file(self.path)
+        had = len(self._entries)
         self._entries, self._stamp = entries, stamp
         self._cache = {}
         self._warn_if_readable()
-        log.info("password file %s reloaded: %d users", self.path, len(entries))
+        if entries or not had:
+            log.info("password file %s reloaded: %d users", self.path, len(entries))
+        else:  # emptied (a template rendered empty, ``> passwd``): taken, as a deliberate edit, but said
+            log.warning(
+                "password file %s reloaded: 0 users (it had %d): every password login is refused until users "
+                "are added",
+                self.path,
+                had,
+            )
         return True
 
     def _warn_if_readable(self) -> None:
