@@ -53,7 +53,11 @@ EXECUTION_STATES: tuple[str, ...] = (
     "TIMED_OUT",
     "REJECTED",
     "CANCELED",
+    "EXPIRED",
 )
+#: States added after ``action_summary`` existed: their counts are nullable columns at its end (a table is
+#: given the columns it lacks, and a NOT NULL one cannot be added), null in rows from before them (0).
+LATER_STATES: tuple[str, ...] = ("EXPIRED",)
 
 #: Values of ``action_summary.action_state`` (SCHEDULED: waiting for ``schedule.start_at``; REJECTED: the row
 #: was not a valid action, nothing was sent).
@@ -569,7 +573,11 @@ def action_summary() -> TableSpec:
         description="Per action: executions counted by state, and the action's overall state.",
         schema=struct(
             column("action_id", StringType(), False),
-            *(column(f"{state.lower()}_count", LongType(), False) for state in EXECUTION_STATES),
+            *(
+                column(f"{state.lower()}_count", LongType(), False)
+                for state in EXECUTION_STATES
+                if state not in LATER_STATES
+            ),
             column("total_count", LongType(), False),
             column("action_state", StringType(), False, " | ".join(ACTION_STATES)),
             column("updated_at", TimestampType(), False),
@@ -584,6 +592,13 @@ def action_summary() -> TableSpec:
             column("rollback_action_id", StringType(), True, "the action written to roll back an abort"),
             column("phase", IntegerType(), True, "the rollout phase devices are being sent now, from 1"),
             column("retries_count", LongType(), True, "retries sent or due, over every device"),
+            column(
+                "expired_count",
+                LongType(),
+                True,
+                "devices whose action message expired before they took it (null in rows written before "
+                "the state existed: 0)",
+            ),
         ),
         merge_keys=("action_id",),
     )

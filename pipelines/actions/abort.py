@@ -2,7 +2,9 @@
 
 ``abort_rules`` (several per action, as AWS IoT Jobs' abort criteria) each count one failure kind:
 ``failed``, ``rejected``, ``timed_out``, or ``any`` of the three, and fire once at least ``min_executed``
-devices have finished and ``threshold_pct`` % of them ended that way. The earlier ``abort_criteria``
+devices have finished and ``threshold_pct`` % of them ended that way. A device whose action message expired
+before it took it (``EXPIRED``) never tried: it is not counted as finished, so a rollout whose online devices
+succeeded is not aborted a day later by those that never came online. The earlier ``abort_criteria``
 (``failure_pct`` of failed or timed-out devices) is one more rule. The first rule that fires is named in the
 summary (``aborted_by``, and the reason with the counts that crossed it).
 """
@@ -14,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.actions.states import FAILED, REJECTED, TERMINAL_STATES, TIMED_OUT
+from pipelines.actions.states import EXECUTED_STATES, FAILED, REJECTED, TIMED_OUT
 
 __all__ = ["AbortRule", "abort_rules", "first_fired"]
 
@@ -46,8 +48,9 @@ class AbortRule:
     min_executed: int = 1
 
     def counted(self, counts: Counter) -> tuple[int, int]:
-        """(executions of the kind, finished executions)."""
-        executed = sum(counts[state] for state in TERMINAL_STATES)
+        """(executions of the kind, finished executions): an EXPIRED device never had the action, it is
+        neither."""
+        executed = sum(counts[state] for state in EXECUTED_STATES)
         return sum(counts[state] for state in COUNTED_STATES[self.failure_kind]), executed
 
     def fired(self, counts: Counter) -> bool:

@@ -10,9 +10,11 @@ from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.client_tls import ClientTls
 from pipelines.actions.buckets import DEFAULT_BUCKETS
-from pipelines.actions.model import REPORT_IDENTITIES
+from pipelines.actions.model import DEFAULT_EXPIRY_S, REPORT_IDENTITIES
 from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.supervisor import RestartConfig
+
+MAX_EXPIRY_S = 365 * 24 * 3600
 
 
 @dataclass
@@ -55,6 +57,11 @@ class ActionsConfig:
     actions) and in-progress timeouts are checked."""
     compliance_interval_s: float = 10.0
     """At most how often ``fleet_compliance`` is recomputed (only when a table it is made from changed)."""
+    message_expiry_s: int = DEFAULT_EXPIRY_S
+    """How long an action message stays valid for a device that has not taken it, seconds (1 s to 365 days;
+    its ``expires_at``): a device that comes back later ignores it, and the job ends the execution of a
+    device that reported nothing about it ``EXPIRED``, which completes the action without counting as a
+    failure (docs/ota.md, "Devices that never take an action")."""
     device_buckets: int = DEFAULT_BUCKETS
     """Buckets of the fleet's devices (``pipelines/actions/buckets.py``; the devices must use the same count):
     an explicit-id action is one message per bucket holding a listed device. 0: one message per device on
@@ -86,6 +93,8 @@ class ActionsConfig:
         for name in ("trigger_interval_s", "tick_interval_s", "compliance_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be positive")
+        if isinstance(self.message_expiry_s, bool) or not 1 <= self.message_expiry_s <= MAX_EXPIRY_S:
+            raise ConfigError("message_expiry_s", f"must be from 1 to {MAX_EXPIRY_S} seconds (365 days)")
         if not 1 <= self.report_topics_per_task <= 10_000:
             raise ConfigError("report_topics_per_task", "must be from 1 to 10000")
         if self.device_buckets < 0:

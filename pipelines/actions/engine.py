@@ -162,23 +162,35 @@ class ActionsEngine(Summaries, Compliance):
                 (self.clock() - started) / 1000,
             )
 
-    def tick(self) -> None:
-        """Send what is due, time executions out, retry, take in devices that joined; summarise (and maybe
-        abort) the actions that changed; keep the compliance table.
+    def tick(self, reports_read_until: int | None = None) -> None:
+        """Send what is due, time executions out, retry, end those whose message expired, take in devices
+        that joined; summarise (and maybe abort) the actions that changed; keep the compliance table.
 
-        Only actions with something to do on a clock are read (``Action.clocked``): a broadcast without a
-        timeout, retries or schedule changes only on reports, which summarise it themselves.
+        Only actions with something to do on a clock are read (``Action.clocked``), and others once their
+        first message may have expired: a broadcast without a timeout, retries or schedule changes only on
+        reports until then, which summarise it themselves.
+
+        ``reports_read_until``: every report the brokers took in before this time (epoch ms) has been
+        handed to :meth:`on_reports` (the job's reports stream has caught up to it, 0 before it has; None:
+        reports are handed over as they come). A device's message is taken as expired before it took it only
+        up to there, so a report of a device that took it in time, still unread (a job restarted after the
+        expiry), is not overtaken.
         """
         with self.lock:
             now = self.clock()
-            self._tick(now)
+            expired_by = now if reports_read_until is None else min(now, reports_read_until)
+            self._tick(now, expired_by)
             self._keep_compliance(now)
 
-    def _tick(self, now: int) -> None:
+    def _tick(self, now: int, expired_by: int) -> None:
         actions = {a.id: a for a in self._actions() if not a.cancel}
         if self._unsent is None:  # a job's first tick: any action may hold rows its fan-out did not send
             self._unsent = set(actions)
-        clocked = {a for a, action in actions.items() if action.clocked or a in self._unsent}
+        clocked = {
+            a
+            for a, action in actions.items()
+            if action.clocked or a in self._unsent or self._may_have_expired(action, expired_by)
+        }
         previous = self._summary_states(sorted(clocked))
         open_ids = [a for a in sorted(clocked) if previous.get(a, (None,))[0] not in FINAL_ACTION_STATES]
         if not open_ids:
@@ -191,7 +203,7 @@ class ActionsEngine(Summaries, Compliance):
             action = actions[action_id]
             rows = dict(known.get(action_id, {}))
             try:
-                moved = self._advance(action, rows, now)
+                moved = self._advance(action, rows, now, expired_by)
             except Exception as error:  # one action a broker refuses holds no other back
                 self._held_back(action_id, error)
                 continue
@@ -218,9 +230,11 @@ class ActionsEngine(Summaries, Compliance):
             lost=lost,
         )
 
-    def _advance(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
-        """One tick of one action: joiners queued, timeouts (and their retries), the schedule's end, what is
-        due sent. Returns the rows it changed, each once."""
+    def _advance(
+        self, action: Action, rows: dict[str, Execution], now: int, expired_by: int
+    ) -> list[Execution]:
+        """One tick of one action: joiners queued, timeouts (and their retries), expired messages, the
+        schedule's end, what is due sent. Returns the rows it changed, each once."""
         changed: dict[str, Execution] = {}
 
         def put(row: Execution) -> None:
@@ -233,6 +247,8 @@ class ActionsEngine(Summaries, Compliance):
                     put(queued(action.id, device_id, now, phase=last_phase))
         for row in self._time_out(action, rows, now):
             put(self._after_failure(action, row, now))
+        for row in self._expire(action, rows, now, expired_by):
+            put(row)
         if action.schedule.ended(now):
             for row in self._end(action, rows, now):
                 put(row)

@@ -23,7 +23,7 @@ from pipelines.actions.engine_tables import (
     ACTIONS,
     EngineTables,
 )
-from pipelines.actions.model import Action, device_topic
+from pipelines.actions.model import DEFAULT_EXPIRY_S, Action, device_topic
 from pipelines.actions.operator import action_content
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.states import (
@@ -55,8 +55,10 @@ def _devices(count: int) -> str:
     return f"{count} device{'' if count == 1 else 's'}"
 
 
-def _retry_message(action: Action, now: int, attempt: int) -> Callable[[list[str] | None], bytes]:
-    return lambda listed: action.message(now, listed, attempt)
+def _retry_message(
+    action: Action, now: int, attempt: int, expiry_s: int
+) -> Callable[[list[str] | None], bytes]:
+    return lambda listed: action.message(now, listed, attempt, expiry_s)
 
 
 def _reached_and_open(row: Execution) -> bool:
@@ -77,9 +79,12 @@ class EngineBase:
         app_id: str = "actions",
         device_buckets: int = DEFAULT_BUCKETS,
         compliance_interval_s: float = COMPLIANCE_INTERVAL_S,
+        message_expiry_s: int = DEFAULT_EXPIRY_S,
     ) -> None:
         if device_buckets < 0:
             raise ValueError("device_buckets must be 0 (per-device topics) or more")
+        if message_expiry_s < 1:
+            raise ValueError("message_expiry_s must be at least 1")
         self.store = store
         self.tables = EngineTables(store)
         self.publisher = publisher
@@ -87,6 +92,8 @@ class EngineBase:
         self.clock = clock
         self.app_id = app_id
         self.compliance_interval_s = compliance_interval_s
+        self.message_expiry_s = message_expiry_s
+        """How long an action message stays valid for a device that has not taken it (``expires_at``)."""
         self.lock = threading.Lock()
         self._tick_batch = 0
         self._valid: tuple[pa.Table, dict[str, Action]] | None = None

@@ -15,6 +15,7 @@ from pipelines.actions.retries import retry
 from pipelines.actions.schedule import END_CANCEL
 from pipelines.actions.states import (
     CANCELED,
+    EXPIRED,
     FAILED,
     IN_PROGRESS,
     QUEUED,
@@ -38,7 +39,9 @@ class Sending(EngineBase):
         rows = {d: queued(action.id, d, now, phase=phases.get(d)) for d in targets}
         topic = action.shared_topic
         if not rows and topic is not None and action.schedule.may_send(now):
-            self.publisher.publish(topic, action.message(now))  # for devices that join the group later
+            self.publisher.publish(
+                topic, action.message(now, expiry_s=self.message_expiry_s)
+            )  # for later joiners
             log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
             return []
         try:
@@ -67,7 +70,9 @@ class Sending(EngineBase):
         self._publish_first(action, rows, release, now)
         for attempt in sorted({row.attempt for row in release.retries}):
             ids = [row.device_id for row in release.retries if row.attempt == attempt]
-            self.publisher.publish_many(self._listed_messages(ids, _retry_message(action, now, attempt)))
+            self.publisher.publish_many(
+                self._listed_messages(ids, _retry_message(action, now, attempt, self.message_expiry_s))
+            )
         sent = [
             replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now)
             for d in release.first
@@ -85,11 +90,13 @@ class Sending(EngineBase):
         topic = action.shared_topic
         untouched = all(row.published_at is None for row in rows.values())
         if topic is not None and untouched and len(release.first) == len(rows):
-            self.publisher.publish(topic, action.message(now))
+            self.publisher.publish(topic, action.message(now, expiry_s=self.message_expiry_s))
             log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
             return
         self.publisher.publish_many(
-            self._listed_messages(release.first, lambda ids: action.message(now, ids))
+            self._listed_messages(
+                release.first, lambda ids: action.message(now, ids, expiry_s=self.message_expiry_s)
+            )
         )
 
     def _retrying(self, action_ids: list[str]) -> dict[str, Action]:
@@ -154,6 +161,37 @@ class Sending(EngineBase):
             if stop_all:
                 self._cancel_started(action, rows, now)
             log.info("action %s reached its schedule's end: %d devices canceled", action.id, len(changed))
+        return changed
+
+    def _may_have_expired(self, action: Action, expired_by: int) -> bool:
+        """Whether a message of ``action`` may have expired by ``expired_by`` (none is older than the
+        action)."""
+        return action.expires_at(action.created_at_ms, self.message_expiry_s) <= expired_by
+
+    def _expire(
+        self, action: Action, rows: Mapping[str, Execution], now: int, expired_by: int
+    ) -> list[Execution]:
+        """Rows sent a message (the first, or a retry notice) that expired by ``expired_by`` with nothing
+        reported about it: EXPIRED, the device will not act on it (docs/ota.md, "Devices that never take
+        an action")."""
+        changed = []
+        for row in rows.values():
+            if not row.awaiting_device:
+                continue
+            expires_at = action.expires_at(row.updated_at, self.message_expiry_s)
+            if expires_at > expired_by:
+                continue
+            details = (
+                f"message expired at {_utc(expires_at)} (message_expiry_s {self.message_expiry_s}) before "
+                f"the device took it"
+            )
+            updated = platform_transition(row, EXPIRED, details, now)
+            if updated is not None:
+                changed.append(updated)
+        if changed:
+            log.info(
+                "action %s: %d devices had not taken it when its message expired", action.id, len(changed)
+            )
         return changed
 
     def _time_out(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:

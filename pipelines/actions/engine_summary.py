@@ -18,10 +18,7 @@ from pipelines.actions.engine_tables import (
 )
 from pipelines.actions.model import Action
 from pipelines.actions.rollback import id_taken, rollback_rows
-from pipelines.actions.states import (
-    CANCELED,
-    SUCCEEDED,
-)
+from pipelines.actions.states import CANCELED, EXPIRED, SUCCEEDED
 from pipelines.actions.summary import (
     ACTION_ABORTED,
     ACTION_CANCELED,
@@ -138,12 +135,14 @@ class Summaries(Sending):
         if lost is not None and state == ACTION_IN_PROGRESS:
             phase, reason = lost
             return {"action_state": ACTION_ABORTED, "reason": reason, "aborted_by": f"phases[{phase - 1}]"}
+        reasons = []
         if state == ACTION_COMPLETED and schedule.ended(now) and counts[CANCELED]:
-            reason = (
+            reasons.append(
                 f"schedule.end_at {_utc(schedule.end_at_ms)} passed: {_devices(counts[CANCELED])} canceled"
             )
-            return {"action_state": state, "reason": reason}
-        return {"action_state": state}
+        if state == ACTION_COMPLETED and counts[EXPIRED]:
+            reasons.append(f"{_devices(counts[EXPIRED])} had not taken it when its message expired")
+        return {"action_state": state, "reason": "; ".join(reasons)} if reasons else {"action_state": state}
 
     def _abort(self, action: Action, summary: dict, app_id: str, batch_id: int, now: int) -> dict:
         """Stop an aborted action and write its rollback; the summary's fields that change."""

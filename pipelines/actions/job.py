@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,8 @@ class ActionsJob:
     maintenance: MaintenanceScheduler
     heartbeat: HeartbeatWriter | None = None
     """Tells ``timestone ota status`` that a job acts on these tables (``heartbeat.py``)."""
+    trigger_interval_s: float = 1.0
+    """The streams' trigger interval: how far behind the reports stream may be when it has caught up."""
     _fanout: SupervisedQuery | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
@@ -137,7 +140,7 @@ class ActionsJob:
         def run() -> None:
             while not self._stop.wait(interval_s):
                 try:
-                    self.engine.tick()
+                    self.engine.tick(self._reports_read_until())
                 except Exception:  # the next tick retries; a streaming failure is the supervisor's
                     log.exception("actions tick failed")
                 if self.supervisor.check() is not None:
@@ -147,6 +150,11 @@ class ActionsJob:
 
         self._ticker = threading.Thread(target=run, name="actions-ticker", daemon=True)
         self._ticker.start()
+
+    def _reports_read_until(self) -> int:
+        """Up to when the reports stream has handled every report (``ReportStream.read_until``; 0 until it
+        has caught up once): the engine ends no execution as expired past it."""
+        return self.reports.read_until(int(time.time() * 1000), int(self.trigger_interval_s * 1000))
 
     def process_available(self) -> None:
         """Wait until both streams have processed everything available now (tests, demos)."""
@@ -214,6 +222,7 @@ def start_actions_job(
         publisher,
         device_buckets=config.device_buckets,
         compliance_interval_s=config.compliance_interval_s,
+        message_expiry_s=config.message_expiry_s,
     )
     counted = metrics or PipelineMetrics()
     checkpoints = Path(config.checkpoint_root)
@@ -256,7 +265,14 @@ def start_actions_job(
     supervisor = Supervisor("actions", config.restart, counted)
     reports: ReportStream = (ClusterReports if cluster else BrokerReports)(start_reports, config.brokers)
     maintenance = MaintenanceScheduler(store, MAINTAINED, config.maintenance)
-    job = ActionsJob(engine, reports, supervisor, maintenance, HeartbeatWriter(config.tables_root))
+    job = ActionsJob(
+        engine,
+        reports,
+        supervisor,
+        maintenance,
+        HeartbeatWriter(config.tables_root),
+        trigger_interval_s=config.trigger_interval_s,
+    )
     try:
         job._fanout = supervisor.add("actions-fanout", start_fanout)
         supervisor.add("actions-reports", lambda: reports.start())
@@ -334,8 +350,6 @@ def preflight(config: ActionsConfig, options: object) -> None:
 
 def run(spark: SparkSession, section: object, options: RunOptions) -> int:
     """``timestone pipeline actions``: run the job until interrupted or a query fails for good."""
-    import time
-
     config = validate(section)
     job = start_actions_job(spark, config, metrics=options.metrics)
     log.info(

@@ -119,15 +119,27 @@ class Action:
             return ALL_TOPIC
         return group_topic(self.group) if self.group else None
 
-    def message(self, issued_at_ms: int, listed: Sequence[str] | None = None, attempt: int = 1) -> bytes:
+    def expires_at(self, issued_at_ms: int, expiry_s: int = DEFAULT_EXPIRY_S) -> int:
+        """When a message of this action issued at ``issued_at_ms`` expires: ``expiry_s`` after it was
+        issued, or after the action was created if that is later (epoch ms)."""
+        return max(self.created_at_ms, issued_at_ms) + expiry_s * 1000
+
+    def message(
+        self,
+        issued_at_ms: int,
+        listed: Sequence[str] | None = None,
+        attempt: int = 1,
+        expiry_s: int = DEFAULT_EXPIRY_S,
+    ) -> bytes:
         """The action message devices receive (docs/device-protocol.md); with ``listed``, only the devices
         named in its ``device_ids`` act on it (a bucket topic's message); a retry says its ``attempt``.
 
-        It expires a day after it was issued (or the action created, if later): a device that comes back
-        after that does not act on it from the log.
+        It expires ``expiry_s`` (a day by default, ``message_expiry_s``) after it was issued, or the action
+        created if later (:meth:`expires_at`): a device that comes back after that does not act on it from
+        the log, and the job ends the execution of a device that had not taken it ``EXPIRED``.
         """
         body: dict[str, Any] = {"action_id": self.id, "kind": self.kind, "issued_at": issued_at_ms}
-        body["expires_at"] = max(self.created_at_ms, issued_at_ms) + DEFAULT_EXPIRY_S * 1000
+        body["expires_at"] = self.expires_at(issued_at_ms, expiry_s)
         if attempt > 1:
             body["attempt"] = attempt
         body.update(self.payload)

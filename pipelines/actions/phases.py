@@ -9,9 +9,10 @@ previous phase's start, when its last device was sent, when its devices finished
 state of its own and a restart resumes where the table says.
 
 A gate either opens or is lost, never waits for ever: a device that never answers counts as silent once
-``in_progress_timeout_s`` has passed since it was sent (``Gate.silent_after_ms``), and a phase whose devices
-can no longer reach its ``success_pct`` (rejected, failed for good, silent) loses its gate (``gate_lost``):
-the action is then aborted, as by an abort rule.
+``in_progress_timeout_s`` has passed since it was sent (``Gate.silent_after_ms``), or once its message
+expired before it took it (``EXPIRED``), and a phase whose devices can no longer reach its ``success_pct``
+(rejected, failed for good, silent) loses its gate (``gate_lost``): the action is then aborted, as by an
+abort rule.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.actions.states import IN_PROGRESS, QUEUED, SUCCEEDED, Execution
+from pipelines.actions.states import EXPIRED, IN_PROGRESS, QUEUED, SUCCEEDED, Execution
 
 __all__ = [
     "Gate",
@@ -104,7 +105,10 @@ class Gate:
     silent_after_ms: int | None = None
 
     def silent_since(self, row: Execution) -> int | None:
-        """When ``row`` turned silent (sent, or started, and no final report since), if it can."""
+        """When ``row`` turned silent (sent, or started, and no final report since), if it can. A device
+        whose message expired before it took it is silent for good, since it expired."""
+        if row.state == EXPIRED:
+            return row.finished_at or row.updated_at
         if self.silent_after_ms is None or row.terminal:
             return None
         if row.state == IN_PROGRESS:
@@ -150,7 +154,7 @@ def gate_lost(
     by_phase = _by_phase(phases, rows)
     so_far = [row for number in range(1, current + 1) for row in by_phase.get(number, [])]
     sample = min(gate.sample, len(so_far) - len(_silent(so_far, gate, now_ms)))
-    if sum(1 for row in so_far if row.terminal) < sample:
+    if sum(1 for row in so_far if row.executed) < sample:
         return None
     members = by_phase.get(current, [])
     needed = _successes_needed(phases[current - 1], members)
@@ -212,7 +216,7 @@ def _next_phase_opens(
     if gate.sample:
         silent = _silent(so_far, gate, now_ms)
         needed = min(gate.sample, len(so_far) - len(silent))
-        finished = sorted(row.finished_at or row.updated_at for row in so_far if row.terminal)
+        finished = sorted(row.finished_at or row.updated_at for row in so_far if row.executed)
         if len(finished) < needed:
             return None
         if needed:

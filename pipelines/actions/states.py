@@ -11,6 +11,12 @@ A row's times are the platform's, as AWS IoT Jobs keeps them: when the broker to
 One move goes back, and only the platform makes it: a retry (``retries.py``) takes a FAILED or TIMED_OUT
 row to QUEUED as its next ``attempt``, in the same write as the failure, so no reader sees a failure that is
 about to be retried as final.
+
+The platform ends a row itself in three ways: TIMED_OUT (no final report within the in-progress timeout),
+CANCELED (a cancel, an abort, the schedule's end) and EXPIRED: the action message the row was last sent
+expired before the device took it, so the device will never act on it (it ignores an expired message). An
+EXPIRED device never tried the action: it is final for the action's completion but no execution the abort
+rules or a phase's sample count (``EXECUTED_STATES``).
 """
 
 from __future__ import annotations
@@ -24,9 +30,14 @@ FAILED = "FAILED"
 TIMED_OUT = "TIMED_OUT"
 REJECTED = "REJECTED"
 CANCELED = "CANCELED"
+EXPIRED = "EXPIRED"
 
-ALL_STATES = (QUEUED, IN_PROGRESS, SUCCEEDED, FAILED, TIMED_OUT, REJECTED, CANCELED)
-TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, TIMED_OUT, REJECTED, CANCELED})
+ALL_STATES = (QUEUED, IN_PROGRESS, SUCCEEDED, FAILED, TIMED_OUT, REJECTED, CANCELED, EXPIRED)
+TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, TIMED_OUT, REJECTED, CANCELED, EXPIRED})
+EXECUTED_STATES = TERMINAL_STATES - {EXPIRED}
+"""The final states of a device that had the action: what abort rules and phase samples count as executed."""
+PLATFORM_STATES = frozenset({TIMED_OUT, CANCELED, EXPIRED})
+"""The final states the platform sets, not a device's report."""
 DEVICE_REPORTED_STATES = frozenset({IN_PROGRESS, SUCCEEDED, FAILED, REJECTED, CANCELED})
 
 _RANK = {QUEUED: 0, IN_PROGRESS: 1, **{state: 2 for state in TERMINAL_STATES}}
@@ -69,6 +80,17 @@ class Execution:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def executed(self) -> bool:
+        """Final, and not EXPIRED: the device had the action and ended it (or the platform did for it)."""
+        return self.state in EXECUTED_STATES
+
+    @property
+    def awaiting_device(self) -> bool:
+        """Sent (its first message, or a retry notice) and nothing reported about it since: the row's
+        ``updated_at`` is when that message was issued."""
+        return self.state == QUEUED and self.published_at is not None and self.retry_at is None
 
     @property
     def retry_waiting(self) -> bool:
@@ -147,8 +169,8 @@ def apply_reports(current: Execution | None, reports: list[StatusReport]) -> Exe
 
 
 def platform_transition(current: Execution, state: str, details: str, now_ms: int) -> Execution | None:
-    """A change the platform makes (TIMED_OUT, CANCELED); None when the row is already terminal."""
-    if state not in (TIMED_OUT, CANCELED) or not is_legal_transition(current.state, state):
+    """A change the platform makes (TIMED_OUT, CANCELED, EXPIRED); None when the row is already terminal."""
+    if state not in PLATFORM_STATES or not is_legal_transition(current.state, state):
         return None
     return replace(
         current,

@@ -241,7 +241,7 @@ def _when(row: dict) -> str | None:
 
 
 def _counts(summary: dict) -> str:
-    counts = " ".join(f"{state.lower()}={summary[f'{state.lower()}_count']}" for state in ALL_STATES)
+    counts = " ".join(f"{state.lower()}={summary.get(f'{state.lower()}_count') or 0}" for state in ALL_STATES)
     return f"{counts} total={summary['total_count']}"
 
 

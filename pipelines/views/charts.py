@@ -26,6 +26,7 @@ STATE_COLOURS = {
     "TIMED_OUT": "#9467bd",
     "REJECTED": "#ff7f0e",
     "CANCELED": "#7f7f7f",
+    "EXPIRED": "#bcbd22",
 }
 FINAL_STATES = [state for state in EXECUTION_STATES if state not in ("QUEUED", "IN_PROGRESS")]
 DESIRED_COLOUR = "#2ca02c"
@@ -224,7 +225,7 @@ def rollout_chart(
     timeline.set_xlabel("seconds since the first device was queued")
     timeline.set_ylabel("devices")
     timeline.set_title("states over time (action_executions)")
-    counts = {state: int(summary[f"{state.lower()}_count"]) for state in EXECUTION_STATES} if summary else {}
+    counts = {state: _state_count(summary, state) for state in EXECUTION_STATES} if summary else {}
     shown = [state for state in EXECUTION_STATES if counts.get(state)]
     bars = totals.barh(shown, [counts[s] for s in shown], color=[STATE_COLOURS[s] for s in shown])
     totals.bar_label(bars)
@@ -236,6 +237,13 @@ def rollout_chart(
     fired = f" by {summary['aborted_by']}" if summary and summary.get("aborted_by") else ""
     fig.suptitle(f"Rollout of {action_id}: {outcome}{fired}, {counted(total, 'device')}")
     return fig
+
+
+def _state_count(summary: dict, state: str) -> int:
+    """A summary's count of ``state``: 0 where its column is missing or null (a state added after the row
+    was written, ``sinks.tables.LATER_STATES``)."""
+    value = summary.get(f"{state.lower()}_count")
+    return 0 if value is None or pd.isna(value) else int(value)
 
 
 def compliance_chart(counts: pd.DataFrame) -> Figure:
