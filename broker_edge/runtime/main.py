@@ -179,9 +179,14 @@ class ConfigFile:
 
 
 def _on_sighup(broker: Broker, source: ConfigFile | None) -> None:
-    """SIGHUP: :func:`reload_files`, and a WARNING when the configuration file changed since the start: its
-    settings are not read again (a reload that looked to apply a changed limit applied nothing)."""
+    """SIGHUP: :func:`reload_files`, and :func:`warn_if_changed`."""
     reload_files(broker)
+    warn_if_changed(source)
+
+
+def warn_if_changed(source: ConfigFile | None) -> None:
+    """At SIGHUP: a WARNING when the configuration file changed since the start: its settings are not read
+    again (a reload that looked to apply a changed limit applied nothing)."""
     if source is not None and source.changed():
         log.warning(
             "SIGHUP: %s changed since the broker started: its settings apply at the next start (a restart), "

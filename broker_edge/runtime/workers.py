@@ -59,6 +59,7 @@ from broker_edge.config.loader import ConfigError, sourced
 from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
+from broker_edge.runtime.main import ConfigFile
 from broker_edge.runtime.workers_config import member_documents, write_yaml
 from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
 from broker_edge.runtime.workers_members import Member, RunBroker, config_error_of
@@ -120,7 +121,8 @@ def supervise(
             cluster = load_broker_config(path).cluster
             assert cluster is not None, "every member's configuration has a cluster: section"
             members.append(Member(node, path, cluster, run))
-        fatal = run_members(members, config, claims, etcd)
+        source = ConfigFile(config_path) if config_path else None
+        fatal = run_members(members, config, claims, etcd, source)
         stop_members(members)
     finally:
         if etcd is not None:

@@ -11,6 +11,7 @@ import socket
 import time
 
 from broker_edge.process.port_claim import answer_askers
+from broker_edge.runtime.main import ConfigFile, warn_if_changed
 from broker_edge.runtime.workers_etcd import LocalEtcd, stop_pending
 from broker_edge.runtime.workers_members import Member
 from broker_edge.settings.broker import BrokerConfig
@@ -26,12 +27,17 @@ SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def run_members(
-    members: list[Member], config: BrokerConfig, claims: list[socket.socket], etcd: LocalEtcd | None = None
+    members: list[Member],
+    config: BrokerConfig,
+    claims: list[socket.socket],
+    etcd: LocalEtcd | None = None,
+    source: ConfigFile | None = None,
 ) -> tuple[Member, int, str] | None:
     """Start the members and keep them running until SIGTERM or SIGINT (None), passing SIGHUP on to them;
     or until one could not start before it ever served: (it, its exit status, its reason). ``claims``: the
     addresses' claims, whose askers are answered; ``etcd``: the command's own, started again when it exits
-    (tried again later while it does not start)."""
+    (tried again later while it does not start); ``source``: the file given, which a SIGHUP does not read
+    again (said when it changed, as by ``timestone broker``)."""
     if stop_pending():  # came while etcd started: no member is forked only to be stopped
         log.info("stopped during start-up")
         return None
@@ -62,6 +68,7 @@ def run_members(
             return None
         if signo == signal.SIGHUP:
             pass_on_sighup(members)
+            warn_if_changed(source)
         if etcd is not None and etcd.moved:  # started again on other ports after it exited (below)
             etcd.moved = False
             follow_etcd(members, etcd.url)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -128,5 +129,33 @@ def test_a_value_taken_from_the_environment_reaches_the_members_not_their_files(
         assert process.poll() is None, log.read_text()[-3000:]
         member = (tmp_path / "data" / "workers" / "w1.yaml").read_text()
         assert "max_connections: !env 'TS_MAX_CONNECTIONS'" in member and "321" not in member, member
+    finally:
+        stop_workers(process)
+
+
+def test_sighup_after_the_file_given_changed_says_its_settings_apply_at_the_next_start(tmp_path):
+    """A SIGHUP reads the files the configuration names again, not the configuration: ``timestone broker``
+    says so at WARNING when its file changed since its start, the command said nothing (the members' own
+    files never change)."""
+    port = free_ports(1)[0]
+    config = tmp_path / "broker.yaml"
+    config.write_text(config_text(tmp_path, port))
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command("--config", str(config), "--workers", "2"),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
+        config.write_text(config.read_text() + "limits: {max_connections: 10}\n")
+        process.send_signal(signal.SIGHUP)
+        wait_until(lambda: b"SIGHUP passed on to members" in log.read_bytes(), 30, "SIGHUP passed on")
+        wait_until(
+            lambda: f"SIGHUP: {config} changed since the broker started" in log.read_text(), 10, "said"
+        )
+        assert process.poll() is None
     finally:
         stop_workers(process)
