@@ -67,6 +67,16 @@ def test_a_cbor_payload_that_cannot_be_read_says_where(payload, error):
     assert second["ts"] is None and second["temperature"] is None  # a bad payload fills no column
 
 
+def test_a_cbor_map_behind_the_self_described_cbor_tag_is_read():
+    """RFC 8949, 3.4.6: tag 55799 may prefix any item and changes nothing; encoders put it first to mark a
+    payload as CBOR. cbor2 hands the map under a tag over as a frozendict, which was refused as 'the
+    payload is a frozendict, not a map': every reading of such a device was quarantined."""
+    self_described = b"\xd9\xd9\xf7" + cbor2.dumps(READING)
+    decoded = decode_payloads([self_described], read_cbor, FIELDS)
+    assert decoded.errors.to_pylist() == [None]
+    assert {name: column.to_pylist()[0] for name, column in decoded.columns.items()} == READING
+
+
 def test_the_truncated_cbor_payload_names_the_byte_where_it_ran_out():
     payload = cbor2.dumps(READING)
     error = decode_payloads([payload[:-3]], read_cbor, FIELDS).errors.to_pylist()[0]
