@@ -19,7 +19,7 @@ from .quarantine import QuarantinedLog
 from .record import PREFIX
 from .retention import RetentionReport, retention_pass
 from .segment import Segment
-from .store_state import StoreState
+from .store_state import StoreState, _check_offset
 
 if TYPE_CHECKING:
     pass
@@ -140,6 +140,7 @@ class Admin(StoreState):
         table = self._table
         if offset < table.next[topic_id]:
             raise StorageError(f"{topic!r} continues at {table.next[topic_id]}, not {offset}")
+        _check_offset(topic, offset + len(frames))
         table.next[topic_id] = offset
         part = self._partitions[table.partition[topic_id]]
         part.append_frames(topic_id, frames, times, [PREFIX.unpack_from(frame, 0)[1] for frame in frames])

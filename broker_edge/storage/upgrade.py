@@ -13,6 +13,10 @@ open of layout 3 copies them:
    `log/` renamed into `<data>`, and `meta/LAYOUT` ("3") written last.
 3. `topics/` is deleted (directories whose name is not a topic's are left in it, and said so).
 
+A topic whose log cannot be copied (a segment that cannot be read, offsets past what a log holds) stops
+nothing: it is set aside (`quarantine`: listed in `meta/quarantine.json`, neither read nor written), its
+directory moved to `<data>/topics.not-copied/` as it was, and every other topic is copied.
+
 A start interrupted anywhere resumes: before `LAYOUT` says 3, the staging store is opened like any store
 (its own recovery repairs a torn end) and each topic goes on from where its copy ended; after, only the
 deletion of `topics/` (step 3) is left, which every open of layout 3 finishes.
@@ -23,22 +27,28 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from broker_edge.bounds import MAX_OFFSET
+
 from .config import StorageConfig
 from .epoch_journal import EPOCHS_FILE, EpochJournal
 from .layout import LAYOUT_VERSION, LOG, SEGMENT_FILE, DataLayout, write_layout_file
+from .quarantine import QUARANTINE_FILE, QuarantinedLog, read_list, write_list
 from .record import PREFIX, PREFIX_SIZE, FrameError, check_frame
 from .segment import fsync_directory
 from .topic_names import topic_from_directory
 
-__all__ = ["STAGING", "finish_upgrade", "upgrade_layout_2"]
+__all__ = ["NOT_COPIED", "STAGING", "finish_upgrade", "upgrade_layout_2"]
 
 log = logging.getLogger(__name__)
 
 STAGING = ".layout-3"
+NOT_COPIED = "topics.not-copied"
+"""Where the directories of layout-2 logs that could not be copied are kept (their logs set aside)."""
 _FLUSH_BYTES = 16 * 1024 * 1024
 """The copy is flushed (written and synced) every this many bytes."""
 
@@ -53,7 +63,7 @@ def upgrade_layout_2(layout: DataLayout, config: StorageConfig, store_class: Cal
         store = store_class(staging, replace(config, durability="group"))
         store.open()
         try:
-            copied, skipped = _copy_topics(layout.topics, store)
+            copied, skipped = _copy_topics(layout, store)
         finally:
             store.close()
         log.warning(
@@ -93,17 +103,18 @@ def finish_upgrade(layout: DataLayout) -> None:
     fsync_directory(layout.root)
 
 
-def _copy_topics(topics_directory: str, store) -> tuple[int, list[str]]:
-    """Copy every topic directory into `store` (going on where an earlier copy stopped)."""
+def _copy_topics(layout: DataLayout, store) -> tuple[int, list[str]]:
+    """Copy every topic directory into `store` (going on where an earlier copy stopped); one that cannot
+    be copied is set aside (`_set_aside`)."""
     copied = 0
     skipped: list[str] = []
     pending = 0
     try:
-        names = sorted(os.listdir(topics_directory))
+        names = sorted(os.listdir(layout.topics))
     except FileNotFoundError:
         return 0, []
     for name in names:
-        path = os.path.join(topics_directory, name)
+        path = os.path.join(layout.topics, name)
         if not os.path.isdir(path):
             continue
         try:
@@ -112,7 +123,11 @@ def _copy_topics(topics_directory: str, store) -> tuple[int, list[str]]:
             log.error("not a topic log, left where it is: %s (%s)", path, error)
             skipped.append(path)
             continue
-        pending += _copy_topic(path, topic, store)
+        try:
+            pending += _copy_topic(path, topic, store)
+        except NotCopied as error:
+            _set_aside(layout, path, topic, store, error)
+            continue
         _copy_epochs(path, topic, store)
         copied += 1
         if pending >= _FLUSH_BYTES:
@@ -121,12 +136,57 @@ def _copy_topics(topics_directory: str, store) -> tuple[int, list[str]]:
     return copied, skipped
 
 
+class NotCopied(Exception):
+    """A layout-2 log that cannot be copied: a file of it cannot be read, or it holds offsets past what a
+    log holds (`bounds.MAX_OFFSET`). Failures writing the new store are not this: they stop the upgrade."""
+
+
+def _read_source(path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise NotCopied(f"cannot read {path}: {error}") from None
+
+
+def _within_ceiling(offset: int) -> int:
+    if not 0 <= offset <= MAX_OFFSET:
+        raise NotCopied(f"it holds offset {offset}, past what a log holds ({MAX_OFFSET})")
+    return offset
+
+
+def _set_aside(layout: DataLayout, path: str, topic: str, store, error: Exception) -> None:
+    """A topic log that cannot be copied: listed as set aside in `meta/quarantine.json` (its catalog entry
+    made, so that the list holds it), and its directory moved to `topics.not-copied/` as it was, where the
+    deletion of `topics/` does not reach it."""
+    reason = f"its layout-2 log could not be copied ({error})"
+    if topic not in store:
+        store.import_start(topic, 0)
+    listed = os.path.join(layout.meta, QUARANTINE_FILE)
+    logs = read_list(listed)
+    logs.setdefault(topic, QuarantinedLog(topic, reason, time.time_ns() // 1_000_000))
+    write_list(listed, logs)
+    kept = os.path.join(layout.root, NOT_COPIED)
+    os.makedirs(kept, exist_ok=True)
+    try:
+        os.rename(path, os.path.join(kept, os.path.basename(path)))
+        where = f"its directory moved to {kept}"
+    except OSError as move_error:
+        where = f"its directory could not be moved ({move_error}) and is deleted with topics/"
+    fsync_directory(layout.root)
+    log.error("the log of %r is set aside (quarantined): %s; %s", topic, reason, where)
+
+
 def _copy_topic(directory: str, topic: str, store) -> int:
     """Append the records of one layout-2 log that `store` does not have yet; returns the bytes appended."""
-    names = os.listdir(directory)
+    try:
+        names = os.listdir(directory)
+    except OSError as error:
+        raise NotCopied(f"cannot list {directory}: {error}") from None
     bases = sorted(int(match.group(1)) for name in names if (match := SEGMENT_FILE.match(name)))
     if not bases:
         return 0
+    _within_ceiling(bases[-1])
     have = store.durable_end(topic) if topic in store else None
     if have is None and bases[0] > 0:
         store.import_start(topic, bases[0])  # retention had moved the log's start
@@ -136,9 +196,9 @@ def _copy_topic(directory: str, topic: str, store) -> int:
         following = bases[number + 1] if number + 1 < len(bases) else None
         if have is not None and following is not None and following <= have:
             continue  # copied by an earlier, interrupted upgrade
-        with open(os.path.join(directory, f"{base:020d}.log"), "rb") as file:
-            data = file.read()
+        data = _read_source(os.path.join(directory, f"{base:020d}.log"))
         for first, frames, times in _runs(data, base, store.config.max_record_bytes):
+            _within_ceiling(first + len(frames))
             if have is not None and first + len(frames) <= have:
                 continue
             if have is not None and first < have:
@@ -198,6 +258,9 @@ def _copy_epochs(directory: str, topic: str, store) -> None:
         with open(os.path.join(directory, EPOCHS_FILE), encoding="ascii") as file:
             lines = file.read().split("\n")
     except FileNotFoundError:
+        return
+    except (OSError, ValueError) as error:  # its epochs only: the log itself was copied
+        log.error("%s cannot be read (%s): the leader epochs of %r are not copied", directory, error, topic)
         return
     pairs: list[tuple[int, int]] = []
     for line in lines[1:] if lines and lines[0] == "1" else ():

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import CorruptRecord, LogStore, OffsetOutOfRange, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, OffsetOutOfRange, StorageConfig, UnknownTopic
 from broker_edge.storage.epoch_journal import EpochJournal
 from broker_edge.storage.layout import layout_version
+from broker_edge.storage.record import encode_record
 from tests.unit.broker_edge.storage.layout2 import SESSIONS, write_layout_2
 from tests.unit.broker_edge.storage.log_helpers import assert_matches, flip_byte, make_record
 
@@ -139,3 +140,54 @@ def test_an_upgrade_interrupted_at_the_switch_or_while_deleting_is_finished(tmp_
 
     assert layout_version(tmp_path) == "3"  # switched: what is left is the deletion
     assert_upgraded(tmp_path, frames)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["unreadable segment", "segment past the ceiling", "record past the ceiling"],
+)
+def test_a_layout_2_log_that_cannot_be_copied_is_set_aside_and_every_other_log_upgraded(
+    tmp_path: Path, damage: str
+):
+    """No topic's files stop a start: a layout-2 log whose segment cannot be read (EIO, a directory in its
+    place) or that holds offsets no log holds (what a hub before the ceiling wrote) is set aside, its
+    directory kept out of the way for inspection, and every other log is upgraded."""
+    frames = write_layout_2(
+        tmp_path, {"good/1": [make_record(n) for n in range(6)], "bad/2": [make_record(1)]}
+    )
+    bad = tmp_path / "topics" / "bad%2F2"
+    if damage == "unreadable segment":
+        (bad / f"{0:020d}.log").unlink()
+        (bad / f"{0:020d}.log").mkdir()
+    elif damage == "segment past the ceiling":
+        (bad / f"{0:020d}.log").rename(bad / f"{2**63 - 1:020d}.log")
+    else:
+        (bad / f"{2**60:020d}.log").write_bytes(encode_record(2**60, 0, make_record(2)))
+
+    store = LogStore(tmp_path, StorageConfig())
+    report = store.open()
+
+    assert _stored_frames(store, "good/1") == frames["good/1"]
+    assert [q.topic for q in report.quarantined] == ["bad/2"]
+    with pytest.raises(UnknownTopic):
+        store.read("bad/2", 0)
+    kept = tmp_path / "topics.not-copied" / "bad%2F2"
+    assert kept.is_dir()
+    assert layout_version(str(tmp_path)) == "3"
+    store.close()
+    again = LogStore(tmp_path, StorageConfig())
+    assert [q.topic for q in again.open().quarantined] == ["bad/2"]
+    assert _stored_frames(again, "good/1") == frames["good/1"]
+    again.close()
+
+
+def test_a_layout_2_leader_epochs_file_that_cannot_be_read_leaves_its_log_copied(tmp_path: Path):
+    frames = write_layout_2(tmp_path, {"replica/1": [make_record(n) for n in range(3)]})
+    (tmp_path / "topics" / "replica%2F1" / "leader-epochs").write_bytes(b"\xff\xfe damaged")
+
+    store = LogStore(tmp_path, StorageConfig())
+    report = store.open()
+
+    assert report.quarantined == []
+    assert _stored_frames(store, "replica/1") == frames["replica/1"]
+    store.close()
