@@ -69,7 +69,8 @@ class PipelineMetrics:
         )
         self.skipped_reports = Counter(
             f"{PREFIX}_skipped_reports",
-            "Status messages the actions job left out, by the reason (not_a_report, another_device).",
+            "Status messages the actions job left out, by the reason (not_a_report, another_device, "
+            "not_sent, not_a_target).",
             ["pipeline", "reason"],
             registry=self.registry,
         )

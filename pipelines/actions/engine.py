@@ -16,6 +16,7 @@ table, and folds the fleet's compliance from the tables batch by batch.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -25,7 +26,7 @@ from pipelines.actions.engine_tables import ACTIONS, DEVICES, EXECUTIONS, SUMMAR
 from pipelines.actions.feed_rows import latest_rows
 from pipelines.actions.model import Action
 from pipelines.actions.release import lost_gate
-from pipelines.actions.report_scope import in_scope
+from pipelines.actions.report_scope import in_scope, late_joiners
 from pipelines.actions.states import CANCELED, QUEUED, Execution, StatusReport, apply_reports, queued
 from pipelines.actions.summary import ACTION_SCHEDULED, FINAL_ACTION_STATES
 from pipelines.actions.validation import problems
@@ -127,24 +128,27 @@ class ActionsEngine(Summaries, Compliance):
         log.warning("action %s rejected, nothing published: %s", action_id, reason)
         rejected[action_id] = reason
 
-    def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> None:
+    def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> Counter:
         """Device status reports from the brokers' logs, folded into the executions; a failure that a retry
-        rule covers is queued again in the same write."""
+        rule covers is queued again in the same write. Returns the reports left out, by reason
+        (``report_scope.py``: ``not_sent``, ``not_a_target``)."""
         by_key: dict[tuple[str, str], list[StatusReport]] = {}
         for report in reports:
             by_key.setdefault((report.action_id, report.device_id), []).append(report)
         if not by_key:
-            return
+            return Counter()
         with self.lock:
             started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
             known, counts = self.tables.executions_and_counts(
                 action_ids, {device_id for _, device_id in by_key}
             )
-            by_key = in_scope(by_key, known, self._actions(action_ids), batch_id)
+            actions = self._actions(action_ids)
+            registered = self.tables.groups_of(late_joiners(by_key, known, actions))
+            by_key, left_out = in_scope(by_key, known, actions, batch_id, registered)
             action_ids = sorted({action_id for action_id, _ in by_key})
             if not by_key:
-                return
+                return left_out
             retrying = self._retrying(action_ids)
             changed = []
             for (action_id, device_id), device_reports in by_key.items():
@@ -161,6 +165,7 @@ class ActionsEngine(Summaries, Compliance):
                 len(changed),
                 (self.clock() - started) / 1000,
             )
+            return left_out
 
     def tick(self, reports_read_until: int | None = None) -> None:
         """Send what is due, time executions out, retry, end those whose message expired, take in devices

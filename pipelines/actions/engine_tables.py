@@ -95,6 +95,17 @@ class EngineTables:
             log.warning("devices: ids that are no topic level left out of every target: %s", shown)
         return sorted(ids.difference(unusable))
 
+    def groups_of(self, device_ids: Iterable[str]) -> dict[str, str | None]:
+        """The registered group of each of ``device_ids`` that the ``devices`` table holds (read with the
+        ids pushed down; a device it does not hold is not in the result)."""
+        ids = tuple(sorted(set(device_ids)))
+        if not ids:
+            return {}
+        devices = self.store.read_arrow(
+            DEVICES, where=(Matching("device_id", ids),), columns=["device_id", "group"]
+        )
+        return dict(zip(devices["device_id"].to_pylist(), devices["group"].to_pylist(), strict=True))
+
     def version(self, name: str) -> int:
         return self.store.version(name)
 

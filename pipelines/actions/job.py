@@ -240,7 +240,9 @@ def start_actions_job(
         impostors: list[str] = []
         reports = parse_reports(records, config.report_identity, impostors)
         _count_skipped(counted, records.num_rows - len(reports) - len(impostors), impostors)
-        engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
+        left_out = engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
+        for reason, count in left_out.items():
+            counted.skipped_reports.labels("actions", reason).inc(count)
 
     def start_reports(endpoints: Sequence[BrokerEndpoint]) -> StreamingQuery:
         return (
