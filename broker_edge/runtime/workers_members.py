@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -121,14 +122,11 @@ class Member:
         """Name the command's etcd at ``url`` in its configuration file (read at its next start)."""
         from broker_edge.config.loader import load_yaml_file
         from broker_edge.runtime.workers_config import write_yaml
-        from broker_edge.settings.broker import load_broker_config
 
         document = load_yaml_file(self.config_path)  # its ``!env NAME`` values kept
         document["cluster"]["etcd"] = [url]
         write_yaml(self.config_path, document)
-        cluster = load_broker_config(self.config_path).cluster
-        assert cluster is not None, "every member's configuration has a cluster: section"
-        self.cluster = cluster
+        self.cluster = dataclasses.replace(self.cluster, etcd=[url])
 
     def reload(self) -> None:
         """SIGHUP to its process (one that serves): it reads its files and certificates again."""
