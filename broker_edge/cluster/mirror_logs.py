@@ -295,7 +295,7 @@ class ClusterMirrorLogs:
         """``POST /v1/mirror/append`` and ``GET /v1/mirror/ends`` on the members' endpoint."""
         from aiohttp import web
 
-        from broker_edge.http.guard import hold
+        from broker_edge.http.guard import hold, read_body
         from broker_edge.offsets_api.server import ApiError, access_of
 
         def member_of(request: web.Request) -> str:
@@ -310,9 +310,10 @@ class ClusterMirrorLogs:
             if length is None or length > MAX_BODY_BYTES:
                 raise ApiError(413, "too_large", f"the body must have a length of at most {MAX_BODY_BYTES}")
             hold(request, length)
+            body = await read_body(request, length=length)  # within the endpoint's request_timeout_s
             try:
-                parts = decode_parts(await request.content.readexactly(length))
-            except (ValueError, asyncio.IncompleteReadError) as error:
+                parts = decode_parts(body)
+            except ValueError as error:
                 raise ApiError(400, "bad_request", f"not a batch of frames: {error}") from None
             try:
                 appended = await self.append_here(parts)

@@ -425,8 +425,7 @@ class ClusterNode:
                 self.followers.observed_logs,
             )
         self.links.on(PUSH, self.followers.pushed)
-        timeout = broker.config.offsets_api.request_timeout_s
-        self.members_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
+        self.members_routes.append(replica_fetch_route(self.leader.fetch, pushes=True))
         self._build_mirror_logs(store, self.leader)
 
     def _build_mirror_logs(self, store: LogStore, leader: LeaderReplication) -> None:

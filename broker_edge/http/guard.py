@@ -655,13 +655,20 @@ class UnreadBody(Exception):
         self.message = message
 
 
-async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    """The request body, arrived within ``timeout_s`` (``UnreadBody`` otherwise; a body over the app's
-    ``client_max_size`` still raises aiohttp's 413)."""
+async def read_body(request: web.Request, timeout_s: float | None = None, length: int | None = None) -> bytes:
+    """The request body, arrived within ``timeout_s`` (None: the site's ``request_timeout_s``), else
+    ``UnreadBody``. With ``length``, exactly that many bytes, however large (a body over the app's
+    ``client_max_size`` is otherwise refused with aiohttp's 413)."""
+    if timeout_s is None:
+        guard = request.app.get(_GUARD_KEY)
+        timeout_s = guard.request_timeout_s if guard is not None else None
+    reading = request.read() if length is None else request.content.readexactly(length)
     try:
-        return await asyncio.wait_for(request.read(), timeout_s)
+        return await asyncio.wait_for(reading, timeout_s)
     except TimeoutError:
         raise UnreadBody(408, "the body did not arrive in time") from None
+    except asyncio.IncompleteReadError:
+        raise UnreadBody(400, "the body is shorter than its length") from None
     except BODY_ERRORS as error:  # (aiohttp's parser says it in its own refusal: one WARNING)
         raise UnreadBody(400, f"the body cannot be read: {body_error_text(error)}") from None
     except ConnectionError:

@@ -152,6 +152,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error.response()
     except BudgetExhausted:
         return over_budget_response()
+    except UnreadBody as error:  # (to a client that closed its connection, it goes nowhere)
+        return ApiError(
+            error.status, codes.BAD_REQUEST, error.message, close=True, parameter="body"
+        ).response()
     except (UnknownTopic, OffsetOutOfRange, CorruptRecord) as error:
         api_error = api_error_for(error)
         assert api_error is not None
@@ -545,13 +549,7 @@ class _Handlers:
     async def _json_body(self, request: web.Request) -> dict:
         check_body_length(request)
         hold(request, min(request.content_length or MAX_JSON_BODY, MAX_JSON_BODY))
-        try:
-            data = await read_body(request, self.limits.request_timeout_s)
-        except UnreadBody as error:  # (to a client that closed its connection, it goes nowhere)
-            raise ApiError(
-                error.status, codes.BAD_REQUEST, error.message, close=True, parameter="body"
-            ) from None
-        return json_body(data)
+        return json_body(await read_body(request, self.limits.request_timeout_s))
 
     def _parse_fetch(self, body: dict) -> tuple[list[_Fetch], int, int, str, str | None]:
         limits = self.limits

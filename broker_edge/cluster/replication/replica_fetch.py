@@ -42,7 +42,6 @@ the partition until it catches up), `NOT_REPLICA`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -375,12 +374,13 @@ FetchServer = Callable[[FetchRequest], Awaitable[FetchResponse]]
 
 
 def replica_fetch_route(
-    serve: FetchServer, request_timeout_s: float = 10.0, pushes: bool = False
+    serve: FetchServer, request_timeout_s: float | None = None, pushes: bool = False
 ) -> Callable[[web.Application], None]:
     """A function adding `POST /v1/replica/fetch` to the members' endpoint (`member_api`): a request is
     served only for the member it comes from (its `replica` is the node its certificate names), within
-    the HTTP memory budget (its body, then the frames it may be answered with). `pushes`: the leader also
-    pushes sessions over the peer link (its answers say so)."""
+    the HTTP memory budget (its body, then the frames it may be answered with), its body read within
+    `request_timeout_s` (None: the endpoint's, `cluster.listen.request_timeout_s`). `pushes`: the leader
+    also pushes sessions over the peer link (its answers say so)."""
     headers = {"Content-Type": CONTENT_TYPE, LISTS_TOPICS_HEADER: "1"}
     if pushes:
         headers[PUSH_HEADER] = "1"
@@ -388,7 +388,7 @@ def replica_fetch_route(
     def add(app: web.Application) -> None:
         from aiohttp import web
 
-        from broker_edge.http.guard import hold, settle
+        from broker_edge.http.guard import hold, read_body, settle
         from broker_edge.offsets_api import errors as codes
         from broker_edge.offsets_api.server import ApiError, access_of
 
@@ -404,17 +404,8 @@ def replica_fetch_route(
                     f"the body must have a length of at most {MAX_REQUEST_BYTES} bytes",
                 )
             hold(request, length)
-            try:  # not request.read(): a first fetch lists every topic, beyond aiohttp's 1 MiB default
-                body = await asyncio.wait_for(request.content.readexactly(length), request_timeout_s)
-            except TimeoutError:
-                raise ApiError(
-                    408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body"
-                ) from None
-            except asyncio.IncompleteReadError:
-                raise ApiError(400, codes.BAD_REQUEST, "the body is shorter than its length") from None
-            except ConnectionError as error:  # the replica dropped its fetch (e.g. its view changed)
-                log.debug("a replica fetch closed before its body arrived: %s", error)
-                return web.Response(status=400)
+            # exactly its length: a first fetch lists every topic, beyond aiohttp's 1 MiB default
+            body = await read_body(request, request_timeout_s, length)
             try:
                 fetch = decode_request(body)
             except WireError as error:

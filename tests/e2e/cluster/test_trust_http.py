@@ -36,6 +36,7 @@ from tests.e2e.cluster.proof import (
 )
 from tests.e2e.cluster.test_trust_members import topic_led_by
 from tests.e2e.offsets_api.api_harness import status_of
+from tests.harness.local_cluster import cluster_broker
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -203,3 +204,32 @@ def test_oversized_fetches_hold_at_most_the_budget_and_replication_goes_on(
     for device in devices:
         device.stop()
     check_nothing_acknowledged_was_lost(devices, order, READER_TOKEN)
+
+
+def members_port(etcd: EtcdTarget, node: str) -> int:
+    """The port of ``node``'s members' endpoint, from what it registered in etcd."""
+    wait_until(lambda: node in cluster_state(etcd).members, what=f"{node} a member")
+    peer = cluster_state(etcd).members[node].peer
+    assert peer is not None
+    return int(peer.rsplit(":", 1)[1].rstrip("/"))
+
+
+def test_a_mirrored_append_whose_body_trickles_is_answered_408_in_time(tmp_path, etcd: EtcdTarget) -> None:
+    """A ``POST /v1/mirror/append`` on the members' endpoint whose body never finished arriving held its
+    connection, and the budget its length reserved, for ever: its body is read within
+    ``cluster.listen.request_timeout_s``, as a replica fetch's is."""
+    listen = {"port": 0, "request_timeout_s": 1.0}
+    broker = cluster_broker(tmp_path, etcd, "a", {"listen": listen}, member_tls=False).start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", members_port(etcd, "a")), timeout=5)
+        sock.sendall(
+            b"POST /v1/mirror/append HTTP/1.1\r\nHost: x\r\nX-Timestone-Node: a\r\n"
+            b"Content-Length: 100000\r\n\r\nab"
+        )
+        started = time.monotonic()
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive in time" in answer, answer
+        assert time.monotonic() - started < 3
+        sock.close()
+    finally:
+        broker.stop()
