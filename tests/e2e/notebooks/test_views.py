@@ -222,6 +222,23 @@ def test_rollout_chart_stacks_states_over_time_next_to_the_final_counts():
     assert chart.bars == 3
 
 
+@pytest.mark.parametrize("expired", [None, float("nan"), "missing"])
+def test_a_summary_written_before_expired_count_existed_draws_its_counts(expired):
+    """``action_summary`` rows written before the EXPIRED state hold a null ``expired_count`` (NaN in
+    pandas), or no such column at all where no job of this version opened the table: 0 expired."""
+    states = queries.rollout_states(pd.DataFrame(EXECUTIONS))
+    summary = {f"{s.lower()}_count": 0 for s in EXECUTION_STATES if s != "EXPIRED"} | {
+        "succeeded_count": 2,
+        "total_count": 2,
+        "action_state": "COMPLETED",
+    }
+    if expired != "missing":
+        summary["expired_count"] = expired
+    chart = describe(charts.rollout_chart("act-1", states, summary))
+    assert chart.title == "Rollout of act-1: COMPLETED, 2 devices"
+    assert chart.bars == 1
+
+
 def test_quality_chart_draws_every_batch_and_marks_failed_ones():
     batches = pd.DataFrame(
         {
