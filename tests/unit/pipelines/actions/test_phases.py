@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipelines.actions.phases import Gate, Phase, gate_lost, phase_of_devices, phase_sizes, phase_starts
-from pipelines.actions.states import FAILED, IN_PROGRESS, REJECTED, SUCCEEDED, queued
+from pipelines.actions.states import EXPIRED, FAILED, IN_PROGRESS, REJECTED, SUCCEEDED, queued
 
 MENDER = (Phase(percent=5.0, wait_s=86_400), Phase(percent=15.0, wait_s=86_400), Phase())
 
@@ -75,6 +75,22 @@ def test_a_device_that_never_answers_counts_as_silent_after_the_timeout():
         61_000,
     ]  # silent since 61 s: 2 of 2 is the sample
     assert phase_starts(phases, rows, 0, 10**9, Gate(sample=3)) == [0]  # no timeout: it holds the gate
+
+
+def test_a_device_whose_message_expired_is_silent_with_or_without_a_timeout():
+    """An EXPIRED device never had the action: it is no part of the abort rules' sample (the next phase does
+    not wait for it, nor take it as finished) and cannot succeed."""
+    phases = (Phase(devices=3, success_pct=60.0), Phase())
+    rows = [row("d0", 1, 1_000, SUCCEEDED, 5_000), row("d1", 1, 1_000, SUCCEEDED, 6_000)]
+    expired = [*rows, row("d2", 1, 1_000, EXPIRED, 90_000)]
+    assert phase_starts(phases, expired, 0, 10**9, Gate(sample=3)) == [0, 90_000]  # 2 of 2 is the sample
+    assert phase_starts(phases, [*rows, row("d2", 1, 1_000)], 0, 10**9, Gate(sample=3)) == [0]
+    lost = (Phase(devices=3, success_pct=100.0), Phase())
+    assert gate_lost(lost, expired, 0, 10**9, Gate(sample=3)) == (
+        1,
+        "phases[0].success_pct 100 % cannot be reached: 2 of its 3 devices succeeded and 0 may still, "
+        "3 needed (1 silent)",
+    )
 
 
 def test_a_gate_is_lost_once_its_devices_cannot_reach_its_success_share_and_the_sample_is_in():

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pipelines.actions.abort import abort_rules, first_fired
 from pipelines.actions.retries import RetryRule, retry
 from pipelines.actions.states import (
+    EXPIRED,
     FAILED,
     IN_PROGRESS,
     QUEUED,
@@ -74,6 +75,15 @@ def test_abort_rules_count_their_own_kind_and_the_first_that_fires_is_named():
     assert first_fired(rules, state_counts([SUCCEEDED, TIMED_OUT, QUEUED])) is None  # 2 < min_executed
     anything = abort_rules({"abort_rules": [{"failure_kind": "any", "threshold_pct": 60.0}]})
     assert first_fired(anything, state_counts([FAILED, REJECTED, TIMED_OUT, SUCCEEDED])) is not None
+
+
+def test_a_device_whose_message_expired_is_neither_a_failure_nor_finished_for_the_abort_rules():
+    rules = abort_rules({"abort_rules": [{"failure_kind": "any", "threshold_pct": 10.0, "min_executed": 3}]})
+    online_succeeded = state_counts([SUCCEEDED, SUCCEEDED, *[EXPIRED] * 10])
+    assert first_fired(rules, online_succeeded) is None  # 2 finished, below min_executed: no failure either
+    one_failed = state_counts([SUCCEEDED, SUCCEEDED, SUCCEEDED, FAILED, *[EXPIRED] * 100])
+    fired = first_fired(rules, one_failed)
+    assert fired is not None and "1 of 4 finished devices" in fired.reason(one_failed)  # not 1 of 104
 
 
 def test_the_earlier_abort_criteria_is_a_rule_of_failures_and_timeouts():
