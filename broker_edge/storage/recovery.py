@@ -21,6 +21,7 @@ snapshot: an open reads the catalog, the snapshot and each segment's header and 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -183,6 +184,8 @@ def open_partitions(
         part.resume_active()
     report_short_segments(parts, evidence, repairs)
     for number, why in sorted(opened.failed.items()):
+        _refuse_if_not_damage(number, why)
+    for number, why in sorted(opened.failed.items()):
         parts[number] = _set_partition_aside(parts[number], why, catalog, quarantine, partition_log)
     if opened.unused_snapshot is not None:
         _keep_what_only_the_snapshot_knows(table, opened.unused_snapshot)
@@ -229,6 +232,34 @@ def _set_aside_without_directory(
                 f"the directory of its partition, {_partition_directory(log_directory, partition)}, is "
                 "missing (deleted or renamed): put it back",
             )
+
+
+_NOT_DAMAGE = {
+    errno.EACCES: "the broker's user must be able to read and write every file of storage.directory: put its"
+    " owner or mode right",
+    errno.EPERM: "the broker's user must be able to read and write every file of storage.directory: put its"
+    " owner, mode or attributes right",
+    errno.EROFS: "storage.directory is on a read-only filesystem: mount it read-write",
+    errno.ENOSPC: "free space on the filesystem of storage.directory",
+    errno.EDQUOT: "raise the quota or free space on the filesystem of storage.directory",
+    errno.EMFILE: "raise the broker's descriptor limit (ulimit -n, LimitNOFILE=)",
+    errno.ENFILE: "the system is out of file descriptors",
+}
+"""Errors opening a partition that are the host's, not the files' damage, and what puts each right."""
+
+
+def _refuse_if_not_damage(number: int, error: BaseException) -> None:
+    """Raise, so that the store does not open, when a partition failed for the host's reason (permissions,
+    a read-only mount, a full disk, descriptors): setting its topics aside would keep them aside (refused,
+    not served) after the host is put right, and none of its files is damaged."""
+    if not isinstance(error, OSError) or error.errno not in _NOT_DAMAGE:
+        return
+    where = f"{error.filename}: " if error.filename else ""
+    raise OSError(
+        error.errno,
+        f"partition {number} cannot be opened: {where}{error.strerror}: {_NOT_DAMAGE[error.errno]}; nothing"
+        " was set aside",
+    ) from error
 
 
 def _set_partition_aside(

@@ -1,0 +1,72 @@
+"""A data directory whose files the broker may not open (a backup restored as root, a wrong mode) is not
+damage: the broker started over it must not set its logs aside. Run as an unprivileged user (``setpriv``),
+killed with SIGKILL so that its active segment is opened for writing at the next start, whose file is then
+made root's with mode 0600: the start stops with one line naming the file and the fix, moves nothing and
+sets nothing aside, and once the owner is right again every record is served."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
+from tests.e2e.broker_clients import PahoClient
+from tests.unit.broker_edge.storage.log_helpers import partition_segments
+
+NOBODY = 65534
+DEVICES = 20
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to run as another user",
+)
+
+
+@pytest.fixture
+def unprivileged() -> Iterator[BrokerProcess]:
+    """A broker run as nobody, over a directory of nobody's (outside pytest's root-only temporary tree)."""
+    base = Path(tempfile.mkdtemp(prefix="timestone-owner-"))
+    broker = BrokerProcess(base, limits={"messages_per_second_per_client": 0})
+    broker.wrapper = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    os.chmod(base, 0o755)
+    os.chown(base, NOBODY, NOBODY)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_segment_the_broker_may_not_open_stops_the_start_and_sets_nothing_aside(unprivileged):
+    broker = unprivileged.start()
+    publisher = PahoClient(broker.port, "gateway")
+    for device in range(DEVICES):
+        publisher.publish(f"fleet/dev-{device}/t", f"m{device}", 1)
+    publisher.close()
+    broker.kill()
+    data = broker.directory / "data"
+    active = partition_segments(data)[-1]
+    os.chown(active, 0, 0)
+    os.chmod(active, 0o600)
+
+    with pytest.raises(RuntimeError, match="did not start"):
+        broker.start(timeout_s=10)
+
+    assert broker.process is not None and broker.process.returncode == 1
+    text = broker.log_path.read_text()
+    assert f"cannot start: [Errno 13] partition 0 cannot be opened: {active}: Permission denied" in text
+    assert not [name for name in os.listdir(data / "log") if "quarantined" in name]  # nothing moved
+    assert not (data / "meta" / "quarantine.json").exists()  # nothing set aside
+
+    os.chown(active, NOBODY, NOBODY)  # the owner put right
+    broker.start()
+    with OffsetsClient(broker.offsets_url) as client:
+        for device in range(DEVICES):
+            rows = client.fetch(f"fleet/dev-{device}/t", 0).data.to_pylist()
+            assert [row["payload"] for row in rows] == [f"m{device}".encode()]
