@@ -449,7 +449,7 @@ class PasswordFile:
         secret = password.encode() if isinstance(password, str) else password
         if not secret:
             raise ValueError("password must not be empty")
-        target = Path(path)
+        target = Path(os.path.realpath(path))  # a link's file, locked and edited as by its own path
         new_line = f"{username}:{hash_password(secret, algorithm)}"
         with _locked(target, create):
             before = _read_lines(target, create)
@@ -468,7 +468,7 @@ class PasswordFile:
     @staticmethod
     def delete_user(path: str | Path, username: str) -> bool:
         """Remove ``username``; True if they were there (the file is rewritten atomically), else False."""
-        target = Path(path)
+        target = Path(os.path.realpath(path))  # a link's file, locked and edited as by its own path
         with _locked(target, create=False):
             lines = _read_lines(target, create=False)
             kept = [line for line in lines if _line_user(line) != username]

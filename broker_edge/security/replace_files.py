@@ -4,7 +4,9 @@
 rename never crosses file systems), synced, and renames them over their targets only once all are written: a
 failure before that (a directory that is read-only, a full disk) leaves every target as it was, so a
 certificate and its key are replaced together or not at all. A reader sees a file's old content or its new,
-never half of one.
+never half of one. A path that is a symbolic link (a deployment's files kept elsewhere) has the file it
+names replaced, the link kept, where a rename over the link would replace it by a regular file and leave
+the file it named as it was.
 
 A file that exists keeps its owner, group and mode (an operator's ``chgrp timestone`` and ``chmod 0640``, so
 that a service running as ``User=timestone`` reads its key or password file, outlive ``timestone pki renew``
@@ -77,7 +79,7 @@ def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
     staged: list[tuple[str, Path]] = []
     try:
         for path, data, mode in files:
-            target = Path(path)
+            target = Path(os.path.realpath(path))  # a link stays a link: the file it names is replaced
             try:
                 staged.append((_stage(target, data, mode), target))
             except OSError as error:

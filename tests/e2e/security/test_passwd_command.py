@@ -112,3 +112,19 @@ def test_pbkdf2_algorithm_option(tmp_path: Path) -> None:
     assert passwd_main(["-c", str(path), "alice", "--password", "x", "--algorithm", "pbkdf2-sha512"]) == 0
     assert ":$pbkdf2-sha512$i=210000$" in path.read_text()
     assert PasswordFile.load(path).verify("alice", b"x")
+
+
+def test_a_password_file_named_by_a_symbolic_link_is_edited_where_the_link_points(tmp_path: Path) -> None:
+    """``/etc/timestone/passwd`` a link to the file a deployment keeps elsewhere: the edit replaced the link
+    by a regular file, the file it named (the one the next deployment or another broker reads) unchanged
+    and the link gone. The file it names is edited, and the link stays."""
+    real = tmp_path / "secrets" / "passwd"
+    real.parent.mkdir()
+    assert passwd_main(["-c", str(real), "alice", "--password", "one"]) == 0
+    link = tmp_path / "passwd"
+    link.symlink_to(real)
+    assert passwd_main([str(link), "bob", "--password", "two"]) == 0
+    assert link.is_symlink()
+    assert PasswordFile.load(real).verify("bob", b"two")
+    assert passwd_main([str(link), "alice", "--delete"]) == 0
+    assert link.is_symlink() and PasswordFile.load(real).users == ["bob"]

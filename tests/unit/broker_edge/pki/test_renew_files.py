@@ -180,3 +180,20 @@ def test_a_new_key_is_never_readable_by_others_whatever_the_old_one_was(
     assert f"({0o660:04o})" in capsys.readouterr().out
     assert stat.S_IMODE(key.stat().st_mode) == 0o660 and matches(cert, key)
     assert stat.S_IMODE(cert.stat().st_mode) == 0o664
+
+
+def test_a_certificate_and_key_named_by_symbolic_links_are_replaced_where_the_links_point(
+    tmp_path: Path, issued: tuple[Path, Path, Path]
+) -> None:
+    """``/etc/timestone/tls/server.pem`` a link to the files a deployment keeps elsewhere: the renewal
+    replaced each link by a regular file, leaving the files they named (which other services and the next
+    deployment use) with the old certificate, and the links gone. It replaces the files they name."""
+    ca, cert, key = issued
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "s.pem").symlink_to(cert)
+    (links / "s.key").symlink_to(key)
+    before = cert.read_bytes()
+    assert renew(ca, links / "s.pem", links / "s.key") == 0
+    assert (links / "s.pem").is_symlink() and (links / "s.key").is_symlink()
+    assert cert.read_bytes() != before and matches(cert, key)
