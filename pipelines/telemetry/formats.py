@@ -24,8 +24,6 @@ from .config import PayloadConfig, TopicTemplate
 ERROR = "_error"
 DETAIL = "_detail"
 _CORRUPT = "_corrupt_record"
-#: Whether a JSON payload holds more than its object (``from_json`` reads the first object and stops).
-_TRAILING = "_trailing"
 #: JSON only: Jackson's default takes 'single-quoted' names and strings.
 _JSON_ONLY = {"allowSingleQuotes": "false"}
 #: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
@@ -80,17 +78,20 @@ def payload_readings(payload: PayloadConfig) -> list[Column]:
     only where it is not inside a branch of a ``CASE WHEN``; built into the struct, the reader would run
     once for each of its fields."""
     fields = {name: type_name.strip().lower() for name, type_name in payload.fields.items()}
-    return [
-        _read(template, reader, fields).alias(_reading(number))
-        for number, (template, reader) in enumerate(payload.templates)
-    ]
+    readings = []
+    for number, (template, reader) in enumerate(payload.templates):
+        readings.append(_read(template, reader, fields).alias(_reading(number)))
+        if reader.name == "json":  # a column of its own too: added to the struct, from_json would run again
+            text = F.col("payload").cast("string")
+            readings.append(F.when(matches(template), _more_after_the_object(text)).alias(_trailing(number)))
+    return readings
 
 
 def decoded_payload(payload: PayloadConfig) -> Column:
     """The row's payload read in its template's format (from :func:`payload_readings`' columns): a struct
     of the declared fields, :data:`ERROR` and :data:`DETAIL` (null on rows of no template)."""
     structs = {
-        t.template: _decoded(payload, f, F.col(_reading(number)))
+        t.template: _decoded(payload, f, F.col(_reading(number)), _trailing(number))
         for number, (t, f) in enumerate(payload.templates)
     }
     return _by_template(payload, structs)
@@ -100,16 +101,24 @@ def _reading(number: int) -> str:
     return f"_reading_{number}"
 
 
+def _trailing(number: int) -> str:
+    """The column saying whether a JSON template's payload holds more than its object."""
+    return f"_trailing_{number}"
+
+
 def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) -> Column:
     """The template's payloads (only its rows') read: ``from_json``'s struct with :data:`_CORRUPT` for
     JSON, :func:`decoded_struct`'s with :data:`DETAIL` for the others."""
     if reader.name == "json":
         schema = ", ".join(f"`{name}` {type_name}" for name, type_name in fields.items())
-        text = F.col("payload").cast("string")
-        parsed = F.from_json(
-            text, f"{schema}, `{_CORRUPT}` string", {"columnNameOfCorruptRecord": _CORRUPT, **_JSON_ONLY}
+        return F.when(
+            matches(template),
+            F.from_json(
+                F.col("payload").cast("string"),
+                f"{schema}, `{_CORRUPT}` string",
+                {"columnNameOfCorruptRecord": _CORRUPT, **_JSON_ONLY},
+            ),
         )
-        return F.when(matches(template), parsed.withField(_TRAILING, _more_after_the_object(text)))
     # only the template's rows reach the reader: the others are null payloads, skipped at once
     return decoded_struct(F.when(matches(template), F.col("payload")), reader, fields, DETAIL)
 
@@ -126,13 +135,13 @@ def _more_after_the_object(text: Column) -> Column:
     return F.when(text.rlike(r"^[^}]*\}\s*\S"), breaks).otherwise(F.lit(False))
 
 
-def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column) -> Column:
+def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, trailing: str) -> Column:
     fields = [name for name in payload.fields]
     if reader.name == "json":
         # the payload's bytes cast to a string keep bytes that are no UTF-8, which the parser would read as
         # U+FFFD inside a string value: such a payload is refused as the Python reader refuses it
         utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
-        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | parsed.getField(_TRAILING) | ~utf8
+        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | F.col(trailing) | ~utf8
         detail = F.lit(None).cast("string")
     else:
         detail = parsed.getField(DETAIL)
