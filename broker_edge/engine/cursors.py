@@ -78,6 +78,7 @@ PUMP_BATCH_RECORDS = 512
 READ_MAX_BYTES = 1 << 20
 SHARED_MESSAGES = 8192
 KEEP_LIVE_S = 5.0
+UNREADABLE_RETRY_S = 1.0  # a replay whose log could not be read (OSError) waits this long to read again
 """Live routing feeds the shared messages for this long after a session last read a log (``pump``)."""
 TURN_BUDGET_S = 0.002
 """Time per loop turn that positioning replays and forgetting cursors take, all sessions together (one
@@ -140,6 +141,7 @@ class ReplayManager:
         self._keep_live_until = 0.0
         """``time.monotonic()`` until which live messages are kept for readers (``KEEP_LIVE_S``)."""
         self._scheduled: set[Session] = set()
+        self._retrying: set[Session] = set()  # replays waiting out a log that could not be read
         self._work: dict[Session, _Work] = {}
         """Sessions with replays being positioned or cursors being forgotten, in turn order."""
         self._used = 0.0
@@ -358,6 +360,9 @@ class ReplayManager:
                     continue
                 except UnknownTopic:
                     records = []
+                except OSError as exc:
+                    self._unreadable(session, topic, cursor, exc)
+                    break  # this log waits, at its cursor; the session's other topics go on
                 if not records:
                     del cursors[topic]  # caught up: live delivery from here on
                     budget -= 1
@@ -457,6 +462,20 @@ class ReplayManager:
             self._drop_cursors_if_none(session)
         else:
             cursors[topic] = offset
+
+    def _unreadable(self, session: Session, topic: str, cursor: int, error: OSError) -> None:
+        """``topic``'s log could not be read at ``cursor``: said at ERROR (once per interval) and read again
+        later, never a reason to close the connection (the client would reconnect into the same read)."""
+        what = f"the log of {topic!r} cannot be read from offset {cursor} for a replay ({error})"
+        self._said.log(logging.ERROR, "unreadable", "%s: tried again every %.0f s", what, UNREADABLE_RETRY_S)
+        if self.loop is not None and session not in self._retrying:
+            self._retrying.add(session)
+            self.loop.call_later(UNREADABLE_RETRY_S, self._retry, session)
+
+    def _retry(self, session: Session) -> None:
+        self._retrying.discard(session)
+        if session.connection is not None:
+            self.pump(session)
 
     def pump_soon(self, session: Session) -> None:
         """Pump ``session`` once at the end of this loop iteration, however often it is asked.

@@ -17,6 +17,7 @@ import pytest
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.commitlog.e2e_helpers import replay_from
 from tests.unit.broker_edge.storage.log_helpers import partition_segments
 
 NOBODY = 65534
@@ -70,3 +71,33 @@ def test_a_segment_the_broker_may_not_open_stops_the_start_and_sets_nothing_asid
         for device in range(DEVICES):
             rows = client.fetch(f"fleet/dev-{device}/t", 0).data.to_pylist()
             assert [row["payload"] for row in rows] == [f"m{device}".encode()]
+
+
+def test_a_device_replaying_a_segment_that_cannot_be_read_keeps_its_connection_and_gets_it_once_readable(
+    unprivileged,
+):
+    """A sealed segment that cannot be read while the broker runs (its owner wrong, or EIO): a device
+    replaying it is not disconnected over and over; its other subscriptions are served, and the replay goes
+    on, in order, once the file can be read."""
+    broker = unprivileged.start()
+    publisher = PahoClient(broker.port, "gateway")
+    for number in range(5):
+        publisher.publish("fleet/dev-1/t", f"m{number}", 1)
+    broker.stop()  # clean: the segment is sealed, and read only when a reader needs it
+    sealed = partition_segments(broker.directory / "data")[-1]
+    os.chown(sealed, 0, 0)
+    os.chmod(sealed, 0o600)
+    broker.start()
+    publisher = PahoClient(broker.port, "gateway")
+
+    device = PahoClient(broker.port, "dev-1", clean=False, session_expiry=300)
+    device.subscribe("fleet/dev-1/cmd", 1)
+    device.subscribe("fleet/dev-1/t", 1, properties=replay_from("0"))
+    publisher.publish("fleet/dev-1/cmd", "still served", 1)
+    assert [m.payload for m in device.expect(1)] == [b"still served"]  # connected, other topics served
+    assert "fleet/dev-1/t" in broker.log_path.read_text()  # said, naming the log
+
+    os.chown(sealed, NOBODY, NOBODY)  # the owner put right while it runs
+    publisher.publish("fleet/dev-1/t", "m5", 1)
+    got = device.expect(6, timeout=10)
+    assert [m.payload for m in got] == [f"m{n}".encode() for n in range(6)]
