@@ -208,6 +208,15 @@ def test_a_payload_with_more_after_its_object_is_unparseable_and_none_of_it_land
     assert passed == {"spaced": (1, None), "nested": (4, "}{")}
 
 
+def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
+    """The check for more after the object, added to from_json's struct, had Spark take each declared
+    field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
+    parse of the payload, and the two of the check (run only on payloads with more after a '}')."""
+    parsed = T.parse_records(bronze(spark, [telemetry("d", 0, seq=1)]), PAYLOAD)
+    plan = parsed._jdf.queryExecution().optimizedPlan().toString()
+    assert plan.count("from_json(") == 3, plan
+
+
 def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
     parsed = T.parse_records(
         bronze(
