@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
-from broker_edge.engine.sessions.session import NEVER_EXPIRES, Released, Session
+from broker_edge.engine.sessions.session import NEVER_EXPIRES, RELEASED, Inflight, Released, Session
 from broker_edge.protocol.errors import MQTTError
 from broker_edge.protocol.topics import parse_shared, topic_matches
 
@@ -76,6 +76,8 @@ class SavedSession:
     """Logged topic → first offset the client has not acknowledged."""
     log_offsets: bool = False
     """The client asked for the ``offset`` user property on deliveries (``Session.log_offsets``)."""
+    releases: tuple[int, ...] = ()
+    """Outgoing QoS 2 packet ids past PUBREC (PUBREL sent, PUBCOMP awaited): resent when it reconnects."""
 
 
 @dataclass(slots=True)
@@ -120,7 +122,7 @@ def session_document(session: Session, now: float) -> dict[str, Any]:
         expires_in = float(expiry)  # online: the countdown starts when its connection ends
     else:
         expires_in = max(0.0, session.expires_at - now)
-    document = {
+    document: dict[str, Any] = {
         "client_id": session.client_id,
         "username": session.username,
         "expiry_interval": expiry,
@@ -132,6 +134,9 @@ def session_document(session: Session, now: float) -> dict[str, Any]:
     }
     if session.log_offsets:
         document["log_offsets"] = True
+    releases = sorted(key for key, entry in (session.inflight or {}).items() if isinstance(entry, Released))
+    if releases:
+        document["releases"] = releases
     return document
 
 
@@ -246,7 +251,16 @@ def _parse_session(entry: Any, index: int) -> SavedSession:
         [_parse_subscription(sub, f"{where}.subscriptions[{i}]") for i, sub in enumerate(subscriptions)],
         cursors,
         _typed(fields, "log_offsets", bool, where, False),
+        _packet_ids(fields.get("releases", []), f"{where}.releases"),
     )
+
+
+def _packet_ids(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(item, int) and not isinstance(item, bool) and 0 < item < 65536 for item in value
+    ):
+        raise SnapshotError(f"{where}: expected a list of packet ids, got {value!r}")
+    return tuple(value)
 
 
 def _parse_subscription(entry: Any, where: str) -> SavedSubscription:
@@ -346,6 +360,8 @@ def restore(
             expires_at = now + left - elapsed
         session = router.restore_session(saved.client_id, expiry, expires_at, saved.username)
         session.log_offsets = saved.log_offsets
+        if saved.releases:  # resent as PUBREL when it reconnects [MQTT-4.4.0-1]
+            session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
         for sub in saved.subscriptions:
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):
                 router.subscribe(session, sub.key, sub.topic_filter, sub.group, sub.options)

@@ -19,7 +19,7 @@ import pytest
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION, add_checks
-from broker_edge.protocol.packets import ConnAck, PubAck, Publish
+from broker_edge.protocol.packets import ConnAck, PubAck, PubComp, Publish, PubRec, PubRel
 from broker_edge.protocol.properties import Properties
 from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.runtime.session_store import SESSIONS_FILE
@@ -360,3 +360,33 @@ def test_a_bit_flipped_in_the_sessions_file_never_gives_a_session_to_another_dev
     assert session_present(broker, "device-2") is True
     assert session_present(broker, "device-3") is False
     assert list(path.parent.glob(f"{SESSIONS_FILE}.damaged-*"))
+
+
+@pytest.mark.mqtt311("MQTT-4.4.0-1")
+@pytest.mark.mqtt5("MQTT-4.4.0-1")
+@pytest.mark.parametrize("version", [5, 4])
+def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_after_the_restart(brokers, version):
+    """[MQTT-4.4.0-1] A session resumed with session present 1 resends its unacknowledged PUBREL packets with
+    their packet ids, a restart in between too: a client that delivers a QoS 2 message on PUBREL (paho does)
+    otherwise never delivers it, and its packet id stays taken."""
+    broker = brokers()
+    device = RawClient(broker.port, version)
+    device.connect("qos2-device", clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
+    device.subscribe("cmd/qos2", 2)
+    PahoClient(broker.port, "ops").publish("cmd/qos2", b"exactly once", 2)
+    delivery = device.recv()
+    assert isinstance(delivery, Publish) and delivery.qos == 2 and delivery.packet_id is not None
+    device.send_packet(PubRec(delivery.packet_id))
+    assert isinstance(device.recv(), PubRel)  # the broker is past PUBREC: PUBCOMP never comes
+    device.close()
+
+    broker = restarted(broker, brokers)
+    again = RawClient(broker.port, version)
+    ack = again.connect(
+        "qos2-device", clean_start=False, **({"properties": opted_in()} if version == 5 else {})
+    )
+    assert isinstance(ack, ConnAck) and ack.session_present
+    resent = again.recv()
+    assert isinstance(resent, PubRel) and resent.packet_id == delivery.packet_id
+    again.send_packet(PubComp(delivery.packet_id))
+    again.recv_none()
