@@ -1,8 +1,10 @@
 """A data directory whose files the broker may not open (a backup restored as root, a wrong mode) is not
-damage: the broker started over it must not set its logs aside. Run as an unprivileged user (``setpriv``),
-killed with SIGKILL so that its active segment is opened for writing at the next start, whose file is then
-made root's with mode 0600: the start stops with one line naming the file and the fix, moves nothing and
-sets nothing aside, and once the owner is right again every record is served."""
+damage. Run as an unprivileged user (``setpriv``): killed with SIGKILL, so that its active segment is opened
+for writing at the next start, whose file is then made root's with mode 0600, the start stops with one line
+naming the file and the fix, moves nothing and sets nothing aside, and once the owner is right again every
+record is served; stopped cleanly, a sealed segment made unreadable while a device replays it keeps that
+device connected, its other topics served, and the replay goes on once the file can be read.
+"""
 
 from __future__ import annotations
 
