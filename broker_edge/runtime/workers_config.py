@@ -4,6 +4,7 @@ section (the command's own etcd, or the one configured)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import socket
@@ -103,9 +104,10 @@ def _cluster_section(
 
 
 def write_yaml(path: Path, document: dict[str, Any]) -> None:
-    """Write a member's configuration ``document`` to ``path`` whole (a temporary file renamed); a value
-    written ``!env NAME`` in the file given stays so (the member reads the variable, and a secret kept out
-    of files stays out of this one)."""
+    """Write a member's configuration ``document`` to ``path`` whole (a temporary file renamed), readable by
+    this user alone (0600: it holds the file given's secrets written inline); a value written ``!env NAME``
+    in the file given stays so (the member reads the variable, and a secret kept out of files stays out of
+    this one)."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
@@ -114,9 +116,11 @@ def write_yaml(path: Path, document: dict[str, Any]) -> None:
     Dumper.add_representer(
         EnvironmentValue, lambda dumper, value: dumper.represent_scalar("!env", value.name)
     )
+    text = "# Made by timestone broker --workers from its configuration: changes here are overwritten.\n"
     temporary = path.with_suffix(".yaml.tmp")
-    temporary.write_text(
-        "# Made by timestone broker --workers from its configuration: changes here are overwritten.\n"
-        + yaml.dump(document, Dumper=Dumper, sort_keys=False)
-    )
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()  # one a killed command left: opened anew with this mode
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write(text + yaml.dump(document, Dumper=Dumper, sort_keys=False))
     os.replace(temporary, path)

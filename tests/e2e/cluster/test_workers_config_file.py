@@ -159,3 +159,29 @@ def test_sighup_after_the_file_given_changed_says_its_settings_apply_at_the_next
         assert process.poll() is None
     finally:
         stop_workers(process)
+
+
+def test_the_members_configurations_are_readable_by_their_user_alone(tmp_path):
+    """The members' files hold the configuration given, its secrets written inline included (a reader
+    token, an etcd password): they were written 0644 under the usual umask, readable by every user of the
+    host however closed the file given was. They are 0600."""
+    port = free_ports(1)[0]
+    config = tmp_path / "broker.yaml"
+    config.write_text(config_text(tmp_path, port))
+    config.chmod(0o600)
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command("--config", str(config), "--workers", "2"),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: os.umask(0o022),
+        )
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
+        for member in ("w0", "w1"):
+            mode = (tmp_path / "data" / "workers" / f"{member}.yaml").stat().st_mode & 0o777
+            assert mode == 0o600, oct(mode)
+    finally:
+        stop_workers(process)
