@@ -44,6 +44,8 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 _RESYNC_CHUNK = 1024 * 1024
 """Bytes searched at a time for the next valid entry after damage (`find_next_entry`)."""
 _SHORTEST_BODY = min(MIN_BODY_SIZE, MARKER_BODY_SIZE)
+_SHORTEST_ENTRY = HEAD_SIZE + PREFIX_SIZE + MIN_BODY_SIZE
+"""The fewest bytes a record's entry takes: damage over N bytes held at most N // it records of a topic."""
 
 __all__ = [
     "ScanReport",
@@ -242,13 +244,14 @@ class SegmentScanner:
     def find_next_entry(self, start: int, file_size: int) -> int | None:
         """The first position from `start` where a valid entry begins (its head's check, its frame's CRC,
         version and length, or a marker's) followed by another entry's checked head or the end of the file:
-        where the scan goes on after damage it cannot step over. None when there is none."""
+        where the scan goes on after damage it cannot step over (`start` is the byte after the damage's
+        first). None when there is none."""
         shortest = HEAD_SIZE + PREFIX_SIZE + _SHORTEST_BODY
         chunk_start = start
         while chunk_start + shortest <= file_size:
             data = self.pool.pread(self.path, min(_RESYNC_CHUNK, file_size - chunk_start), chunk_start)
             for at in self._candidates(data):
-                if self._entry_at(chunk_start + at, file_size):
+                if self._entry_at(chunk_start + at, file_size, start - 1):
                     return chunk_start + at
             if chunk_start + len(data) >= file_size:
                 return None
@@ -269,8 +272,10 @@ class SegmentScanner:
             found.append(np.flatnonzero(plain | marker) * 4 + align)
         return sorted(np.concatenate(found).tolist()) if found else []
 
-    def _entry_at(self, position: int, file_size: int) -> bool:
-        """Whether a whole valid entry starts at `position`, followed by a checked head or the end."""
+    def _entry_at(self, position: int, file_size: int, damaged_from: int) -> bool:
+        """Whether a whole valid entry starts at `position`, followed by a checked head or the end; a record's
+        offset must be one its topic can have after losing what the damage from `damaged_from` held (so
+        that an entry inside a record's payload is not taken for one of the log's)."""
         head = self.pool.pread(self.path, HEAD_SIZE + PREFIX_SIZE, position)
         marked, check = ENTRY_HEAD.unpack_from(head)
         body_length, frame_crc = PREFIX.unpack_from(head, HEAD_SIZE)
@@ -285,6 +290,10 @@ class SegmentScanner:
             else:
                 found = int.from_bytes(data[HEAD_SIZE + 9 : HEAD_SIZE + 17], "little")
                 check_frame(data, HEAD_SIZE, found, self.max_body)
+                want = self.expected.get(marked)
+                want = self.next_offset(marked) if want is None else want
+                if not want <= found <= want + (position - damaged_from) // _SHORTEST_ENTRY + 1:
+                    return False
         except (EntryError, FrameError):
             return False
         return position + size == file_size or self._valid_after(position + size, file_size)

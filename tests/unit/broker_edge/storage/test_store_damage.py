@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import CorruptRecord, LogStore, RecoveryReport, StorageConfig
+from broker_edge.storage import AppendRecord, CorruptRecord, LogStore, RecoveryReport, StorageConfig
+from broker_edge.storage.entry import head_of
+from broker_edge.storage.record import encode_record
 from tests.unit.broker_edge.storage.log_helpers import (
+    BASE_TIME_MS,
     assert_matches,
     entry_positions,
     flip_byte,
@@ -282,4 +285,27 @@ def test_a_zeroed_page_in_the_middle_of_the_active_segment_loses_only_the_record
     assert len(_served_and_missing(store, "u")[0]) >= 200 - len(in_page)
     assert_matches(store.read("t", 199)[0], 199)
     assert store.append("t", make_record(200)) == 200
+    store.close()
+
+
+def test_an_entry_inside_a_payload_is_never_taken_for_the_log_after_damage(tmp_path: Path):
+    """A device may publish bytes that are a whole valid entry (a copy of a log); the scan going on after
+    damage must not take one inside a record's payload for a record of the log (here 't' at offset 5000)."""
+    forged_frame = encode_record(5000, BASE_TIME_MS, make_record(7))
+    forged = head_of(TOPIC_ID)(int.from_bytes(forged_frame[4:8], "little")) + forged_frame
+    store = LogStore(tmp_path, ONE_SEGMENT)
+    store.open()
+    for number in range(50):
+        store.append("t", make_record(number))
+        store.append("u", AppendRecord(payload=forged + forged, qos=1, retain=False, client_id="copier"))
+    store.flush()
+    tail = partition_segments(tmp_path)[-1]
+    damaged_at = entry_positions(tail, 1)[20]  # a 'u' record whose payload holds two forged entries
+    flip_byte(tail, damaged_at + 8 + 1)  # its length prefix: the scan cannot step over it
+
+    store, _report = _reopen(tmp_path, ONE_SEGMENT)
+
+    assert store.log_info("t").end_offset == 50  # not 5001
+    assert _served_and_missing(store, "t") == (list(range(50)), [])
+    assert _served_and_missing(store, "u") == ([*range(20), *range(21, 50)], [20])
     store.close()
