@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from pipelines.payloads.formats import FieldFormat
 from pipelines.payloads.spark_fields import decoded_struct
+from pipelines.timestamps import FIRST_SECOND, LAST_SECOND, first_tick, last_tick
 
 from .config import PayloadConfig, TopicTemplate
 
@@ -24,6 +25,8 @@ from .config import PayloadConfig, TopicTemplate
 ERROR = "_error"
 DETAIL = "_detail"
 _CORRUPT = "_corrupt_record"
+#: The field types a JSON payload gives as text (ISO-8601), read by :func:`time_readings`.
+_TIME_TYPES = ("timestamp", "date")
 #: JSON only: Jackson's default takes 'single-quoted' names and strings.
 _JSON_ONLY = {"allowSingleQuotes": "false"}
 #: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
@@ -91,14 +94,46 @@ def decoded_payload(payload: PayloadConfig) -> Column:
     """The row's payload read in its template's format (from :func:`payload_readings`' columns): a struct
     of the declared fields, :data:`ERROR` and :data:`DETAIL` (null on rows of no template)."""
     structs = {
-        t.template: _decoded(payload, f, F.col(_reading(number)), _trailing(number))
+        t.template: _decoded(payload, f, F.col(_reading(number)), number)
         for number, (t, f) in enumerate(payload.templates)
     }
     return _by_template(payload, structs)
 
 
+def time_readings(payload: PayloadConfig) -> list[Column]:
+    """The ``timestamp`` and ``date`` fields of each JSON template's payloads, read from their text in
+    :func:`payload_readings`' columns (a projection after theirs, before :func:`decoded_payload`'s).
+
+    Spark's JSON parser reads a number in such a field as epoch seconds (overflowing silently: a clock
+    counting nanoseconds wraps to any date), so the reading takes each as text, and this reads the text
+    as ``from_json`` reads a time string: a number, an object or text that is no time gives null."""
+    types = _time_fields(payload)
+    if not types:
+        return []
+    schema = ", ".join(f"`{name}` {kind}" for name, kind in types.items())
+    columns = []
+    for number, (_, reader) in enumerate(payload.templates):
+        if reader.name == "json":
+            raw = F.col(_reading(number))
+            texts = F.to_json(F.struct(*[raw.getField(name).alias(name) for name in types]))
+            columns.append(
+                F.when(raw.isNotNull(), F.from_json(texts, schema, _JSON_ONLY)).alias(_times(number))
+            )
+    return columns
+
+
+def _time_fields(payload: PayloadConfig) -> dict[str, str]:
+    fields = {name: kind.strip().lower() for name, kind in payload.fields.items()}
+    return {name: kind for name, kind in fields.items() if kind in _TIME_TYPES}
+
+
 def _reading(number: int) -> str:
     return f"_reading_{number}"
+
+
+def _times(number: int) -> str:
+    """The column of a JSON template's time fields (:func:`time_readings`)."""
+    return f"_times_{number}"
 
 
 def _trailing(number: int) -> str:
@@ -109,8 +144,10 @@ def _trailing(number: int) -> str:
 def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) -> Column:
     """The template's payloads (only its rows') read: ``from_json``'s struct with :data:`_CORRUPT` for
     JSON, :func:`decoded_struct`'s with :data:`DETAIL` for the others."""
-    if reader.name == "json":
-        schema = ", ".join(f"`{name}` {type_name}" for name, type_name in fields.items())
+    if reader.name == "json":  # time fields as their text, read by time_readings
+        schema = ", ".join(
+            f"`{name}` {'string' if kind in _TIME_TYPES else kind}" for name, kind in fields.items()
+        )
         return F.when(
             matches(template),
             F.from_json(
@@ -135,22 +172,36 @@ def _more_after_the_object(text: Column) -> Column:
     return F.when(text.rlike(r"^[^}]*\}\s*\S"), breaks).otherwise(F.lit(False))
 
 
-def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, trailing: str) -> Column:
+def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number: int) -> Column:
     fields = [name for name in payload.fields]
+    values = {name: parsed.getField(name) for name in fields}
     if reader.name == "json":
         # the payload's bytes cast to a string keep bytes that are no UTF-8, which the parser would read as
         # U+FFFD inside a string value: such a payload is refused as the Python reader refuses it
         utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
-        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | F.col(trailing) | ~utf8
+        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | F.col(_trailing(number)) | ~utf8
+        for name, kind in _time_fields(payload).items():
+            values[name] = F.col(_times(number)).getField(name)
+            error = error | (parsed.getField(name).isNotNull() & ~_a_time(values[name], kind))
         detail = F.lit(None).cast("string")
     else:
         detail = parsed.getField(DETAIL)
         error = detail.isNotNull()
     return F.struct(
-        *[F.when(~error, parsed.getField(name)).alias(name) for name in fields],  # none from a bad payload
+        *[F.when(~error, values[name]).alias(name) for name in fields],  # none from a bad payload
         error.alias(ERROR),
         detail.alias(DETAIL),
     )
+
+
+def _a_time(value: Column, kind: str) -> Column:
+    """Whether ``value`` (a timestamp or a date, null for text that is no time) is in the years 0001 to
+    9999, which Python readers of the tables hold (Spark's go further)."""
+    if kind == "date":
+        days = F.unix_date(value)
+        return F.coalesce(days.between(FIRST_SECOND // 86_400, LAST_SECOND // 86_400), F.lit(False))
+    micros = F.unix_micros(value)
+    return F.coalesce(micros.between(first_tick(1_000_000), last_tick(1_000_000)), F.lit(False))
 
 
 def json_detail(payload: PayloadConfig, refused: Column) -> Column:

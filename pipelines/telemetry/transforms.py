@@ -133,6 +133,8 @@ def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
     """
     telemetry = formats.is_telemetry(payload)
     read = bronze.select("*", *formats.payload_readings(payload))
+    time_fields = formats.time_readings(payload)
+    read = read.select("*", *time_fields) if time_fields else read
     decoded = read.withColumn("_decoded", formats.decoded_payload(payload))
     error, detail = F.col("_decoded").getField(formats.ERROR), F.col("_decoded").getField(formats.DETAIL)
     times = _device_time(payload)

@@ -208,6 +208,51 @@ def test_a_payload_with_more_after_its_object_is_unparseable_and_none_of_it_land
     assert passed == {"spaced": (1, None), "nested": (4, "}{")}
 
 
+def test_a_json_number_or_a_time_out_of_the_years_0001_9999_in_a_time_field_is_unparseable(spark):
+    """Spark's JSON parser reads a number in a timestamp field as epoch seconds, silently: a clock counting
+    milliseconds landed in the year 58851 (which Python readers of silver cannot even hold) and one
+    counting nanoseconds wrapped around to a date in range (1e17 became 8319-09-05); a time string past
+    9999 or before 0001 was kept too. Such a row is unparseable, as the CBOR and Protobuf readers have it;
+    ISO-8601 strings read as before."""
+    fields = {**PAYLOAD.fields, "when": "timestamp", "day": "date"}
+    payload = load_telemetry_config({"payload": {"fields": fields}}).payload
+    sent = {
+        "ms": b'{"seq": 1, "when": 1795000000000}',
+        "ns": b'{"seq": 1, "when": 1795000000000000000}',
+        "wraps": b'{"seq": 1, "when": 100000000000000000}',
+        "seconds": b'{"seq": 1, "when": 1795000000}',
+        "late": b'{"seq": 1, "when": "+10000-01-01T00:00:00Z"}',
+        "early": b'{"seq": 1, "when": "0000-01-01T00:00:00Z"}',
+        "late-day": b'{"seq": 1, "day": "+99999-01-01"}',
+        "object": b'{"seq": 1, "when": {"s": 1}}',
+        "iso": b'{"seq": 1, "when": "2026-11-30T10:00:00.123456+01:00", "day": "2026-11-30"}',
+        "spaced": b'{"seq": 1, "when": "2026-11-30 10:00:00"}',
+        "none": b'{"seq": 1, "when": null}',
+    }
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
+    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    details = {r["device_id"]: r["detail"] for r in quarantine.collect()}
+    assert details == {
+        "ms": "field when: expected timestamp, got int 1795000000000",
+        "ns": "field when: expected timestamp, got int 1795000000000000000",
+        "wraps": "field when: expected timestamp, got int 100000000000000000",
+        "seconds": "field when: expected timestamp, got int 1795000000",
+        "late": "field when: '+10000-01-01T00:00:00Z' is not an ISO-8601 timestamp",
+        "early": "field when: '0000-01-01T00:00:00Z' is not an ISO-8601 timestamp",
+        "late-day": "field day: '+99999-01-01' is not an ISO-8601 date",
+        "object": "field when: expected timestamp, got dict {'s': 1}",
+    }
+    passed = T.passed_rows(flagged).select(
+        "device_id", F.col("when").cast("string").alias("when"), F.col("day").cast("string").alias("day")
+    )
+    assert sorted(tuple(r) for r in passed.collect()) == [
+        ("iso", "2026-11-30 09:00:00.123456", "2026-11-30"),
+        ("none", None, None),
+        ("spaced", "2026-11-30 10:00:00", None),
+    ]
+
+
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
     """The check for more after the object, added to from_json's struct, had Spark take each declared
     field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
