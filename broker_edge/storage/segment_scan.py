@@ -8,10 +8,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .entry import (
     ENTRY_HEAD,
@@ -43,6 +42,8 @@ log = logging.getLogger("broker_edge.storage.partition_log")
 _SCAN_CHUNK = 4 * 1024 * 1024
 _RESYNC_CHUNK = 1024 * 1024
 """Bytes searched at a time for the next valid entry after damage (`find_next_entry`)."""
+_ID_AND_LENGTH = struct.Struct("<I4xI")
+"""An entry's topic id and its frame's length prefix, as a candidate's position holds them."""
 _SHORTEST_BODY = min(MIN_BODY_SIZE, MARKER_BODY_SIZE)
 _SHORTEST_ENTRY = HEAD_SIZE + PREFIX_SIZE + MIN_BODY_SIZE
 """The fewest bytes a record's entry takes: damage over N bytes held at most N // it records of a topic."""
@@ -260,7 +261,12 @@ class SegmentScanner:
 
     def _candidates(self, data: bytes) -> list[int]:
         """Positions in `data` whose topic id (a known topic's, or a marker's) and length prefix are
-        plausible, in order: found on whole arrays, so a zeroed or random range costs no Python per byte."""
+        plausible, in order: found on whole arrays with numpy where it is installed (a zeroed or random range
+        costs no Python per byte), else word by word (a broker installed without the `arrow` extra)."""
+        try:
+            import numpy as np
+        except ImportError:
+            return self._candidates_word_by_word(data)
         found: list[np.ndarray] = []
         for align in range(4):
             words = np.frombuffer(data, dtype="<u4", count=(len(data) - align) // 4, offset=align)
@@ -271,6 +277,17 @@ class SegmentScanner:
             marker = ((ids & MARKER_BIT) != 0) & (lengths == MARKER_BODY_SIZE)
             found.append(np.flatnonzero(plain | marker) * 4 + align)
         return sorted(np.concatenate(found).tolist()) if found else []
+
+    def _candidates_word_by_word(self, data: bytes) -> list[int]:
+        """`_candidates` without numpy: the same test at every position, in Python."""
+        unpack = _ID_AND_LENGTH.unpack_from
+        found: list[int] = []
+        for at in range(len(data) - _ID_AND_LENGTH.size - 3):
+            topic_id, length = unpack(data, at)
+            plain = topic_id < self.topics and MIN_BODY_SIZE <= length <= self.max_body
+            if plain or (topic_id & MARKER_BIT and length == MARKER_BODY_SIZE):
+                found.append(at)
+        return found
 
     def _entry_at(self, position: int, file_size: int, damaged_from: int) -> bool:
         """Whether a whole valid entry starts at `position`, followed by a checked head or the end; a record's

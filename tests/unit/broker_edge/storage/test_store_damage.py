@@ -9,6 +9,7 @@ after a process kill (the page cache still holds them; power loss is the power-c
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -262,6 +263,15 @@ def test_an_entry_whose_topic_id_is_damaged_between_valid_ones_is_skipped_and_th
     store.close()
 
 
+@pytest.fixture(params=["numpy", "without numpy"])
+def resync(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search for the next valid entry after damage, with numpy and as a broker installed without it
+    (no `arrow` extra) does it."""
+    if request.param == "without numpy":
+        monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` fails as if it were not installed
+
+
+@pytest.mark.usefixtures("resync")
 def test_a_zeroed_page_in_the_middle_of_the_active_segment_loses_only_the_records_in_it(tmp_path: Path):
     _filled(tmp_path, ONE_SEGMENT)
     tail = partition_segments(tmp_path)[-1]
@@ -288,6 +298,7 @@ def test_a_zeroed_page_in_the_middle_of_the_active_segment_loses_only_the_record
     store.close()
 
 
+@pytest.mark.usefixtures("resync")
 def test_an_entry_inside_a_payload_is_never_taken_for_the_log_after_damage(tmp_path: Path):
     """A device may publish bytes that are a whole valid entry (a copy of a log); the scan going on after
     damage must not take one inside a record's payload for a record of the log (here 't' at offset 5000)."""
