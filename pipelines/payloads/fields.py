@@ -38,6 +38,41 @@ _INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 32, "i
 _INT_BITS |= {"bigint": 64, "long": 64}
 
 
+#: Integers from this on are said by their number of digits: Python turns no integer of more than 4,300
+#: digits into text (ValueError), and a detail of thousands of digits says no more.
+_SHOWN_LIMIT = 10**40
+_NUMBERS = frozenset({*_INT_BITS, "float", "double"})
+
+
+@dataclass(frozen=True)
+class HugeInteger:
+    """An integer a payload wrote with more digits than Python reads (4,300): no column holds it."""
+
+    digits: int
+
+    def __str__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def shown(value: int | HugeInteger) -> str:
+    """An integer as an error says it: its digits, or how many there are when they are too many."""
+    if isinstance(value, HugeInteger):
+        return str(value)
+    if abs(value) < _SHOWN_LIMIT:
+        return str(value)
+    return str(HugeInteger(_digits(abs(value))))
+
+
+def _digits(number: int) -> int:
+    """How many decimal digits ``number`` (>= 1) has, without turning it into text."""
+    digits = max(1, int((number.bit_length() - 1) * 0.30102999566398120) + 1)
+    while digits > 1 and 10 ** (digits - 1) > number:
+        digits -= 1
+    while 10**digits <= number:
+        digits += 1
+    return digits
+
+
 class PayloadError(ValueError):
     """A payload that cannot be read; the message says where (a field, a byte offset) and why."""
 
@@ -72,17 +107,22 @@ def checked(value: Any, type_name: str) -> Any:
     elif type_name == "boolean":
         if isinstance(value, bool):
             return value
+    elif isinstance(value, HugeInteger) and type_name in _NUMBERS:
+        raise TypeError(f"{value} does not fit a {type_name}")
     elif type_name in _INT_BITS:
         if isinstance(value, int) and not isinstance(value, bool):
             bits = _INT_BITS[type_name]
             if -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
                 return value
-            raise TypeError(f"{value} does not fit a {type_name}")
+            raise TypeError(f"{shown(value)} does not fit a {type_name}")
     elif type_name in ("float", "double"):
         if isinstance(value, int | float) and not isinstance(value, bool):
-            result = float(value)
+            try:
+                result = float(value)
+            except OverflowError:  # an integer past any double's range
+                raise TypeError(f"{shown(int(value))} does not fit a {type_name}") from None
             if type_name == "float" and math.isfinite(result) and abs(result) > 3.4028234663852886e38:
-                raise TypeError(f"{value} does not fit a float")
+                raise TypeError(f"{shown(value) if isinstance(value, int) else value} does not fit a float")
             return result
     elif type_name == "date":
         if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
@@ -107,6 +147,8 @@ def checked(value: Any, type_name: str) -> Any:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, HugeInteger) or (isinstance(value, int) and abs(value) >= _SHOWN_LIMIT):
+        return shown(value)
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 

@@ -12,7 +12,10 @@ import codecs
 import json
 from typing import Any
 
-from .fields import PayloadError
+from .fields import HugeInteger, PayloadError
+
+#: The most digits Python reads into an integer (``sys.get_int_max_str_digits``'s default).
+_MOST_DIGITS = 4300
 
 
 def read_json(payload: bytes) -> dict[str, Any]:
@@ -20,7 +23,8 @@ def read_json(payload: bytes) -> dict[str, Any]:
     if payload.startswith(codecs.BOM_UTF8):  # json.loads skips it, Spark's from_json does not
         raise PayloadError("json: byte 0: a UTF-8 byte order mark before the JSON text")
     try:
-        value = json.loads(payload.decode("utf-8"))  # UTF-8 only, as from_json (no UTF-16 or -32 guessed)
+        # UTF-8 only, as from_json (no UTF-16 or -32 guessed)
+        value = json.loads(payload.decode("utf-8"), parse_int=_integer)
     except UnicodeDecodeError as exc:
         raise PayloadError(f"json: byte {exc.start}: not UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -28,3 +32,10 @@ def read_json(payload: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise PayloadError(f"json: byte 0: the payload is a {type(value).__name__}, not an object")
     return value
+
+
+def _integer(text: str) -> int | HugeInteger:
+    """A JSON integer; one of more digits than Python reads is kept as how many it has (``int()`` would
+    raise ValueError and fail the batch whose payloads are read)."""
+    digits = len(text.lstrip("-"))
+    return HugeInteger(digits) if digits > _MOST_DIGITS else int(text)

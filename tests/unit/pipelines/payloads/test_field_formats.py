@@ -281,3 +281,28 @@ def test_a_protobuf_string_that_is_not_utf8_names_its_field():
     reader = ProtobufReader(telemetry_class(), FIELDS)
     [error] = decode_payloads([good.replace(b"abcd", b"ab\xffd")], reader, FIELDS).errors.to_pylist()
     assert error == f"protobuf: byte {at}: field firmware (6): not UTF-8"
+
+
+@pytest.mark.parametrize(
+    ("payload", "read", "error"),
+    [
+        (  # from_json refuses a number of 1,000+ digits; its detail is read here
+            b'{"temperature": 1' + b"0" * 2000 + b"}",
+            read_json,
+            "field temperature: an integer of 2001 digits does not fit a double",
+        ),
+        (b'{"seq": ' + b"1" * 5000 + b"}", read_json, "field seq: an integer of 5000 digits does not fit"),
+        (cbor2.dumps({"temperature": 10**400}), read_cbor, "field temperature: an integer of 401 digits"),
+        (cbor2.dumps({"seq": 10**5000}), read_cbor, "field seq: an integer of 5001 digits does not fit"),
+        (cbor2.dumps({"small": -(10**400)}), read_cbor, "field small: an integer of 401 digits does not fit"),
+    ],
+)
+def test_an_integer_no_column_holds_is_an_error_of_its_payload_not_of_the_batch(payload, read, error):
+    """float() of such an integer raised OverflowError, and Python's str() refuses an integer of more than
+    4,300 digits (ValueError): the reader failed its task, so every replay of the micro-batch failed again
+    and one device's payload stopped the telemetry of all of them."""
+    fields = {**FIELDS, "small": "float"}
+    first = json.dumps(READING).encode() if read is read_json else cbor2.dumps(READING)
+    decoded = decode_payloads([first, payload], read, fields)
+    assert decoded.errors.to_pylist()[0] is None
+    assert decoded.errors.to_pylist()[1].startswith(error)
