@@ -300,7 +300,9 @@ class Connection(Outgoing):
     # -- handling packets ----------------------------------------------------------------------------------
 
     def _dispatch_all(self, packets: list[Packet]) -> bool:
-        """Handle ``packets`` in order; False once the connection is closed.
+        """Handle ``packets`` in order; False once the connection is closed or closing (a packet closed it:
+        the packets read after it are dropped, never half taken: a PUBLISH routed but never acknowledged would
+        come again on the client's next connection).
 
         A PUBLISH finding the client's message bucket empty stops the loop: it and the packets after it wait
         in ``backlog``, reading pauses (TCP pushes back on the client) and they are handled, in order, once
@@ -376,8 +378,8 @@ class Connection(Outgoing):
                     ):
                         self.backlog = packets[index + 1 :]  # (empty: what later reads bring waits there)
                         return True
-                if self.terms.state == CLOSED:
-                    return False
+                if self.terms.state == CLOSED or type(self._out) is Closing:
+                    return False  # closing for this packet: nothing read after it is taken [MQTT-3.14.4-1]
                 held = self.inbound
                 if held is not None and held.pending >= unanswered_max and not self.terms.v5:
                     self._hold_for_acks(packets[index + 1 :])

@@ -23,7 +23,7 @@ import pytest
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Publish
 from broker_edge.runtime.launcher import BrokerProcess
-from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 RECEIVE_MAXIMUM = 16
 PUBLISHES = 600
@@ -99,5 +99,13 @@ def test_an_mqtt_5_publisher_past_receive_maximum_is_disconnected_0x93(slow_brok
     DISCONNECT 0x93 (3.3.4), not held like a 3.1.1 client."""
     raw = RawClient(slow_broker.port, 5)
     assert raw.connect("flood").properties.receive_maximum == RECEIVE_MAXIMUM
-    raw.send(b"".join(encode(Publish(TOPIC, b"x", 1, packet_id=n), 5) for n in range(1, RECEIVE_MAXIMUM + 2)))
+    sent = RECEIVE_MAXIMUM + 20  # the 17th is one too many; what follows it in the same read is not taken
+    raw.send(b"".join(encode(Publish(TOPIC, str(n).encode(), 1, packet_id=n), 5) for n in range(1, sent + 1)))
     raw.expect_disconnect(0x93)
+    taken = [str(n) for n in range(1, RECEIVE_MAXIMUM + 1)]
+    assert wait_for(lambda: len(_logged_payloads(slow_broker.offsets_url)) >= RECEIVE_MAXIMUM)
+    time.sleep(0.3)  # three group commits more: anything taken after the 16th would be durable by now
+    assert _logged_payloads(slow_broker.offsets_url) == taken
+    lines = slow_broker.log_path.read_text().splitlines()
+    said = [line for line in lines if "receive_maximum_exceeded" in line]
+    assert len(said) == 1, said

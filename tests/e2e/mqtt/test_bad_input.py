@@ -185,6 +185,22 @@ def test_topic_alias_above_maximum_is_0x94(broker, bystander):
     bystander("alias")
 
 
+@pytest.mark.mqtt5("MQTT-3.14.4-1")
+def test_publishes_read_after_one_that_closes_the_connection_are_not_taken(broker):
+    """A PUBLISH that closes its connection (an alias above the maximum, 0x94) ends what the broker takes from
+    it: the valid PUBLISHes that came in the same read after it reach no subscriber and no log, for they are
+    never acknowledged and the client sends them again on its next connection."""
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("after/#", 1)
+    raw = connected(broker)
+    closing = encode(Publish("t", b"x", 1, packet_id=1, properties=Properties(topic_alias=60000)), 5)
+    after = [encode(Publish(f"after/{n % 2}", b"%d" % n, 1, packet_id=n + 2), 5) for n in range(10)]
+    raw.send(closing + b"".join(after))
+    raw.expect_disconnect(0x94)
+    PahoClient(broker.port, "marker").publish("after/marker", b"marker", 1)
+    assert [message.payload for message in watcher.expect(1)] == [b"marker"]
+
+
 def test_unknown_topic_alias_is_protocol_error(broker, bystander):
     raw = connected(broker)
     raw.send_packet(Publish("", b"x", properties=Properties(topic_alias=3)))
