@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,14 +78,23 @@ def write_actions(store, rows: list[dict], batch_id: int) -> None:
     store.merge("actions", table, "tests/actions", batch_id)
 
 
+_REGISTRATIONS = itertools.count()
+"""The version of each ``register_devices`` write: a write of a version the table has seen is skipped."""
+
+
 def register_devices(store, devices: dict[str, str]) -> None:
-    """Rows of the ``devices`` table: device id -> group."""
+    """Rows of the ``devices`` table: device id -> group (each call a write of its own)."""
     now = datetime.now(UTC)
     rows = [
         {"device_id": d, "group": g, "last_seen": now, "firmware_version": "1.0.0"}
         for d, g in devices.items()
     ]
-    store.append("devices", pa.Table.from_pylist(rows, schema=store.spec("devices").arrow_schema), "tests", 0)
+    store.append(
+        "devices",
+        pa.Table.from_pylist(rows, schema=store.spec("devices").arrow_schema),
+        "tests",
+        next(_REGISTRATIONS),
+    )
 
 
 @dataclass
