@@ -36,6 +36,8 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 
 _INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 32, "integer": 32}
 _INT_BITS |= {"bigint": 64, "long": 64}
+#: The largest finite float (32 bits): a number past it does not fit a ``float`` field.
+FLOAT_MAX = 3.4028234663852886e38
 
 
 #: Integers from this on are said by their number of digits: Python turns no integer of more than 4,300
@@ -121,7 +123,7 @@ def checked(value: Any, type_name: str) -> Any:
                 result = float(value)
             except OverflowError:  # an integer past any double's range
                 raise TypeError(f"{shown(int(value))} does not fit a {type_name}") from None
-            if type_name == "float" and math.isfinite(result) and abs(result) > 3.4028234663852886e38:
+            if type_name == "float" and math.isfinite(result) and abs(result) > FLOAT_MAX:
                 raise TypeError(f"{shown(value) if isinstance(value, int) else value} does not fit a float")
             return result
     elif type_name == "date":

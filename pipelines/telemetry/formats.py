@@ -15,6 +15,7 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from pipelines.payloads.fields import FLOAT_MAX
 from pipelines.payloads.formats import FieldFormat
 from pipelines.payloads.spark_fields import decoded_struct
 from pipelines.timestamps import FIRST_SECOND, LAST_SECOND, first_tick, last_tick
@@ -27,6 +28,9 @@ DETAIL = "_detail"
 _CORRUPT = "_corrupt_record"
 #: The field types a JSON payload gives as text (ISO-8601), read by :func:`time_readings`.
 _TIME_TYPES = ("timestamp", "date")
+#: How a JSON payload's field of each type is read before its own checks: time fields as their text, a
+#: float as a double (whose range is checked: Spark's parser makes a number past a float's Infinity).
+_JSON_READ_AS = {"timestamp": "string", "date": "string", "float": "double"}
 #: JSON only: Jackson's default takes 'single-quoted' names and strings.
 _JSON_ONLY = {"allowSingleQuotes": "false"}
 #: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
@@ -144,10 +148,8 @@ def _trailing(number: int) -> str:
 def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) -> Column:
     """The template's payloads (only its rows') read: ``from_json``'s struct with :data:`_CORRUPT` for
     JSON, :func:`decoded_struct`'s with :data:`DETAIL` for the others."""
-    if reader.name == "json":  # time fields as their text, read by time_readings
-        schema = ", ".join(
-            f"`{name}` {'string' if kind in _TIME_TYPES else kind}" for name, kind in fields.items()
-        )
+    if reader.name == "json":  # time fields as their text (read by time_readings), floats as doubles
+        schema = ", ".join(f"`{name}` {_JSON_READ_AS.get(kind, kind)}" for name, kind in fields.items())
         return F.when(
             matches(template),
             F.from_json(
@@ -183,6 +185,9 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         for name, kind in _time_fields(payload).items():
             values[name] = F.col(_times(number)).getField(name)
             error = error | (parsed.getField(name).isNotNull() & ~_a_time(values[name], kind))
+        for name in (name for name, kind in payload.fields.items() if kind.strip().lower() == "float"):
+            values[name] = parsed.getField(name).cast("float")
+            error = error | _past_floats(parsed.getField(name))
         detail = F.lit(None).cast("string")
     else:
         detail = parsed.getField(DETAIL)
@@ -192,6 +197,14 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         error.alias(ERROR),
         detail.alias(DETAIL),
     )
+
+
+def _past_floats(value: Column) -> Column:
+    """Whether a JSON number read as a double is finite but past a float's range, which Spark's parser
+    would have made Infinity (Infinity and NaN as such, and numbers past any double, stay what they are)."""
+    magnitude = F.abs(value)
+    wide = (magnitude > F.lit(FLOAT_MAX)) & (magnitude != F.lit(float("inf"))) & ~F.isnan(value)
+    return F.coalesce(wide, F.lit(False))
 
 
 def _a_time(value: Column, kind: str) -> Column:

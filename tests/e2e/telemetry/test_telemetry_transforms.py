@@ -253,6 +253,38 @@ def test_a_json_number_or_a_time_out_of_the_years_0001_9999_in_a_time_field_is_u
     ]
 
 
+def test_a_json_number_past_a_float_fields_range_is_unparseable_not_infinity(spark):
+    """Spark's parser turned 1e300 in a float field into Infinity, silently, where the CBOR and Protobuf
+    readers refuse it. Such a number is unparseable; Infinity and NaN written as such, and a number past
+    any double (read as Infinity by both parsers), are kept as the leniency they are."""
+    payload = load_telemetry_config({"payload": {"fields": {**PAYLOAD.fields, "f": "float"}}}).payload
+    sent = {
+        "wide": b'{"seq": 1, "f": 1e300}',
+        "negative": b'{"seq": 1, "f": -3.5e38}',
+        "fits": b'{"seq": 1, "f": 1.5}',
+        "largest": b'{"seq": 1, "f": 3.4028234663852886e38}',
+        "infinity": b'{"seq": 1, "f": -Infinity}',
+        "nan": b'{"seq": 1, "f": NaN}',
+        "past-doubles": b'{"seq": 1, "f": 1e400}',
+    }
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
+    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+        "wide": "field f: 1e+300 does not fit a float",
+        "negative": "field f: -3.5e+38 does not fit a float",
+    }
+    passed = {r["device_id"]: r["f"] for r in T.passed_rows(flagged).collect()}
+    assert flagged.schema["f"].dataType.simpleString() == "float"
+    assert {name: repr(value) for name, value in passed.items()} == {
+        "fits": "1.5",
+        "largest": "3.4028234663852886e+38",
+        "infinity": "-inf",
+        "nan": "nan",
+        "past-doubles": "inf",
+    }
+
+
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
     """The check for more after the object, added to from_json's struct, had Spark take each declared
     field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
