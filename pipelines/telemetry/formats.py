@@ -29,8 +29,8 @@ _CORRUPT = "_corrupt_record"
 #: The field types a JSON payload gives as text (ISO-8601), read by :func:`time_readings`.
 _TIME_TYPES = ("timestamp", "date")
 #: How a JSON payload's field of each type is read before its own checks: time fields as their text, a
-#: float as a double (whose range is checked: Spark's parser makes a number past a float's Infinity).
-_JSON_READ_AS = {"timestamp": "string", "date": "string", "float": "double"}
+#: float as a double and a tinyint as an int, whose ranges are checked (:data:`_NARROWED`).
+_JSON_READ_AS = {"timestamp": "string", "date": "string", "float": "double", "tinyint": "int", "byte": "int"}
 #: JSON only: Jackson's default takes 'single-quoted' names and strings.
 _JSON_ONLY = {"allowSingleQuotes": "false"}
 #: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
@@ -185,9 +185,12 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         for name, kind in _time_fields(payload).items():
             values[name] = F.col(_times(number)).getField(name)
             error = error | (parsed.getField(name).isNotNull() & ~_a_time(values[name], kind))
-        for name in (name for name, kind in payload.fields.items() if kind.strip().lower() == "float"):
-            values[name] = parsed.getField(name).cast("float")
-            error = error | _past_floats(parsed.getField(name))
+        for name, kind in payload.fields.items():
+            # read wider and checked: Spark's parser turns a number the type cannot hold into another
+            narrower = _NARROWED.get(kind.strip().lower())
+            if narrower is not None:
+                values[name] = parsed.getField(name).cast(kind.strip().lower())
+                error = error | narrower(parsed.getField(name))
         detail = F.lit(None).cast("string")
     else:
         detail = parsed.getField(DETAIL)
@@ -205,6 +208,16 @@ def _past_floats(value: Column) -> Column:
     magnitude = F.abs(value)
     wide = (magnitude > F.lit(FLOAT_MAX)) & (magnitude != F.lit(float("inf"))) & ~F.isnan(value)
     return F.coalesce(wide, F.lit(False))
+
+
+def _past_bytes(value: Column) -> Column:
+    """Whether a JSON integer read as an int is past a tinyint's range (Spark's parser would have taken
+    128 to 255 as a byte's bits: 200 as -56)."""
+    return F.coalesce(~value.between(-128, 127), F.lit(False))
+
+
+#: The field types a JSON payload's value is read wider for, and the check that it fits.
+_NARROWED = {"float": _past_floats, "tinyint": _past_bytes, "byte": _past_bytes}
 
 
 def _a_time(value: Column, kind: str) -> Column:

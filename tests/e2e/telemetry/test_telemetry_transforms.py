@@ -285,6 +285,24 @@ def test_a_json_number_past_a_float_fields_range_is_unparseable_not_infinity(spa
     }
 
 
+def test_a_json_number_past_a_tinyint_fields_range_is_unparseable_not_wrapped(spark):
+    """Spark's parser takes 128 to 255 into a tinyint as a byte's bits: 200 was written as -56, silently,
+    where the CBOR and Protobuf readers refuse it (256 and up were refused)."""
+    payload = load_telemetry_config({"payload": {"fields": {**PAYLOAD.fields, "b": "tinyint"}}}).payload
+    sent = {"wraps": b'{"seq": 1, "b": 200}', "top": b'{"seq": 1, "b": 255}', "low": b'{"seq": 1, "b": -128}'}
+    sent |= {"high": b'{"seq": 1, "b": 127}', "none": b'{"seq": 1}'}
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
+    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+        "wraps": "field b: 200 does not fit a tinyint",
+        "top": "field b: 255 does not fit a tinyint",
+    }
+    assert flagged.schema["b"].dataType.simpleString() == "tinyint"
+    passed = {r["device_id"]: r["b"] for r in T.passed_rows(flagged).collect()}
+    assert passed == {"low": -128, "high": 127, "none": None}
+
+
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
     """The check for more after the object, added to from_json's struct, had Spark take each declared
     field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
