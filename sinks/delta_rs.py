@@ -531,6 +531,7 @@ class DeltaRsTableStore(TableStore):
         column: they hold no string views, so Arrow can skip their row groups by statistics (a file holding
         string views, as delta-rs' merges write, needs the filter cast, which rules no row group out)."""
         table = self._open(name)
+        refuse_column_mapping(name, table)  # delta-rs reads its files' values as nulls
         table_schema = _arrow_schema(table)
         schema = table_schema
         if columns is not None:

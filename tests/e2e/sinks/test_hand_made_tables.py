@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -158,3 +159,47 @@ def test_a_column_named_in_other_letters_is_refused_naming_both(lake) -> None:
     DeltaTable.create(lake.location("devices"), schema)
     with pytest.raises(SchemaMismatch, match=r"devices\.group: the table has it as 'Group'"):
         lake.ensure("devices")
+
+
+def test_a_column_mapped_table_spark_wrote_is_not_read_as_nulls(lake) -> None:
+    """Databricks writes a column-mapped table's files under physical names ('col-...', with field ids);
+    delta-rs read every value of them as null, and read_arrow returned those nulls as the table's rows."""
+    path = Path(lake.location("devices"))
+    mapped = {name: f"col-{name}-0f3a" for name in ("device_id", "broker")}
+    fields = [
+        {"name": name, "type": "string", "nullable": True, "metadata": mapping_of(index, physical)}
+        for index, (name, physical) in enumerate(mapped.items(), start=1)
+    ]
+    file_schema = pa.schema(
+        pa.field(physical, pa.string(), metadata={b"PARQUET:field_id": str(index).encode()})
+        for index, physical in enumerate(mapped.values(), start=1)
+    )
+    write_log(
+        str(path), {"minReaderVersion": 2, "minWriterVersion": 5}, {"type": "struct", "fields": fields}, []
+    )
+    pq.write_table(pa.table([["d1"], ["b1"]], schema=file_schema), path / "part-0.parquet")
+    log = path / "_delta_log" / "00000000000000000000.json"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    lines[2]["metaData"]["configuration"] = {"delta.columnMapping.mode": "name"}
+    size = (path / "part-0.parquet").stat().st_size
+    add = {
+        "path": "part-0.parquet",
+        "partitionValues": {},
+        "size": size,
+        "modificationTime": 0,
+        "dataChange": True,
+    }
+    log.write_text("".join(json.dumps(line) + "\n" for line in [*lines, {"add": add}]))
+    assert DeltaTable(str(path)).to_pyarrow_table().column("device_id").to_pylist() == [None], (
+        "delta-rs' read"
+    )
+    with pytest.raises(
+        TableStoreError, match=r"devices: uses column mapping \(delta\.columnMapping\.mode=name\)"
+    ):
+        lake.read_arrow("devices")
+    with pytest.raises(TableStoreError, match=r"devices: uses column mapping"):
+        list(lake.scan_arrow("devices"))
+
+
+def mapping_of(index: int, physical: str) -> dict:
+    return {"delta.columnMapping.id": index, "delta.columnMapping.physicalName": physical}
