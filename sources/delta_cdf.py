@@ -37,6 +37,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from sinks.arrow_conform import conform
 from sinks.spark_arrow import to_arrow, to_spark
+from sinks.store import TableStoreError
 
 from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 
@@ -49,8 +50,18 @@ DEFAULT_VERSIONS_PER_PARTITION = 16
 
 
 def cdf_schema(path: str, storage_options: dict[str, str] | None = None) -> StructType:
-    """The stream's schema: the table's columns as Spark types, then the change columns."""
-    arrow = pa.schema(DeltaTable(path, storage_options=storage_options).schema().to_arrow())
+    """The stream's schema: the table's columns as Spark types, then the change columns.
+
+    A column-mapped table is refused here, when the query is made: delta-rs reads no change feed of it."""
+    table = DeltaTable(path, storage_options=storage_options)
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise TableStoreError(
+            f"delta_cdf: the table at {path} uses column mapping (delta.columnMapping.mode={mode}), whose "
+            "change data feed delta-rs cannot read: stream it with Delta's own readChangeFeed on a session "
+            "with Delta"
+        )
+    arrow = pa.schema(table.schema().to_arrow())
     table_fields = [f for f in to_spark(arrow).fields if f.name not in {c.name for c in CDF_COLUMNS}]
     return StructType([*table_fields, *CDF_COLUMNS])
 

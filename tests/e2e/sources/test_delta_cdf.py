@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from sinks.delta_rs import DeltaRsTableStore
 from sinks.tables import DEFAULT_CATALOG
@@ -86,6 +87,20 @@ def test_the_schema_is_the_tables_columns_then_the_change_columns(spark, store):
         "timestamp",
     )
     assert types["state"] == "string" and types["version"] == "bigint"
+
+
+def test_a_column_mapped_table_is_refused_when_the_query_is_made_saying_why(spark, tmp_path):
+    """delta-rs reads no change feed of a column-mapped table: every batch failed with ChangesUnavailable,
+    blaming retention ('a stream must not lag further behind'), and the query was restarted for ever."""
+    path = str(tmp_path / "mapped")
+    schema = pa.schema([("id", pa.string()), ("v", pa.int64())])
+    properties = {"delta.columnMapping.mode": "name", "delta.enableChangeDataFeed": "true"}
+    DeltaTable.create(path, schema, configuration=properties)
+    register(spark)
+    with pytest.raises(
+        Exception, match=r"TableStoreError: delta_cdf: the table at .*mapped uses column mapping"
+    ):
+        spark.readStream.format("delta_cdf").option("path", path).load()
 
 
 def test_every_insert_and_update_is_seen_exactly_once_across_two_runs(spark, store, tmp_path):
