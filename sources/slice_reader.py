@@ -344,8 +344,43 @@ def to_source_batch(batch: pa.RecordBatch, broker: str, sites: bool = False) -> 
         column = (
             topic_column if target.name == "topic" and topic_column is not None else batch.column(target.name)
         )
-        columns.append(column if column.type == target.type else column.cast(target.type))
+        column = column if column.type == target.type else column.cast(target.type)
+        columns.append(unique_keys(column) if target.name == "properties" else column)
     return pa.RecordBatch.from_arrays(columns, schema=SOURCE_ARROW_SCHEMA)
+
+
+def unique_keys(column: pa.Array) -> pa.Array:
+    """The ``properties`` map with each row's names once: MQTT 5 lets a publish repeat a user property's
+    name, and a content type may sit beside a user property named ``content_type``, but Spark reads no
+    Parquet map holding a key twice (``DUPLICATED_MAP_KEY``). A repeated name keeps its first place and its
+    last value, as Spark's ``LAST_WIN`` does; a batch without one is returned as it is."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    offsets = column.offsets.to_numpy()  # into the whole children, also for a slice
+    lengths = np.diff(offsets)  # a map's entries per row (none for a null row)
+    if len(lengths) == 0 or lengths.max() < 2:
+        return column
+    keys = column.keys.slice(offsets[0], offsets[-1] - offsets[0])
+    values = column.items.slice(offsets[0], offsets[-1] - offsets[0])
+    rows_of = np.repeat(np.arange(len(column)), lengths)
+    found = pa.table({"row": rows_of, "key": keys, "at": np.arange(len(keys))})
+    names = found.group_by(["row", "key"], use_threads=False).aggregate(
+        [("at", "min"), ("at", "max"), ("at", "count")]
+    )
+    if pc.max(names.column("at_count")).as_py() == 1:
+        return column
+    first, last = names.column("at_min").to_numpy(), names.column("at_max").to_numpy()
+    order = np.argsort(first)  # each row's names in the order they first came, the rows in theirs
+    rows = names.column("row").to_numpy()[order]
+    kept = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(column)))]).astype(np.int32)
+    return pa.MapArray.from_arrays(
+        pa.array(kept),
+        keys.take(pa.array(first[order])),
+        values.take(pa.array(last[order])),
+        type=column.type,
+        mask=column.is_null() if column.null_count else None,
+    )
 
 
 def site_columns(topics: pa.Array) -> tuple[pa.Array, pa.Array]:

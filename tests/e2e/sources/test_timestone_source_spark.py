@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sources.stream_api import ADMISSION_CONTROL
@@ -349,3 +350,29 @@ def test_bad_options_fail_at_load_naming_the_option(timestone_spark: SparkSessio
             .option("maxRecordsPerTrigger", "lots")
             .load()
         )
+
+
+def test_a_user_property_given_twice_comes_out_once_with_its_last_value(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    """MQTT 5 lets a publish repeat a user property's name; the source's map held the key
+    twice, which Spark's readers refuse in a Parquet file (DUPLICATED_MAP_KEY): the telemetry job's bronze,
+    once it held one such record, failed every Spark read (its own replay of a batch included). A content
+    type beside a user property named content_type is the same case."""
+    from broker_edge.storage.record import AppendRecord
+
+    repeated = [("k", "a"), ("other", "x"), ("k", "b")]
+    edge.append("plant/1/temp", [AppendRecord(payload=b"{}", user_properties=repeated)])
+    named = [("content_type", "mine")]
+    edge.append("plant/1/temp", [AppendRecord(payload=b"{}", user_properties=named, content_type="json")])
+    edge.append("plant/1/temp", [AppendRecord(payload=b"{}")])
+    seen: list[tuple] = []
+
+    def keep(batch: DataFrame, _: int) -> None:
+        pairs = batch.select("offset", F.map_keys("properties"), F.map_values("properties"))
+        seen.extend(tuple(row) for row in pairs.collect())
+
+    run_available_now(
+        stream(timestone_spark, {"north": edge}, startingOffsets="earliest"), tmp_path / "cp", keep
+    )
+    assert sorted(seen) == [(0, ["k", "other"], ["b", "x"]), (1, ["content_type"], ["json"]), (2, [], [])]
