@@ -495,9 +495,23 @@ class TelemetryConfig:
             value = getattr(devices, key)
             if value is not None and value not in self.payload.silver_fields:
                 raise ConfigError(f"gold.devices.{key}", f"{value!r} is not a payload field")
+        levels = {
+            p: t.template for t, _ in self.payload.templates for p in t.placeholders if p != "device_id"
+        }
         for i, name in enumerate(devices.tag_fields):
             if name not in self.payload.silver_fields:
                 raise ConfigError(f"gold.devices.tag_fields[{i}]", f"{name!r} is not a payload field")
+            if name in devices.tag_fields[:i]:  # devices.tags is a map: a key twice fails each batch
+                earlier = devices.tag_fields.index(name)
+                raise ConfigError(
+                    f"gold.devices.tag_fields[{i}]", f"already gold.devices.tag_fields[{earlier}]"
+                )
+            if name in levels:
+                raise ConfigError(
+                    f"gold.devices.tag_fields[{i}]",
+                    f"{name!r} is also a {{{name}}} level of the topic template {levels[name]!r}, whose "
+                    "value is already the device's tag of that name: rename the field or the level",
+                )
         check_source_options(self.source_options(), self.source.options)
         columns = STANDARD_TYPES | {name: kind.strip().lower() for name, kind in fields.items()}
         for s, suite in enumerate(self.quality.suites):

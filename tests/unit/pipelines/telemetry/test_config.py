@@ -338,3 +338,36 @@ def test_values_of_the_columns_type_are_accepted():
             {"type": BETWEEN, "column": "offset", "min_value": 0},
         )
     )
+
+
+@pytest.mark.parametrize(
+    ("section", "path", "said"),
+    [
+        (
+            {
+                "payload": {
+                    "topic_template": "sites/{site}/devices/{device_id}/telemetry",
+                    "fields": {**load_telemetry_config(None).payload.fields, "site": "string"},
+                },
+                "gold": {"devices": {"tag_fields": ["site"]}},
+            },
+            "telemetry.gold.devices.tag_fields[0]",
+            "'site' is also a {site} level of the topic template",
+        ),
+        (
+            {
+                "payload": {"fields": {**load_telemetry_config(None).payload.fields, "zone": "string"}},
+                "gold": {"devices": {"tag_fields": ["zone", "zone"]}},
+            },
+            "telemetry.gold.devices.tag_fields[1]",
+            "already gold.devices.tag_fields[0]",
+        ),
+    ],
+)
+def test_a_tag_named_twice_is_refused_naming_the_second(section, path, said):
+    """devices.tags is a map: a tag field named twice, or named as a topic's {placeholder} level, made each
+    batch's devices step fail with DUPLICATED_MAP_KEY, and the job restarted the query for ever."""
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == path, str(raised.value)
+    assert said in str(raised.value)
