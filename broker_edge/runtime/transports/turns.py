@@ -108,9 +108,10 @@ class ReadTurns:
         self.turns_cut = 0
         """Turns that kept bytes for a later one (a plain count)."""
         self._call_soon = call_soon
-        self._kept: OrderedDict[TurnReader, bytearray] = OrderedDict()
-        """Connections with bytes kept, in the order they get their share (the line)."""
-        self._held: dict[TurnReader, bytearray] = {}
+        self._kept: OrderedDict[TurnReader, bytes | bytearray] = OrderedDict()
+        """Connections with bytes kept, in the order they get their share (the line): a read kept whole is
+        kept as it came (no copy), a bytearray once more is added to it."""
+        self._held: dict[TurnReader, bytes | bytearray] = {}
         """Connections with bytes kept whose reading is held for another reason: out of the line until
         ``wake`` puts them at its back, so that a turn never looks at them."""
         self._waiters: list[asyncio.Future[None]] = []
@@ -128,6 +129,7 @@ class ReadTurns:
             if waiting is None:
                 waiting = self._held.get(reader)
             if waiting is not None:  # bytes of this connection are kept already: these go behind them
+                waiting = self._growable(reader, waiting)
                 waiting += data
                 if len(waiting) > MIN_SHARE:
                     reader.pause_for_turn()
@@ -143,10 +145,10 @@ class ReadTurns:
         if not kept and not self._waiters:
             self.turns_cut += 1
         if left <= 0:
-            self._keep(reader, bytearray(data))
+            self._keep(reader, data if type(data) is bytes else bytes(data))
             return None
         self.left = 0
-        self._keep(reader, bytearray(data[left:]))
+        self._keep(reader, data[left:])
         return data[:left]
 
     def keep_unread(self, reader: TurnReader, data: bytes) -> None:
@@ -158,13 +160,26 @@ class ReadTurns:
         if waiting is None:
             if not self._kept and not self._waiters:
                 self.turns_cut += 1
-            self._keep(reader, bytearray(data))
+            self._keep(reader, data)
             return
+        waiting = self._growable(reader, waiting)
         waiting[:0] = data
         if len(waiting) > MIN_SHARE:
             reader.pause_for_turn()
 
-    def _keep(self, reader: TurnReader, data: bytearray) -> None:
+    def _growable(self, reader: TurnReader, waiting: bytes | bytearray) -> bytearray:
+        """``reader``'s bytes kept as a bytearray (in its place in the line, or among those held), so that
+        more can be added to them."""
+        if type(waiting) is bytearray:
+            return waiting
+        grown = bytearray(waiting)
+        if reader in self._kept:
+            self._kept[reader] = grown  # an existing key keeps its place in the line
+        else:
+            self._held[reader] = grown
+        return grown
+
+    def _keep(self, reader: TurnReader, data: bytes | bytearray) -> None:
         """Put ``reader`` in line with ``data`` (at the front if it owes acknowledgements), paused if that
         is more than ``MIN_SHARE``."""
         kept = self._kept
@@ -221,7 +236,7 @@ class ReadTurns:
         """``reader`` is closed: its bytes kept are dropped (nothing reads them any more)."""
         self._remove(reader)
 
-    def _remove(self, reader: TurnReader) -> bytearray | None:
+    def _remove(self, reader: TurnReader) -> bytes | bytearray | None:
         """Take ``reader`` out of the line, or out of those held: the bytes it had kept (None: none)."""
         data = self._kept.pop(reader, None)
         return data if data is not None else self._held.pop(reader, None)
@@ -240,7 +255,7 @@ class ReadTurns:
                 if not future.done():
                     future.set_result(None)
 
-    def _hand_back(self, kept: OrderedDict[TurnReader, bytearray]) -> None:
+    def _hand_back(self, kept: OrderedDict[TurnReader, bytes | bytearray]) -> None:
         """Hand the connections in line their share of this turn, from the front, until the budget is spent
         or each had one; one that still has bytes left goes to the back, one found held leaves the line.
         A turn looks at the connections it serves, not at the whole line: a fleet's thousands of kept reads
@@ -259,10 +274,19 @@ class ReadTurns:
                 handed = True
                 self._scheduled = True  # this turn reads: the next one starts from a full budget again
                 self._call_soon(self._next_turn)
-            part = bytes(data[:share])
+            # a read kept whole is handed as it is
+            part = data if type(data) is bytes and len(data) <= share else bytes(data[:share])
             self.left -= len(part)
-            unread = self._handle_share(reader, part, packet_share)
-            del data[: len(part) - unread]  # the bytes past its packets stay in front of the rest
+            # ``reader`` handles ``part``, at most ``packet_share`` of the packets the turn has left
+            packets_left = self.packets_left
+            allowed = packet_share if packet_share < packets_left else packets_left
+            self.packets_left = allowed
+            unread = reader.handle_bytes(part)
+            self.packets_left = packets_left - (allowed - self.packets_left)
+            if isinstance(data, bytearray):  # the bytes past its packets stay in front of the rest
+                del data[: len(part) - unread]
+            else:
+                data = data[len(part) - unread :]
             if unread:
                 self.left += unread
                 if len(data) > MIN_SHARE:
@@ -271,12 +295,3 @@ class ReadTurns:
                 kept[reader] = data  # the back of the line
             else:
                 reader.resume_after_turn()
-
-    def _handle_share(self, reader: TurnReader, part: bytes, packet_share: int) -> int:
-        """``reader`` handles ``part``, at most ``packet_share`` packets of it: the bytes left unhandled."""
-        left = self.packets_left
-        allowed = min(left, packet_share)
-        self.packets_left = allowed
-        unread = reader.handle_bytes(part)
-        self.packets_left = left - (allowed - self.packets_left)
-        return unread
