@@ -51,6 +51,8 @@ NUMERIC_TYPES: frozenset[str] = frozenset(
     {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "double"}
 )
 
+#: Python's named group or back reference, which Java's regular expressions refuse (unless escaped).
+_PYTHON_GROUP = re.compile(r"(?<!\\)\(\?P[<=]")
 _PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _REGEX_SPECIAL = set(".^$*+?()[]{}|\\")
 
@@ -307,6 +309,12 @@ class ExpectationConfig:
                 re.compile(self.regex)
             except re.error as exc:
                 raise ConfigError("regex", f"not a regular expression: {exc}") from None
+            if _PYTHON_GROUP.search(self.regex):  # Spark reads it as Java does, GX as Python does
+                raise ConfigError(
+                    "regex",
+                    "(?P<name>...) and (?P=name) are Python's, and Java's regular expressions, as Spark "
+                    "reads them, refuse them (every batch would fail): use a plain group (...)",
+                )
 
     def _check_bounds(self) -> None:
         """Bounds no value meets (swapped, or one value excluded by a strict bound) would quarantine every

@@ -371,3 +371,15 @@ def test_a_tag_named_twice_is_refused_naming_the_second(section, path, said):
         load_telemetry_config(section)
     assert raised.value.path == path, str(raised.value)
     assert said in str(raised.value)
+
+
+def test_a_regex_java_does_not_read_is_refused_naming_it():
+    """Spark reads the regex as Java does, Great Expectations as Python does: a Python named group
+    '(?P<id>...)' compiled here and failed every batch's tasks (PatternSyntaxException), restarted for
+    ever."""
+    regex = "^(?P<site>[a-z]+)-[0-9]+$"
+    section = suite_of({"type": "expect_column_values_to_match_regex", "column": "device_id", "regex": regex})
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == "telemetry.quality.suites[0].expectations[0].regex", str(raised.value)
+    assert "(?P" in str(raised.value) and "Java" in str(raised.value)
