@@ -14,6 +14,11 @@ guard:
   holding connections open cannot keep readers out: they only push each other out; and readers idle
   between requests, or many long polls of one reader, make room for a reader with a request to send. (A
   member of a cluster has its own endpoint, which strangers cannot even finish a TLS handshake with.)
+  With ``max_per_reader``, one named reader (``mark_authenticated``) holds at most that many open
+  connections: a request of a reader at its share closes that reader's own connection idle the longest,
+  else has its own longest waiting request give way, else is answered 503 ``too_many_connections``
+  (``Retry-After``) and its connection closed; so one token whose requests trickle their bodies or headers
+  cannot hold every connection and keep the other readers at 503.
   With TLS, at most ``max_connections`` handshakes are in progress besides: a socket accepted beyond them
   is closed at once and counted as refused, so silent sockets hold no more.
 - **Time.** A connection must deliver each request's headers within ``request_timeout_s`` of its first
@@ -51,7 +56,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -105,8 +110,11 @@ class _Guard:
         request_timeout_s: float,
         send_timeout_s: float | None = None,
         min_read_bytes_per_s: int = 0,
+        max_per_reader: int | None = None,
     ) -> None:
         self.max_connections = max_connections
+        self.max_per_reader = max_per_reader
+        """Open connections one named reader may hold (None: no bound of its own)."""
         self.request_timeout_s = request_timeout_s
         self.send_timeout_s = send_timeout_s
         self.min_read_bytes_per_s = min_read_bytes_per_s
@@ -124,6 +132,8 @@ class _Guard:
         self.too_slow = 0
         """Answers abandoned (their connections aborted) because they were taken slower than
         ``min_read_bytes_per_s``."""
+        self.over_share = 0
+        """Requests refused because their reader held ``max_per_reader`` connections, all busy."""
 
     def time_to_take(self, size: int) -> float | None:
         """Seconds a reader has to take an answer of ``size`` bytes (None: as long as it likes)."""
@@ -158,16 +168,43 @@ class _Guard:
                 return protocol
         return None
 
-    def _longest_idle(self) -> _GuardedProtocol | None:
-        """The kept-alive connection that has waited the longest for its next request (None: every one is
-        busy, or has begun to send a request)."""
-        idle = [p for p in self.open.values() if p.idle_since is not None and not p.busy and not p.closing]
+    def _longest_idle(self, among: Iterable[_GuardedProtocol] | None = None) -> _GuardedProtocol | None:
+        """The kept-alive connection (of ``among``, else of all) that has waited the longest for its next
+        request (None: every one is busy, or has begun to send a request)."""
+        candidates = self.open.values() if among is None else among
+        idle = [p for p in candidates if p.idle_since is not None and not p.busy and not p.closing]
         return min(idle, key=lambda protocol: protocol.idle_since or 0.0, default=None)
 
-    def _longest_waiting(self) -> _GuardedProtocol | None:
-        """The connection whose request has waited the longest for something to answer (``waiting``)."""
-        waits = [p for p in self.open.values() if p.waiting is not None and not p.closing]
+    def _longest_waiting(self, among: Iterable[_GuardedProtocol] | None = None) -> _GuardedProtocol | None:
+        """The connection (of ``among``, else of all) whose request has waited the longest for something to
+        answer (``waiting``)."""
+        candidates = self.open.values() if among is None else among
+        waits = [p for p in candidates if p.waiting is not None and not p.closing]
         return min(waits, key=lambda protocol: protocol.waiting_since, default=None)
+
+    def room_for_reader(self, protocol: _GuardedProtocol, name: str) -> bool:
+        """Whether ``protocol`` may become one of ``name``'s connections: the reader holds fewer than
+        ``max_per_reader``, or one of its own makes room (its idle one, else its waiting request)."""
+        if self.max_per_reader is None:
+            return True
+        own = [
+            p
+            for p in self.open.values()
+            if p is not protocol and p.who == name and p.authenticated and not p.closing
+        ]
+        if len(own) < self.max_per_reader:
+            return True
+        idle = self._longest_idle(own)
+        if idle is not None:
+            idle.push_out()
+        else:
+            waiting = self._longest_waiting(own)
+            if waiting is None:
+                self.over_share += 1
+                return False
+            waiting.give_way()
+        self.pushed_out += 1
+        return True
 
 
 class _GuardedProtocol(asyncio.Protocol):
@@ -362,14 +399,24 @@ def _unserved(request: web.Request) -> web.Response | None:
     return None
 
 
-def mark_authenticated(request: web.Request, name: str | None = None) -> None:
-    """The request carried valid credentials (of ``name``, for logs): its connection is a known client's from
-    now on."""
+def mark_authenticated(request: web.Request, name: str | None = None) -> web.Response | None:
+    """The request carried valid credentials (of ``name``, for logs and shares): its connection is a known
+    client's from now on. Returns the answer to send instead of handling it when the named reader holds
+    its share of the connections (``max_per_reader``) and none of them can make room: 503
+    ``too_many_connections`` with ``Retry-After``, logged as refusals are, the connection closed after it."""
     guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
-    if guarded is not None:
-        guarded.authenticated = True
-        if name is not None:
-            guarded.who = name
+    if guarded is None:
+        return None
+    guard = guarded.guard
+    if name is not None and guarded.who != name and not guard.room_for_reader(guarded, name):
+        text = f"reader {name!r} holds {guard.max_per_reader} connections, its share of them; retry later"
+        answer = refuse(request, text, _BUSY, "too_many_connections")
+        answer.headers["Retry-After"] = "1"
+        return answer
+    guarded.authenticated = True
+    if name is not None:
+        guarded.who = name
+    return None
 
 
 @contextlib.contextmanager
@@ -583,6 +630,7 @@ async def start_guarded_site(
     send_timeout_s: float | None = None,
     max_line_size: int = 8190,
     min_read_bytes_per_s: int = 0,
+    max_per_reader: int | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -592,8 +640,9 @@ async def start_guarded_site(
     other processes (``SO_REUSEPORT``). ``send_timeout_s``: a connection whose peer takes none of its
     answer for that long is aborted (None: never). ``max_line_size``: the longest request line or header
     taken (longer ones are answered 400). ``min_read_bytes_per_s``: an answer of N bytes not taken within
-    ``request_timeout_s`` + N / this seconds is abandoned, its connection aborted (0: no minimum)."""
-    guard = _Guard(max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s)
+    ``request_timeout_s`` + N / this seconds is abandoned, its connection aborted (0: no minimum).
+    ``max_per_reader``: open connections one named reader may hold (None: no bound of its own)."""
+    guard = _Guard(max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s, max_per_reader)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
     if budget is not None:

@@ -60,6 +60,8 @@ class ApiLimits:
     max_fetches: int = 10_000
     max_connections: int = 256
     """Open connections; more are answered 503 and closed."""
+    max_connections_per_reader: int | None = None
+    """Open connections one reader's token may hold (None: no bound of its own)."""
     request_timeout_s: float = 10.0
     """Seconds for a request's headers, and for its body, to arrive."""
     send_timeout_s: float = 30.0

@@ -217,7 +217,9 @@ def authentication(
         access = authenticate(request)
         request[ACCESS] = access
         if access is not EVERYONE:
-            mark_authenticated(request, access.name)
+            refusal = mark_authenticated(request, access.name)
+            if refusal is not None:  # its reader holds its share of the connections
+                return refusal
         return await handler(request)
 
     return admitted
@@ -312,6 +314,7 @@ async def serve_app(
         send_timeout_s=limits.send_timeout_s,
         max_line_size=limits.max_request_line,
         min_read_bytes_per_s=limits.min_read_bytes_per_s,
+        max_per_reader=limits.max_connections_per_reader,
     )
     return runner, runner.port
 

@@ -480,6 +480,7 @@ class Broker(BrokerCore):
 
             limits = ApiLimits(
                 max_connections=api.max_connections,
+                max_connections_per_reader=api.connections_per_reader,
                 request_timeout_s=api.request_timeout_s,
                 min_read_bytes_per_s=api.min_read_bytes_per_s,
                 max_request_line=request_line_for(self.config.limits.max_topic_length),
@@ -498,6 +499,7 @@ class Broker(BrokerCore):
                 send_timeout_s=limits.send_timeout_s,
                 max_line_size=limits.max_request_line,
                 min_read_bytes_per_s=limits.min_read_bytes_per_s,
+                max_per_reader=limits.max_connections_per_reader,
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

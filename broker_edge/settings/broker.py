@@ -293,8 +293,16 @@ class OffsetsApiConfig:
     ``request_timeout_s`` + N / this seconds is abandoned, its connection closed and its share of
     ``limits.http_buffer_bytes`` freed (one WARNING naming the reader); 0 = no minimum."""
 
+    reader_connection_share: float = 0.5
+    """Of ``max_connections``, what one token may hold open (every executor of a Spark job sharing it
+    shares this); a request beyond it closes the token's own idle connection, else answers its own
+    longest long poll, else is answered 503 (Retry-After); 1.0 = no bound of its own."""
+
     def __post_init__(self) -> None:
         expand_home(self, "tokens_file")
+        share = self.reader_connection_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ConfigError("reader_connection_share", f"must be above 0 and at most 1, got {share!r}")
         rate = self.min_read_bytes_per_s
         if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
             raise ConfigError("min_read_bytes_per_s", f"must be an integer >= 0, got {rate!r}")
@@ -308,6 +316,14 @@ class OffsetsApiConfig:
                 ReaderToken("token", self.token)
             except ConfigError as error:
                 raise ConfigError("token", error.detail) from None
+
+    @property
+    def connections_per_reader(self) -> int | None:
+        """Open connections one token may hold (``reader_connection_share`` of ``max_connections``, at least
+        one); None: no bound of its own."""
+        if self.reader_connection_share >= 1:
+            return None
+        return max(1, int(self.max_connections * self.reader_connection_share))
 
     @property
     def authenticates(self) -> bool:

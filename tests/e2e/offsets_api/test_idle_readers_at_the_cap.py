@@ -15,6 +15,9 @@ READERS = [
     {"name": "slow-notebook", "token": "slow-secret", "topics": ["#"]},
     {"name": "spark", "token": "spark-secret", "topics": ["#"]},
 ]
+WHOLE_CAP = {"tokens": READERS, "reader_connection_share": 1.0}
+"""One token may hold every connection: these tests fill the endpoint's cap with one token's (its share of
+them is test_reader_connections')."""
 
 
 def listing(sock: socket.socket) -> bytes:
@@ -29,7 +32,7 @@ def listing(sock: socket.socket) -> bytes:
 def test_at_the_cap_the_longest_idle_kept_alive_reader_makes_room_for_a_new_one(brokers):
     """At ``max_connections``, readers whose connections were kept alive after their answer kept every new
     reader out (503) for as long as they sat idle; the longest idle of them is now closed instead."""
-    api = {"tokens": READERS, "max_connections": 3, "request_timeout_s": 5.0}
+    api = {**WHOLE_CAP, "max_connections": 3, "request_timeout_s": 5.0}
     running = brokers(offsets_api=api)
     port = running.broker.offsets_port
     idle = []
@@ -60,7 +63,7 @@ def test_at_the_cap_the_longest_waiting_long_poll_gives_way_to_a_new_reader(brok
     """One reader's long polls filling ``max_connections`` kept every other reader out (503) for as long as
     they waited (up to 60 s, and again with the next polls); the one waiting longest is now answered at once
     with what there is (nothing) and its connection closed, as a stop answers them."""
-    api = {"tokens": READERS, "max_connections": 2, "request_timeout_s": 5.0}
+    api = {**WHOLE_CAP, "max_connections": 2, "request_timeout_s": 5.0}
     running = brokers(offsets_api=api)
     PahoClient(running.port, "pub").publish("t", b"x", 1)
     port = running.broker.offsets_port
@@ -82,7 +85,7 @@ def test_at_the_cap_the_longest_waiting_long_poll_gives_way_to_a_new_reader(brok
 
 
 def test_at_the_cap_readers_sending_a_request_are_never_pushed_out(brokers):
-    api = {"tokens": READERS, "max_connections": 2, "request_timeout_s": 2.0}
+    api = {**WHOLE_CAP, "max_connections": 2, "request_timeout_s": 2.0}
     running = brokers(offsets_api=api)
     port = running.broker.offsets_port
     senders = []
