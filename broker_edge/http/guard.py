@@ -66,7 +66,7 @@ from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, bod
 from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
-from broker_edge.settings.broker import check_http_limits
+from broker_edge.security.limits import check_http_limits
 
 __all__ = [
     "ByteWatch",

@@ -462,6 +462,7 @@ class Broker(BrokerCore):
             admin.request_timeout_s,
             sock=sock,
             budget=self.http_budget,
+            min_read_bytes_per_s=admin.min_read_bytes_per_s,
         )
 
     async def _start_offsets_api(self, store: LogStore) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "ConnectionAdmission",
     "LimitsConfig",
     "TokenBucket",
+    "check_http_limits",
     "topic_over_limits",
 ]
 
@@ -360,6 +361,22 @@ def _number(config: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(name, f"expected a number, got {type(value).__name__} {value!r}")
     return value
+
+
+def check_http_limits(
+    max_connections: object, request_timeout_s: object, min_read_bytes_per_s: object = 0
+) -> None:
+    """Raise ``ConfigError`` naming the field unless the bounds of an HTTP endpoint (the offsets API, the
+    admin endpoint, a cluster's members' endpoint) are usable."""
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ConfigError("max_connections", f"must be an integer >= 1, got {max_connections!r}")
+    if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)):
+        raise ConfigError("request_timeout_s", f"must be a number, got {request_timeout_s!r}")
+    if not request_timeout_s > 0:
+        raise ConfigError("request_timeout_s", f"must be > 0, got {request_timeout_s!r}")
+    rate = min_read_bytes_per_s
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+        raise ConfigError("min_read_bytes_per_s", f"must be an integer >= 0, got {rate!r}")
 
 
 def _at_least(config: object, name: str, low: float) -> None:

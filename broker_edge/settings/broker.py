@@ -21,7 +21,7 @@ from broker_edge.observe.sys_topics import SysTopicsConfig
 from broker_edge.process.gc_tuning import RuntimeConfig
 from broker_edge.security.acl import AclConfig
 from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback_host
-from broker_edge.security.limits import LimitsConfig
+from broker_edge.security.limits import LimitsConfig, check_http_limits
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig, client_ssl_context
 from broker_edge.settings.bound_ports import BoundEndpoint, check_distinct_ports
@@ -292,7 +292,6 @@ class OffsetsApiConfig:
     """Slowest rate a reader may take an answer at: an answer of N bytes not taken within
     ``request_timeout_s`` + N / this seconds is abandoned, its connection closed and its share of
     ``limits.http_buffer_bytes`` freed (one WARNING naming the reader); 0 = no minimum."""
-
     reader_connection_share: float = 0.5
     """Of ``max_connections``, what one token may hold open (every executor of a Spark job sharing it
     shares this); a request beyond it closes the token's own idle connection, else answers its own
@@ -303,12 +302,9 @@ class OffsetsApiConfig:
         share = self.reader_connection_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise ConfigError("reader_connection_share", f"must be above 0 and at most 1, got {share!r}")
-        rate = self.min_read_bytes_per_s
-        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
-            raise ConfigError("min_read_bytes_per_s", f"must be an integer >= 0, got {rate!r}")
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
-        check_http_limits(self.max_connections, self.request_timeout_s)
+        check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
         if self.enabled and not self.authenticates and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
         if self.token is not None:
@@ -346,16 +342,6 @@ class OffsetsApiConfig:
             raise ConfigError(f"offsets_api.{key}", detail) from None
 
 
-def check_http_limits(max_connections: object, request_timeout_s: object) -> None:
-    """Raise ``ConfigError`` naming the field unless both bounds of an HTTP endpoint are usable."""
-    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-        raise ConfigError("max_connections", f"must be an integer >= 1, got {max_connections!r}")
-    if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)):
-        raise ConfigError("request_timeout_s", f"must be a number, got {request_timeout_s!r}")
-    if not request_timeout_s > 0:
-        raise ConfigError("request_timeout_s", f"must be > 0, got {request_timeout_s!r}")
-
-
 DEFAULT_ADMIN_PORT = 9883
 """1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
 
@@ -374,13 +360,17 @@ class AdminHttpConfig:
     """Open connections; more are answered 503 and closed."""
     request_timeout_s: float = 10.0
     """Seconds for a request's headers to arrive; a connection still sending them is closed."""
+    min_read_bytes_per_s: int = 65_536
+    """Slowest rate a client may take an answer at: an answer of N bytes not taken within
+    ``request_timeout_s`` + N / this seconds is abandoned and its connection closed (one WARNING); 0 = no
+    minimum."""
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         if not self.host:
             raise ConfigError("host", "must not be empty")
-        check_http_limits(self.max_connections, self.request_timeout_s)
+        check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
 
 
 def _default_listeners() -> list[ListenerConfig]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from broker_edge.config.loader import ConfigError, expand_home
+from broker_edge.security.limits import check_http_limits
 
 __all__ = [
     "AdvertiseConfig",
@@ -132,14 +133,15 @@ class MemberListenConfig:
     handshake); more are answered 503 and closed."""
     request_timeout_s: float = 10.0
     """Seconds for a TLS handshake, a request's headers and its body to arrive."""
+    min_read_bytes_per_s: int = 65_536
+    """Slowest rate a member may take an answer at: an answer of N bytes not taken within
+    ``request_timeout_s`` + N / this seconds is abandoned and its connection closed (one WARNING naming
+    the member); 0 = no minimum."""
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
-        if isinstance(self.max_connections, bool) or self.max_connections < 1:
-            raise ConfigError("max_connections", f"must be an integer >= 1, got {self.max_connections!r}")
-        if isinstance(self.request_timeout_s, bool) or not self.request_timeout_s > 0:
-            raise ConfigError("request_timeout_s", f"must be > 0, got {self.request_timeout_s!r}")
+        check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
 
 
 @dataclass

@@ -105,7 +105,11 @@ async def serve_members_endpoint(
     from broker_edge.http.guard import start_guarded_site
     from broker_edge.offsets_api.server import ApiLimits, create_app, is_member
 
-    limits = ApiLimits(max_connections=listen.max_connections, request_timeout_s=listen.request_timeout_s)
+    limits = ApiLimits(
+        max_connections=listen.max_connections,
+        request_timeout_s=listen.request_timeout_s,
+        min_read_bytes_per_s=listen.min_read_bytes_per_s,
+    )
     app = create_app(store, limits=limits, routes=routes, authenticate=member_authenticator(view, tls))
     return await start_guarded_site(
         app,
@@ -117,4 +121,5 @@ async def serve_members_endpoint(
         sock=sock,
         budget=budget,
         is_member=is_member,
+        min_read_bytes_per_s=limits.min_read_bytes_per_s,
     )

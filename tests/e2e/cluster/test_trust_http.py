@@ -214,6 +214,31 @@ def members_port(etcd: EtcdTarget, node: str) -> int:
     return int(peer.rsplit(":", 1)[1].rstrip("/"))
 
 
+def test_a_member_that_stops_reading_its_answers_is_closed_and_frees_the_members_endpoint(
+    tmp_path, etcd: EtcdTarget
+) -> None:
+    """A client of the members' endpoint sending requests whose answers it never reads held its connection
+    (and each answer's share of the budget) for ever, as readers did on the offsets API before
+    ``min_read_bytes_per_s``: it is now closed once an answer of N bytes is not taken within
+    ``request_timeout_s`` + N / ``cluster.listen.min_read_bytes_per_s`` seconds."""
+    listen = {"port": 0, "max_connections": 1, "request_timeout_s": 2.0}
+    broker = cluster_broker(tmp_path, etcd, "a", {"listen": listen}, member_tls=False).start()
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", members_port(etcd, "a")))
+        request = b"GET /v1/cluster HTTP/1.1\r\nHost: x\r\nX-Timestone-Node: a\r\n\r\n"
+        sock.sendall(request * 10_000)  # answers far beyond what the sockets' buffers hold, none read
+        time.sleep(4.0)  # 2 s, plus what an answer's size gives at 64 KiB/s, passed long ago
+        sock.settimeout(2)
+        with pytest.raises(ConnectionResetError):  # (the broker resets it: what it had sent is dropped)
+            while sock.recv(65536):
+                pass
+        sock.close()
+    finally:
+        broker.stop()
+
+
 def test_a_mirrored_append_whose_body_trickles_is_answered_408_in_time(tmp_path, etcd: EtcdTarget) -> None:
     """A ``POST /v1/mirror/append`` on the members' endpoint whose body never finished arriving held its
     connection, and the budget its length reserved, for ever: its body is read within
