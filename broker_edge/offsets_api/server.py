@@ -50,6 +50,7 @@ from broker_edge.http.guard import (
     waiting,
 )
 from broker_edge.http.json_errors import http_error_answer
+from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.security.access import EVERYONE, Access
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
@@ -164,9 +165,33 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if error.status < 400:
             raise
         return http_error_answer(error)
-    except Exception:
+    except Exception as error:
+        if isinstance(error, OSError) and not isinstance(error, ConnectionError):
+            return unreadable_answer(request, error)
         log.exception("offsets API request failed: %s %s", request.method, request.path)
         return ApiError(500, "internal_error", "the request failed inside the broker").response()
+
+
+_said_unreadable = LogSummary(log, interval_s=60.0)
+"""Storage that cannot be read, said once a minute: every reader's retry meets it again."""
+
+
+def unreadable_answer(request: web.Request, error: OSError) -> web.Response:
+    """A log's file the broker cannot read (its owner or mode wrong, EIO): 503 ``log_unreadable`` with
+    ``Retry-After`` (it may be put right while the broker runs), said at ERROR naming the file."""
+    _said_unreadable.log(
+        logging.ERROR,
+        "unreadable",
+        "offsets API: cannot read %s (%s): readers of it are answered 503 until it can be read",
+        error.filename or "a log's file",
+        error.strerror or error,
+    )
+    topic = request.match_info.get("topic")
+    named: dict[str, Any] = {"topic": topic} if topic else {}
+    whose = f"{topic!r}'s log" if topic else "a log it holds"
+    answer = ApiError(503, codes.LOG_UNREADABLE, f"the broker cannot read {whose} now", **named).response()
+    answer.headers["Retry-After"] = "1"
+    return answer
 
 
 REPEATABLE_PARAMETERS = frozenset({("/v1/partitions/{partition}/records", "pattern")})

@@ -8,9 +8,12 @@ device connected, its other topics served, and the replay goes on once the file 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +106,36 @@ def test_a_device_replaying_a_segment_that_cannot_be_read_keeps_its_connection_a
     publisher.publish("fleet/dev-1/t", "m5", 1)
     got = device.expect(6, timeout=10)
     assert [m.payload for m in got] == [f"m{n}".encode() for n in range(6)]
+
+
+def test_the_offsets_api_over_a_segment_that_cannot_be_read_answers_503_and_serves_it_once_readable(
+    unprivileged,
+):
+    """A reader of the offsets API (the Spark source) asking for records in a segment the broker cannot read
+    gets 503 ``log_unreadable`` with ``Retry-After`` (the client retries it), naming the log, not a 500 with
+    a traceback logged at every request; once the file can be read, the same request gets every record."""
+    broker = unprivileged.start()
+    publisher = PahoClient(broker.port, "gateway")
+    for number in range(5):
+        publisher.publish("fleet/dev-1/t", f"m{number}", 1)
+    broker.stop()
+    sealed = partition_segments(broker.directory / "data")[-1]
+    os.chown(sealed, 0, 0)
+    os.chmod(sealed, 0o600)
+    broker.start()
+    url = f"{broker.offsets_url}/v1/logs/fleet%2Fdev-1%2Ft/records?offset=0&format=jsonl"
+
+    answers = []
+    for _ in range(3):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        answers.append((refused.value.code, refused.value.headers["Retry-After"], json.load(refused.value)))
+    assert [(status, retry) for status, retry, _ in answers] == [(503, "1")] * 3
+    assert answers[0][2]["error"] == "log_unreadable" and answers[0][2]["topic"] == "fleet/dev-1/t"
+    logged = broker.log_path.read_text()
+    assert "Traceback" not in logged
+    assert logged.count("cannot read") == 1, logged  # said once, naming the file, not at every request
+
+    os.chown(sealed, NOBODY, NOBODY)
+    records = OffsetsClient(broker.offsets_url).fetch_records("fleet/dev-1/t", 0).data
+    assert [record.payload for record in records] == [f"m{n}".encode() for n in range(5)]
