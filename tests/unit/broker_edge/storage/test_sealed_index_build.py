@@ -70,6 +70,7 @@ def interleaved(topics: int, records: int, per_append: int, seed: int) -> Segmen
     ("topics", "records", "per_append"),
     [
         (1, 3 * SORT_CHUNK + 5, 16),  # one busy topic over several chunks
+        (1, SORT_CHUNK + 1, 1),  # a busy topic whose last chunk is one row
         (8, 2 * SORT_CHUNK, 8),  # fan-in: a few busy topics, appended in runs
         (3_000, 2 * SORT_CHUNK, 1),  # a topic per device: quiet topics, chained rows only
         (400, 20_000, 3),  # topics on both sides of HOT
