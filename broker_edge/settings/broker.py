@@ -72,6 +72,9 @@ class ListenerConfig:
     """Certificate and key of a ``tls`` or ``wss`` listener (optionally client certificates)."""
     allow_anonymous: bool | None = None
     """Accept clients without a username here; unset = ``auth.allow_anonymous``, else only on loopback."""
+    client_id_must_match_login: bool | None = None
+    """Refuse a client id that is not the login on this listener (``auth.client_id_free_logins`` stay free);
+    unset = ``auth.client_id_must_match_login``."""
     transport: ListenerTransport = "asyncio"
     """The transport of a ``tcp`` listener's connections: ``asyncio`` (the event loop's own, uvloop's when it
     runs) or ``native`` (the broker's own, on the event loop's socket watches: less memory per idle

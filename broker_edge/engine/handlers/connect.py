@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.sessions.session import Session
     from broker_edge.security.acl import AccessControl
     from broker_edge.security.auth import AuthConfig
+    from broker_edge.settings.broker import ListenerConfig
 
 __all__ = ["accept_handed_in", "handle_connect", "refuse_elsewhere"]
 
@@ -330,9 +331,13 @@ def _claim_then_accept(
     claims.claim(claim, claimed)
 
 
-def _bound_to_login(auth: AuthConfig, username: str) -> bool:
-    """Whether ``username`` must connect with its login as client id (auth.client_id_must_match_login)."""
-    return auth.client_id_must_match_login and username not in auth.client_id_free_logins
+def _bound_to_login(auth: AuthConfig, listener: ListenerConfig, username: str) -> bool:
+    """Whether ``username`` must connect with its login as client id on ``listener``: its
+    ``client_id_must_match_login``, else ``auth.client_id_must_match_login``; never a free login."""
+    bound = listener.client_id_must_match_login
+    if bound is None:
+        bound = auth.client_id_must_match_login
+    return bound and username not in auth.client_id_free_logins
 
 
 def _accept(
@@ -345,7 +350,8 @@ def _accept(
     claimed: bool = False,
 ) -> None:
     config = ctx.config
-    if username is not None and client_id != username and _bound_to_login(config.auth, username):
+    listener = conn.terms.listener.config
+    if username is not None and client_id != username and _bound_to_login(config.auth, listener, username):
         if not assigned:
             _refuse(ctx, conn, "client_id_not_login", client_id, username)
             return

@@ -143,3 +143,29 @@ def test_a_certificate_holder_cannot_name_itself_by_a_user_name(start_broker, tm
     assert holder_of("dev-b", "dev-a").connack_result[1] == 0x86
     assert holder_of("dev-b", "dev-a", 4).connack_result[1] == 0x86  # 3.1.1 return code 4, as paho says it
     holder_of("dev-b", "dev-b").publish("r", b"own", qos=1)
+
+
+def test_the_devices_listener_binds_client_ids_and_the_jobs_listener_leaves_them_free(start_broker, tmp_path):
+    """``listeners[].client_id_must_match_login`` overrides ``auth.client_id_must_match_login`` for its
+    listener: the devices' TLS listener binds each certificate's client id to its CN, the jobs' listener
+    (passwords, many connections under one login) leaves client ids free; and the other way round, the
+    broker-wide key on and one listener set to false."""
+    pki = LocalPki(tmp_path / "pki", name="fleet-ca")
+    path = tmp_path / "passwd"
+    PasswordFile.set_password(path, "ops", "pw-ops", create=True)
+    PasswordFile.set_password(path, "dev-b", "pw-dev-b")
+    devices = {**certificate_listener(pki), "client_id_must_match_login": True}
+    jobs = {"name": "jobs", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}
+    broker = start_broker(listeners=[devices, jobs], auth={"password_file": str(path)})
+    assert certificate_holder(pki, broker.port, "dev-b", "dev-a").connack_result[1] == NOT_VALID
+    assert certificate_holder(pki, broker.port, "dev-b", "dev-b").connack_result[1] == 0
+    for client_id in ("timestone-actions-0", "timestone-actions-1"):
+        assert _device(broker.port_of("jobs"), "ops", client_id).connack_result[1] == 0
+
+    jobs_free = {**jobs, "client_id_must_match_login": False}
+    bound = start_broker(
+        listeners=[{**jobs, "name": "devices"}, jobs_free],
+        auth={"password_file": str(path), "client_id_must_match_login": True},
+    )
+    assert _device(bound.port_of("devices"), "dev-b", "dev-a").connack_result[1] == NOT_VALID
+    assert _device(bound.port_of("jobs"), "ops", "timestone-actions-2").connack_result[1] == 0
