@@ -26,6 +26,7 @@ from broker_edge.observe.logs import configure_logging
 from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
 from broker_edge.runtime import stop_signals
+from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
 from broker_edge.security.auth import PasswordFile, PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
 from broker_edge.storage.errors import StoreDamaged
@@ -156,43 +157,10 @@ def startup_report(broker: Broker) -> list[str]:
     return lines
 
 
-class ConfigFile:
-    """The configuration file a broker started with, as it was then: a regular file only (a pipe or a FIFO,
-    ``--config <(make-config)``, is read once: opened again, a FIFO waits for a writer)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.regular = os.path.isfile(path)
-        self.content = self._read()
-
-    def _read(self) -> bytes | None:
-        if not os.path.isfile(self.path):  # checked each time: a FIFO put in its place waits for a writer
-            return None
-        try:
-            return Path(self.path).read_bytes()
-        except OSError:
-            return None
-
-    def changed(self) -> bool:
-        """Whether the regular file holds other bytes now (or cannot be read)."""
-        return self.regular and self._read() != self.content
-
-
 def _on_sighup(broker: Broker, source: ConfigFile | None) -> None:
     """SIGHUP: :func:`reload_files`, and :func:`warn_if_changed`."""
     reload_files(broker)
     warn_if_changed(source)
-
-
-def warn_if_changed(source: ConfigFile | None) -> None:
-    """At SIGHUP: a WARNING when the configuration file changed since the start: its settings are not read
-    again (a reload that looked to apply a changed limit applied nothing)."""
-    if source is not None and source.changed():
-        log.warning(
-            "SIGHUP: %s changed since the broker started: its settings apply at the next start (a restart), "
-            "SIGHUP reads again only the files it names",
-            source.path,
-        )
 
 
 def _has_files_to_reload(broker: Broker) -> bool:

@@ -58,8 +58,8 @@ from typing import Any
 from broker_edge.config.loader import ConfigError, sourced
 from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
+from broker_edge.runtime.config_file import ConfigFile
 from broker_edge.runtime.data_lock import DataDirectoryLock
-from broker_edge.runtime.main import ConfigFile
 from broker_edge.runtime.workers_config import member_documents, write_yaml
 from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
 from broker_edge.runtime.workers_members import Member, RunBroker, config_error_of

@@ -11,7 +11,7 @@ import socket
 import time
 
 from broker_edge.process.port_claim import answer_askers
-from broker_edge.runtime.main import ConfigFile, warn_if_changed
+from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
 from broker_edge.runtime.workers_etcd import LocalEtcd, stop_pending
 from broker_edge.runtime.workers_members import Member
 from broker_edge.settings.broker import BrokerConfig

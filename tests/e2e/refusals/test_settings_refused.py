@@ -231,8 +231,8 @@ def test_an_acl_file_that_is_no_utf8_text_is_refused_in_one_line(tmp_path):
     acl.write_bytes(b"rules:\n  - {permission: allow, action: all, topic: caf\xe9/#}\n")
     err = refused(tmp_path, f"acl: {{file: {acl}}}\n" + PORTS)
     assert err.splitlines()[-1:] == [
-        f"timestone broker: configuration error: {acl}: not UTF-8 text: 'utf-8' codec can't decode byte "
-        "0xe9 in position 54: invalid continuation byte"
+        f"timestone broker: configuration error: {acl}, line 2: not UTF-8 text (byte 0xe9), nor UTF-16 or "
+        "UTF-32 with a byte order mark: save it as UTF-8"
     ]
 
 
