@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 
@@ -42,7 +43,7 @@ def _report(action_id: str, device_id: str, state: str, seq: int = 1) -> bytes:
     return json.dumps(body).encode()
 
 
-FIRMWARE = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
+FIRMWARE: dict[str, Any] = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
 
 
 def _register(store, devices: dict[str, str], batch: int) -> None:

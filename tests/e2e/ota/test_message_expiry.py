@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from typing import Any
 
 from pipelines.actions.buckets import bucket_of, report_topic
 from pipelines.actions.job import start_actions_job
@@ -49,7 +50,7 @@ def _report(action_id: str, device_id: str, state: str, seq: int = 1) -> bytes:
     return json.dumps(body).encode()
 
 
-FIRMWARE = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
+FIRMWARE: dict[str, Any] = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
 
 
 def test_a_device_that_never_takes_a_broadcast_expires_and_the_rollout_completes_not_aborted(tmp_path):

@@ -39,7 +39,7 @@ def test_a_broken_password_file_keeps_the_users_and_an_emptied_one_is_said_at_wa
 
         passwords.write_text("alice:not-a-hash\n")
         os.kill(broker.process.pid, signal.SIGHUP)
-        assert wait_for(lambda: said("not reloaded"))
+        assert wait_for(lambda: bool(said("not reloaded")))
         [line] = said("not reloaded")
         assert " ERROR " in line and "the previous users stay in force" in line, line
         assert f"{passwords}:1: " in line, line
@@ -47,7 +47,7 @@ def test_a_broken_password_file_keeps_the_users_and_an_emptied_one_is_said_at_wa
 
         passwords.write_text("")
         os.kill(broker.process.pid, signal.SIGHUP)
-        assert wait_for(lambda: said("reloaded: 0 users"))
+        assert wait_for(lambda: bool(said("reloaded: 0 users")))
         [line] = said("reloaded: 0 users")
         assert " WARNING " in line and "every password login is refused" in line, line
         assert login(broker.port, "alice", "a") == BAD_LOGIN
