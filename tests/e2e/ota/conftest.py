@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,6 +22,8 @@ from sinks import TableStore, open_table_store
 from tests.fleet_harness import FleetHarness, FleetSpec
 
 SHA256 = "0" * 64
+FIRMWARE: dict[str, Any] = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
+"""The firmware fields of a ``NewAction``."""
 """The firmware checksum of the test actions (devices refuse an OTA without one)."""
 
 
@@ -76,6 +80,12 @@ def action_row(
 def write_actions(store, rows: list[dict], batch_id: int) -> None:
     table = pa.Table.from_pylist(rows, schema=store.spec("actions").arrow_schema)
     store.merge("actions", table, "tests/actions", batch_id)
+
+
+def device_report(action_id: str, device_id: str, state: str, seq: int = 1) -> bytes:
+    """A status report as a device sends it (docs/device-protocol.md)."""
+    body = {"action_id": action_id, "device_id": device_id, "state": state, "seq": seq, "ts": 1}
+    return json.dumps({**body, "details": ""}).encode()
 
 
 _REGISTRATIONS = itertools.count()

@@ -8,7 +8,6 @@ count. A device on the earlier protocol, reporting on its own ``devices/<id>/act
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 
@@ -19,7 +18,7 @@ from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, report_topic
 from pipelines.actions.operator import NewAction, create_action
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import SUCCEEDED
-from tests.e2e.ota.conftest import SHA256, actions_stack, epoch_ms, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, actions_stack, device_report, epoch_ms, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 DEVICES = 60
@@ -31,12 +30,6 @@ def executions(store, action_id: str) -> list[tuple[str, str]]:
     table = store.read_arrow("action_executions")
     table = table.filter(pc.equal(table["action_id"], action_id))
     return list(zip(table["device_id"].to_pylist(), table["state"].to_pylist(), strict=True))
-
-
-def report(action_id: str, device_id: str, state: str, seq: int) -> bytes:
-    return json.dumps(
-        {"action_id": action_id, "device_id": device_id, "state": state, "seq": seq, "ts": 1, "details": ""}
-    ).encode()
 
 
 def finished_at_ms(store, action_id: str, device_id: str) -> int:
@@ -79,7 +72,7 @@ def test_reports_of_n_devices_land_in_bucket_logs_and_reach_delta_once(spark, tm
         try:
             sent_ms = int(time.time() * 1000)
             publisher.publish(
-                own_report_topic(EARLIER_DEVICE), report(action_id, EARLIER_DEVICE, SUCCEEDED, 1)
+                own_report_topic(EARLIER_DEVICE), device_report(action_id, EARLIER_DEVICE, SUCCEEDED, 1)
             )
             wait_for(lambda: all_succeeded(store, action_id, DEVICES + 1), what="every final state in Delta")
             # its report says ts 1 (a clock at 1970): the row holds when the broker took the report in
@@ -105,7 +98,7 @@ def test_reports_of_n_devices_land_in_bucket_logs_and_reach_delta_once(spark, tm
             assert len(finals) == DEVICES + 1
             publisher.publish_many(  # the same final reports again, as a device resends them on reconnecting
                 [
-                    (own_report_topic(r.device_id), report(action_id, r.device_id, r.state, r.seq))
+                    (own_report_topic(r.device_id), device_report(action_id, r.device_id, r.state, r.seq))
                     for r in finals
                 ]
             )

@@ -13,49 +13,16 @@ connected with their device ids as client ids, as ``report_identity: client_id``
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import UTC, datetime
-from typing import Any
-
-import pyarrow as pa
 
 from pipelines.actions.buckets import bucket_of, report_topic
 from pipelines.actions.job import start_actions_job
 from pipelines.actions.operator import NewAction, create_action
 from pipelines.metrics import PipelineMetrics
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import FIRMWARE, actions_stack, device_report, register_devices, summary, wait_for
 from tests.e2e.ota.test_actions_job import states
 from tests.fleet_harness import quiet_devices
-
-
-def _report(action_id: str, device_id: str, state: str, seq: int = 1) -> bytes:
-    """A status report as a device sends it (docs/device-protocol.md)."""
-    body = {
-        "action_id": action_id,
-        "device_id": device_id,
-        "state": state,
-        "seq": seq,
-        "ts": 1,
-        "details": "",
-    }
-    return json.dumps(body).encode()
-
-
-FIRMWARE: dict[str, Any] = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
-
-
-def _register(store, devices: dict[str, str], batch: int) -> None:
-    """Rows of ``devices`` (id -> group) appended as a batch of their own (``register_devices`` writes
-    batch 0 only once)."""
-    now = datetime.now(UTC)
-    rows = [
-        {"device_id": d, "group": g, "last_seen": now, "firmware_version": "1.0.0"}
-        for d, g in devices.items()
-    ]
-    table = pa.Table.from_pylist(rows, schema=store.spec("devices").arrow_schema)
-    store.append("devices", table, "tests/late-joiners", batch)
 
 
 def _skipped(metrics: PipelineMetrics, reason: str) -> float:
@@ -72,17 +39,18 @@ def test_a_device_outside_the_group_cannot_join_its_broadcast(spark, tmp_path, c
 
     with actions_stack(spark, tmp_path, {"count": 2, "groups": ["g"]}, quiet_devices(), job=job) as stack:
         store, buckets = stack.store, stack.config.device_buckets
-        _register(store, {"dev-other": "h"}, 1)  # another group's device; dev-nobody is not registered
+        register_devices(store, {"dev-other": "h"})  # another group's device; dev-nobody is not registered
         group = create_action(store, NewAction(group="g", failure_pct=10, min_executed=1, **FIRMWARE))
         wait_for(
             lambda: (summary(store, group) or {}).get("action_state") == "COMPLETED",
             what="the group's action to complete",
         )
-        _register(store, {"dev-joiner": "g"}, 2)  # registered in the group after it went out
+        register_devices(store, {"dev-joiner": "g"})  # registered in the group after it went out
 
         clients = {d: PahoClient(stack.broker.port, d) for d in ("dev-other", "dev-nobody", "dev-joiner")}
         for device, client in clients.items():
-            client.publish(report_topic(bucket_of(device, buckets)), _report(group, device, "FAILED"), qos=1)
+            topic = report_topic(bucket_of(device, buckets))
+            client.publish(topic, device_report(group, device, "FAILED"), qos=1)
         wait_for(
             lambda: _skipped(metrics, "not_a_target") == 2 and "dev-joiner" in states(store, group),
             what="the three reports to be read",
@@ -104,6 +72,6 @@ def test_a_device_outside_the_group_cannot_join_its_broadcast(spark, tmp_path, c
             what="the broadcast to every device to go out",
         )
         topic = report_topic(bucket_of("dev-nobody", buckets))
-        clients["dev-nobody"].publish(topic, _report(everyone, "dev-nobody", "SUCCEEDED"), qos=1)
+        clients["dev-nobody"].publish(topic, device_report(everyone, "dev-nobody", "SUCCEEDED"), qos=1)
         wait_for(lambda: "dev-nobody" in states(store, everyone), what="dev-nobody to join")
         assert _skipped(metrics, "not_a_target") == 2

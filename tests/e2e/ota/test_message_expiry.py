@@ -11,10 +11,8 @@ sent in time.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
-from typing import Any
 
 from pipelines.actions.buckets import bucket_of, report_topic
 from pipelines.actions.job import start_actions_job
@@ -24,9 +22,10 @@ from pipelines.actions.states import StatusReport
 from pipelines.actions.status import describe, read_statuses
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.ota.conftest import (
-    SHA256,
+    FIRMWARE,
     action_row,
     actions_stack,
+    device_report,
     epoch_ms,
     register_devices,
     summary,
@@ -35,22 +34,6 @@ from tests.e2e.ota.conftest import (
 from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.e2e.ota.test_actions_job import states
 from tests.fleet_harness import quiet_devices
-
-
-def _report(action_id: str, device_id: str, state: str, seq: int = 1) -> bytes:
-    """A status report as a device sends it (docs/device-protocol.md)."""
-    body = {
-        "action_id": action_id,
-        "device_id": device_id,
-        "state": state,
-        "seq": seq,
-        "ts": 1,
-        "details": "",
-    }
-    return json.dumps(body).encode()
-
-
-FIRMWARE: dict[str, Any] = {"version": "2.0.0", "url": "https://example.invalid/fw.bin", "sha256": SHA256}
 
 
 def test_a_device_that_never_takes_a_broadcast_expires_and_the_rollout_completes_not_aborted(tmp_path):
@@ -138,8 +121,8 @@ def test_a_report_sent_in_time_and_read_after_a_restart_past_the_expiry_is_not_o
 
         late = PahoClient(stack.broker.port, "dev-late")
         topic = report_topic(bucket_of("dev-late", stack.config.device_buckets))
-        late.publish(topic, _report(action_id, "dev-late", "IN_PROGRESS", seq=1), qos=1)
-        late.publish(topic, _report(action_id, "dev-late", "SUCCEEDED", seq=2), qos=1)
+        late.publish(topic, device_report(action_id, "dev-late", "IN_PROGRESS", seq=1), qos=1)
+        late.publish(topic, device_report(action_id, "dev-late", "SUCCEEDED", seq=2), qos=1)
         assert time.time() * 1000 < published_at + expiry_s * 1000, "reported after the expiry: too slow"
 
         time.sleep(max(0.0, (published_at + expiry_s * 1000) / 1000 + 1 - time.time()))

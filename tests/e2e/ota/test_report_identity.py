@@ -11,8 +11,6 @@ same topic, so once its own report has landed the forged ones have been read too
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from broker_edge.runtime.launcher import BrokerProcess
@@ -25,7 +23,7 @@ from pipelines.actions.model import ALL_TOPIC
 from pipelines.actions.operator import NewAction, create_action
 from sinks import open_table_store
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.ota.conftest import SHA256, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, device_report, summary, wait_for
 from tests.e2e.security.certificate_devices import certificate_holder, certificate_listener
 
 BUCKETS = 4
@@ -42,11 +40,6 @@ def _acl(**report_rule: bool) -> dict:
             {"permission": "allow", "action": "subscribe", "topic": "actions/all"},
         ]
     }
-
-
-def _report(action_id: str, device_id: str, state: str, seq: int = 1) -> bytes:
-    body = {"action_id": action_id, "device_id": device_id, "state": state, "seq": seq, "ts": 1}
-    return json.dumps(body).encode()
 
 
 @pytest.fixture
@@ -117,11 +110,11 @@ def test_a_device_cannot_fail_finish_or_add_another_device(stack):
     dev_b.expect(1, timeout=60)
 
     own = report_topic(bucket_of("dev-b", BUCKETS))
-    dev_b.publish(own, _report(rollout, "dev-a", "FAILED"), qos=1)  # would abort the rollout
-    dev_b.publish(own, _report(everyone, "dev-ghost", "FAILED"), qos=1)  # a late joiner nobody is
-    dev_b.publish(own, _report(everyone, "dev-a", "SUCCEEDED"), qos=1)  # dev-a never installed it
-    dev_b.publish(own, _report(rollout, "dev-b", "SUCCEEDED"), qos=1)
-    dev_b.publish(own, _report(everyone, "dev-b", "SUCCEEDED"), qos=1)
+    dev_b.publish(own, device_report(rollout, "dev-a", "FAILED"), qos=1)  # would abort the rollout
+    dev_b.publish(own, device_report(everyone, "dev-ghost", "FAILED"), qos=1)  # a late joiner nobody is
+    dev_b.publish(own, device_report(everyone, "dev-a", "SUCCEEDED"), qos=1)  # dev-a never installed it
+    dev_b.publish(own, device_report(rollout, "dev-b", "SUCCEEDED"), qos=1)
+    dev_b.publish(own, device_report(everyone, "dev-b", "SUCCEEDED"), qos=1)
 
     def landed(action_id: str) -> bool:
         row = summary(store, action_id)
@@ -143,8 +136,8 @@ def test_a_device_logged_in_as_itself_cannot_take_another_devices_client_id(tmp_
     auth = {"password_file": passwords, "allow_anonymous": False}
     with BrokerProcess(tmp_path / "broker", auth=auth, acl=_acl(client_is_user=True)) as broker:
         impostor = _device(broker.port, "dev-b", client_id="dev-a")
-        impostor.publish(report_topic(0), _report("a-1", "dev-a", "FAILED"), qos=1, refusal=0x87)
-        _device(broker.port, "dev-b").publish(report_topic(0), _report("a-1", "dev-b", "FAILED"), qos=1)
+        impostor.publish(report_topic(0), device_report("a-1", "dev-a", "FAILED"), qos=1, refusal=0x87)
+        _device(broker.port, "dev-b").publish(report_topic(0), device_report("a-1", "dev-b", "FAILED"), qos=1)
 
 
 def test_a_device_with_a_certificate_cannot_take_another_devices_client_id(start_broker, tmp_path):
@@ -156,7 +149,7 @@ def test_a_device_with_a_certificate_cannot_take_another_devices_client_id(start
     def holder_of(device_id: str, client_id: str) -> PahoClient:
         return certificate_holder(pki, broker.port, device_id, client_id)
 
-    report = _report("a-1", "dev-a", "FAILED")
+    report = device_report("a-1", "dev-a", "FAILED")
     impostor = holder_of("dev-b", "dev-a")
     impostor.publish(report_topic(0), report, qos=1, refusal=0x87)
     impostor.disconnect()  # (while connected, it holds the client id: docs/security.md, sessions)
