@@ -17,10 +17,12 @@ NOT_AUTHORIZED = 0x87
 ACCEPTED = 0x10  # No matching subscribers: accepted, nobody listens
 
 
-def publish_reason(port: int, topic: str) -> int:
+def publish_reason(port: int, topic: str, user: str | None = None, password: str = "") -> int:
+    """The reason code of the PUBACK to one QoS 1 PUBLISH of ``topic`` (as ``user``, else anonymously)."""
     client = RawClient(port, 5)
     try:
-        assert client.connect(f"c{time.monotonic_ns()}").reason_code == 0
+        login = {"username": user, "password": password.encode()} if user is not None else {}
+        assert client.connect(f"c{time.monotonic_ns()}", **login).reason_code == 0
         client.send_packet(Publish(topic, b"x", 1, packet_id=1))
         ack = client.recv()
         assert isinstance(ack, PubAck)

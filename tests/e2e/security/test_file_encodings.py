@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from broker_edge.protocol.packets import PubAck, Publish
 from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.security.auth import hash_password
-from tests.e2e.broker_clients import RawClient
+from tests.e2e.security.test_acl_reload import publish_reason
 
 ACCEPTED = 0x10  # no matching subscribers
 NOT_AUTHORIZED = 0x87
@@ -35,19 +33,6 @@ def windows(text: str) -> str:
     return text.replace("\n", "\r\n")
 
 
-def publish_reason(port: int, user: str, password: str, topic: str) -> int:
-    client = RawClient(port, 5)
-    try:
-        answer = client.connect(f"c{time.monotonic_ns()}", username=user, password=password.encode())
-        assert answer.reason_code == 0, answer
-        client.send_packet(Publish(topic, b"x", 1, packet_id=1))
-        ack = client.recv()
-        assert isinstance(ack, PubAck)
-        return ack.reason_code
-    finally:
-        client.close()
-
-
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_acl_and_password_files_written_by_windows_tools_are_read(tmp_path: Path, encoding: str) -> None:
     encode = ENCODINGS[encoding]
@@ -61,8 +46,8 @@ def test_acl_and_password_files_written_by_windows_tools_are_read(tmp_path: Path
         auth={"password_file": str(passwords)},
         acl={"file": str(acl), "default": "deny"},
     ) as broker:
-        assert publish_reason(broker.port, "alice", "secret", "plant/a") == ACCEPTED
-        assert publish_reason(broker.port, "alice", "secret", "other/a") == NOT_AUTHORIZED
+        assert publish_reason(broker.port, "plant/a", "alice", "secret") == ACCEPTED
+        assert publish_reason(broker.port, "other/a", "alice", "secret") == NOT_AUTHORIZED
 
 
 def check(config: Path) -> subprocess.CompletedProcess[str]:
