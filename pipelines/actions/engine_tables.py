@@ -128,7 +128,7 @@ class EngineTables:
             return
         version, table = snapshot
         kept = table.filter(pc.invert(pc.is_in(table[key], value_set=rows[key])))
-        self._snapshots[name] = (version + 1, pa.concat_tables([kept, rows.cast(table.schema)]))
+        self._snapshots[name] = (version + 1, pa.concat_tables([kept, in_order_of(rows, table.schema)]))
 
     # -- executions -----------------------------------------------------------------------------------------
 
@@ -242,8 +242,14 @@ class EngineTables:
         replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
         kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))
         of_held = epoch_ms.filter(pc.is_in(epoch_ms["action_id"], _ids(self._held)))  # held: all or none
-        self._cached = pa.concat_tables([kept, of_held.cast(cached.schema)])
+        self._cached = pa.concat_tables([kept, in_order_of(of_held, cached.schema)])
         self._cached_version += 1
+
+
+def in_order_of(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` (written in the catalog's column order) as a table read back has its columns: a table that
+    gained columns, or one another tool made, may hold them in another order."""
+    return rows.select(schema.names).cast(schema)
 
 
 def epoch_ms(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
