@@ -18,12 +18,15 @@ from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 
-def failing_once_after(work: Callable[..., Any], name: str, failed: list[str]) -> Callable[..., None]:
-    def wrapper(*args: Any) -> None:
-        work(*args)
+def failing_once_after(work: Callable[..., Any], name: str, failed: list[str]) -> Callable[..., Any]:
+    """``work`` raising once, after it did its writes; its result otherwise."""
+
+    def wrapper(*args: Any) -> Any:
+        result = work(*args)
         if name not in failed:
             failed.append(name)
             raise RuntimeError(f"injected failure after the {name} batch's writes")
+        return result
 
     return wrapper
 

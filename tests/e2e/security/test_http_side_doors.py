@@ -81,7 +81,9 @@ def test_idle_connections_are_pushed_out_by_newcomers_and_closed_when_no_request
 
 
 def test_connections_that_authenticated_stay_but_the_longest_idle_makes_room_for_a_newcomer(brokers):
-    running = brokers(offsets_api={**HTTP_LIMITS, "request_timeout_s": 5.0, "token": "reader"})
+    # one token holding the whole cap on purpose (by default it holds half: test_reader_connections.py)
+    offsets_api = {**HTTP_LIMITS, "request_timeout_s": 5.0, "token": "reader", "reader_connection_share": 1.0}
+    running = brokers(offsets_api=offsets_api)
     port = running.broker.offsets_port
     readers = []
     for _ in range(10):  # ten readers, each kept alive after an authenticated request
