@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,25 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipelines.cli", "broker", *args]
 
 
+def serving(config: str, log: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """``timestone broker --config CONFIG --workers 2`` with its output in ``log``, once its two members
+    serve or it has exited (``popen``: more of ``subprocess.Popen``'s arguments)."""
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command("--config", config, "--workers", "2"),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **popen,
+        )
+    try:
+        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
+    except BaseException:
+        stop_workers(process)
+        raise
+    return process
+
+
 def test_a_configuration_given_through_a_pipe_is_what_the_members_serve(tmp_path):
     """``-c <(envsubst < broker.yaml)``: the command read the pipe, then read it again for the members'
     configurations and found it empty: they served the defaults (port 1883) while the command held the
@@ -47,17 +67,11 @@ def test_a_configuration_given_through_a_pipe_is_what_the_members_serve(tmp_path
     os.write(writing, config_text(tmp_path, port).encode())
     os.close(writing)
     log = tmp_path / "command.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command("--config", f"/dev/fd/{reading}", "--workers", "2"),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            pass_fds=(reading,),
-            start_new_session=True,
-        )
-    os.close(reading)
     try:
-        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
+        process = serving(f"/dev/fd/{reading}", log, pass_fds=(reading,))
+    finally:
+        os.close(reading)
+    try:
         said = log.read_text()
         assert f"listening: default tcp on 127.0.0.1:{port}" in said, said[-3000:]
         assert "127.0.0.1:1883" not in said, said[-3000:]
@@ -116,16 +130,8 @@ def test_a_value_taken_from_the_environment_reaches_the_members_not_their_files(
     config = tmp_path / "broker.yaml"
     config.write_text(config_text(tmp_path, port, "limits: {max_connections: !env TS_MAX_CONNECTIONS}\n"))
     log = tmp_path / "command.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command("--config", str(config), "--workers", "2"),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "TS_MAX_CONNECTIONS": "321"},
-            start_new_session=True,
-        )
+    process = serving(str(config), log, env={**os.environ, "TS_MAX_CONNECTIONS": "321"})
     try:
-        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
         assert process.poll() is None, log.read_text()[-3000:]
         member = (tmp_path / "data" / "workers" / "w1.yaml").read_text()
         assert "max_connections: !env 'TS_MAX_CONNECTIONS'" in member and "321" not in member, member
@@ -141,15 +147,8 @@ def test_sighup_after_the_file_given_changed_says_its_settings_apply_at_the_next
     config = tmp_path / "broker.yaml"
     config.write_text(config_text(tmp_path, port))
     log = tmp_path / "command.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command("--config", str(config), "--workers", "2"),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = serving(str(config), log)
     try:
-        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
         config.write_text(config.read_text() + "limits: {max_connections: 10}\n")
         process.send_signal(signal.SIGHUP)
         wait_until(lambda: b"SIGHUP passed on to members" in log.read_bytes(), 30, "SIGHUP passed on")
@@ -170,16 +169,8 @@ def test_the_members_configurations_are_readable_by_their_user_alone(tmp_path):
     config.write_text(config_text(tmp_path, port))
     config.chmod(0o600)
     log = tmp_path / "command.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command("--config", str(config), "--workers", "2"),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=lambda: os.umask(0o022),
-        )
+    process = serving(str(config), log, preexec_fn=lambda: os.umask(0o022))
     try:
-        wait_until(lambda: b"2 members serving" in log.read_bytes() or process.poll() is not None, 60, "up")
         for member in ("w0", "w1"):
             mode = (tmp_path / "data" / "workers" / f"{member}.yaml").stat().st_mode & 0o777
             assert mode == 0o600, oct(mode)
