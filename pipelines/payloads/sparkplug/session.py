@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..fields import PayloadError
@@ -35,6 +35,8 @@ REASON_UNKNOWN_ALIAS = "sparkplug_unknown_alias"
 METRIC, REJECTED, PRESENCE = "metric", "rejected", "presence"
 
 SEQ_MODULO = 256
+#: The messages that carry the node's sequence number (all an edge node sends but its NDEATH).
+SEQUENCED = ("NBIRTH", "NDATA", "DBIRTH", "DDATA", "DDEATH")
 
 
 @dataclass(frozen=True)
@@ -289,9 +291,12 @@ def read(record: Record) -> Message:
     except ValueError as exc:
         return Message(record, error=str(exc))
     try:
-        return Message(record, topic, read_payload(record.payload or b""))
+        payload = read_payload(record.payload or b"")
     except PayloadError as exc:
         return Message(record, topic, error=str(exc))
+    if payload.seq is None and topic.message_type in SEQUENCED:
+        payload = replace(payload, seq=0)  # a proto3 encoder leaves a 0 out: it has no presence there
+    return Message(record, topic, payload)
 
 
 def in_order(
