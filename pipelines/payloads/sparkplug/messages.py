@@ -9,6 +9,7 @@ an integer past its datatype's width otherwise is refused.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,13 +159,8 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     value = getattr(metric.message, metric.value_field)
     if datatype in _SIGNED_32 or datatype in _UNSIGNED_32:
         _within_width(metric, datatype, value)
-    if datatype in _SIGNED_32:
-        bits = _INTEGER_BITS[datatype]
-        value &= (1 << bits) - 1  # its own width's two's complement, or sign-extended to 32 or 64 bits
-        number = value - 2**bits if value >= 2 ** (bits - 1) else value
-        return MetricValue(long=number, double=float(number))
-    if datatype == "Int64":
-        number = value - 2**64 if value >= 2**63 else value
+    if datatype in _SIGNED:
+        number = _signed(datatype, value)
         return MetricValue(long=number, double=float(number))
     if datatype in _UNSIGNED_32 or datatype in ("UInt64", "DateTime"):
         if value > _LAST_LONG:  # no bigint holds it: exact in decimal
@@ -183,7 +179,54 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     where = _not_utf8(value)  # DataSet, Template
     if where is not None:
         raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} that is not UTF-8 at {where}")
-    return MetricValue(string=json_format.MessageToJson(value, indent=None))
+    return MetricValue(string=json.dumps(_structured(value, datatype)))
+
+
+_SIGNED = {*_SIGNED_32, "Int64"}
+
+
+def _signed(datatype: str, value: int) -> int:
+    """A signed integer from its two's complement: an Int8, Int16 or Int32 from its own width's or one
+    sign-extended to 32 or 64 bits, an Int64 from 64 bits."""
+    bits = _INTEGER_BITS[datatype]
+    value &= (1 << bits) - 1
+    return value - 2**bits if value >= 2 ** (bits - 1) else value
+
+
+def _structured(value: Any, datatype: str) -> dict[str, Any]:
+    """A DataSet or a Template as protobuf's JSON mapping gives it, with the signed integers within it
+    (a DataSet's cells by their column's type, a Template's metrics and parameters by their own) signed."""
+    data = json_format.MessageToDict(value)
+    if datatype == "DataSet":
+        types = [DATATYPES.get(number, "") for number in value.types]
+        for row, row_data in zip(value.rows, data.get("rows", []), strict=True):
+            for cell, cell_data, cell_type in zip(
+                row.elements, row_data.get("elements", []), types, strict=False
+            ):
+                _sign(cell, cell_data, cell_type)
+        return data
+    for inner, inner_data in zip(value.metrics, data.get("metrics", []), strict=True):
+        inner_type = DATATYPES.get(inner.datatype, "")
+        _sign(inner, inner_data, inner_type)
+        if inner_type in ("DataSet", "Template") and inner.WhichOneof("value") in _NESTED:
+            key = _NESTED[inner.WhichOneof("value")]
+            inner_data[key] = _structured(getattr(inner, inner.WhichOneof("value")), inner_type)
+    for parameter, parameter_data in zip(value.parameters, data.get("parameters", []), strict=True):
+        _sign(parameter, parameter_data, DATATYPES.get(parameter.type, ""))
+    return data
+
+
+_NESTED = {"dataset_value": "datasetValue", "template_value": "templateValue"}
+
+
+def _sign(message: Any, data: dict[str, Any], datatype: str) -> None:
+    """``data`` (``message``'s JSON mapping) with its integer value signed when ``datatype`` is signed."""
+    field = message.WhichOneof("value")
+    if datatype not in _SIGNED or field not in _INTEGER_FIELDS:
+        return
+    number = _signed(datatype, getattr(message, field))
+    key = "intValue" if field == "int_value" else "longValue"
+    data[key] = number if field == "int_value" else str(number)  # protobuf's JSON writes 64 bits as text
 
 
 def _within_width(metric: Metric, datatype: str, value: int) -> None:

@@ -8,6 +8,7 @@ to its default, signed values inside DataSets and Templates, packed arrays.
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 from pipelines.payloads.sparkplug.schema import DATATYPE_NUMBERS, payload_class
@@ -69,3 +70,46 @@ def test_a_sequence_number_0_left_out_by_a_proto3_encoder_is_read_as_0_and_no_ga
     values = rows[2:]
     assert [row["seq"] for row in values] == [(n + 1) % 256 for n in range(300)]
     assert [row for row in values if row["seq_gap"]] == []
+
+
+def test_signed_values_within_a_dataset_or_a_template_are_kept_signed():
+    """A DataSet's cells and a Template's metrics and parameters carry signed integers as their two's
+    complement (specification, 6.4.16), as a metric does: the JSON in ``value_string`` said -1 as
+    4294967295 and -5 as 18446744073709551611, values the device never sent."""
+    message = payload(1000, 0)
+    metric(message, "bdSeq", None, "Int64").long_value = 0
+    table = metric(message, "Runs", 1, "DataSet").dataset_value
+    table.num_of_columns = 5
+    table.columns.extend(["trim", "offset", "delta", "total", "count"])
+    table.types.extend(DATATYPE_NUMBERS[t] for t in ("Int8", "Int16", "Int32", "Int64", "UInt32"))
+    row = table.rows.add()
+    for field, sent in [("int_value", 255), ("int_value", 2**32 - 2), ("int_value", 2**32 - 3)]:
+        setattr(row.elements.add(), field, sent)
+    row.elements.add().long_value = 2**64 - 5
+    row.elements.add().int_value = 2**32 - 1  # a UInt32: no sign
+    motor = metric(message, "Motor", 2, "Template").template_value
+    motor.template_ref = "MotorType"
+    parameter = motor.parameters.add()
+    parameter.name, parameter.type, parameter.int_value = "trim", DATATYPE_NUMBERS["Int16"], 2**32 - 2
+    speed = motor.metrics.add()
+    speed.name, speed.datatype, speed.long_value = "speed", DATATYPE_NUMBERS["Int64"], 2**64 - 7
+    inner = motor.metrics.add()
+    inner.name, inner.datatype = "log", DATATYPE_NUMBERS["DataSet"]
+    inner.dataset_value.types.append(DATATYPE_NUMBERS["Int32"])
+    inner.dataset_value.rows.add().elements.add().int_value = 2**32 - 9
+    rows = rows_of(EdgeNodeSession().process([record("NBIRTH", message, 1000)]), METRIC)
+    runs, motor_row = (json.loads(row["value_string"]) for row in rows[1:])
+    assert runs["rows"] == [
+        {
+            "elements": [
+                {"intValue": -1},
+                {"intValue": -2},
+                {"intValue": -3},
+                {"longValue": "-5"},
+                {"intValue": 2**32 - 1},
+            ]
+        }
+    ]
+    assert motor_row["parameters"][0]["intValue"] == -2
+    assert motor_row["metrics"][0]["longValue"] == "-7"
+    assert motor_row["metrics"][1]["datasetValue"]["rows"] == [{"elements": [{"intValue": -9}]}]
