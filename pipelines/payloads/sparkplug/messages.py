@@ -175,6 +175,9 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
             raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} that is not UTF-8")
         return MetricValue(string=value)
     if datatype in _BYTES:
+        problem = _array_problem(datatype, value) if datatype.endswith("Array") else None
+        if problem is not None:
+            raise PayloadError(f"sparkplug_b: {metric.where()}: {problem}")
         return MetricValue(raw=bytes(value))
     where = _not_utf8(value)  # DataSet, Template
     if where is not None:
@@ -183,6 +186,37 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
 
 
 _SIGNED = {*_SIGNED_32, "Int64"}
+#: The width of each value of a packed array (specification, 6.4.17), little-endian.
+_ARRAY_WIDTHS = {"Int8Array": 1, "UInt8Array": 1, "Int16Array": 2, "UInt16Array": 2, "Int32Array": 4}
+_ARRAY_WIDTHS |= {"UInt32Array": 4, "FloatArray": 4, "Int64Array": 8, "UInt64Array": 8, "DoubleArray": 8}
+_ARRAY_WIDTHS |= {"DateTimeArray": 8}
+
+
+def _array_problem(datatype: str, packed: bytes) -> str | None:
+    """Why ``packed`` is no array of ``datatype`` as the specification packs one, or None: a length that is
+    no number of its values, a BooleanArray's count (4 bytes, then its bits) its bytes do not match, a
+    StringArray (UTF-8 strings, each ended by a 0 byte) without its last 0 byte or not UTF-8."""
+    size = f"{'an' if datatype[0] in 'IU' else 'a'} {datatype} of {len(packed)} bytes"
+    if datatype == "BooleanArray":
+        if len(packed) < 4:
+            return f"{size} has no 4-byte count"
+        count = int.from_bytes(packed[:4], "little")
+        needed = 4 + (count + 7) // 8
+        return (
+            None
+            if len(packed) == needed
+            else f"a BooleanArray of {count} values takes {needed} bytes, not {len(packed)}"
+        )
+    if datatype == "StringArray":
+        if packed and not packed.endswith(b"\x00"):
+            return "a StringArray whose last string has no terminating 0 byte"
+        try:
+            packed.decode("utf-8")
+        except UnicodeDecodeError:
+            return "a StringArray that is not UTF-8"
+        return None
+    width = _ARRAY_WIDTHS[datatype]
+    return None if len(packed) % width == 0 else f"{size} is no number of {width}-byte values"
 
 
 def _signed(datatype: str, value: int) -> int:

@@ -11,8 +11,10 @@ import itertools
 import json
 from typing import Any
 
+import pytest
+
 from pipelines.payloads.sparkplug.schema import DATATYPE_NUMBERS, payload_class
-from pipelines.payloads.sparkplug.session import METRIC, EdgeNodeSession, Record
+from pipelines.payloads.sparkplug.session import METRIC, REASON_MALFORMED, REJECTED, EdgeNodeSession, Record
 
 NODE = "spBv1.0/plant1/{}/gw1"
 _offsets = itertools.count()
@@ -113,3 +115,43 @@ def test_signed_values_within_a_dataset_or_a_template_are_kept_signed():
     assert motor_row["parameters"][0]["intValue"] == -2
     assert motor_row["metrics"][0]["longValue"] == "-7"
     assert motor_row["metrics"][1]["datasetValue"]["rows"] == [{"elements": [{"intValue": -9}]}]
+
+
+def array_birth(*arrays: tuple[str, bytes]) -> Record:
+    message = payload(1000, 0)
+    metric(message, "bdSeq", None, "Int64").long_value = 0
+    for alias, (datatype, packed) in enumerate(arrays, 1):
+        metric(message, f"{datatype} {alias}", alias, datatype).bytes_value = packed
+    return record("NBIRTH", message, 1000)
+
+
+def test_packed_arrays_of_the_specifications_encoding_are_kept_as_sent():
+    arrays = [
+        ("Int16Array", b"\x01\x00\xff\xff"),
+        ("DoubleArray", bytes(16)),
+        ("BooleanArray", b"\x0c\x00\x00\x00\x34\xd0"),  # the specification's 12 booleans
+        ("StringArray", b"ABC\x00hello\x00"),
+        ("UInt8Array", b""),
+    ]
+    rows = rows_of(EdgeNodeSession().process([array_birth(*arrays)]), METRIC)
+    assert [(row["datatype"], row["value_bytes"]) for row in rows[1:]] == arrays
+
+
+@pytest.mark.parametrize(
+    ("datatype", "packed", "detail"),
+    [
+        ("Int32Array", b"\x01\x02\x03", "an Int32Array of 3 bytes is no number of 4-byte values"),
+        ("DateTimeArray", bytes(12), "a DateTimeArray of 12 bytes is no number of 8-byte values"),
+        ("BooleanArray", b"\x14\x00\x00\x00\xff\xff", "a BooleanArray of 20 values takes 7 bytes, not 6"),
+        ("BooleanArray", b"\x01\x00", "a BooleanArray of 2 bytes has no 4-byte count"),
+        ("StringArray", b"ABC\x00hel", "a StringArray whose last string has no terminating 0 byte"),
+        ("StringArray", b"\xff\xfe\x00", "a StringArray that is not UTF-8"),
+    ],
+)
+def test_a_packed_array_its_datatype_cannot_hold_is_quarantined_saying_why(datatype, packed, detail):
+    """A packed array cut short or padded (a length that is no number of its values, a BooleanArray whose
+    count its bits do not match, a StringArray without its last terminator) was kept as if whole: a
+    reader of ``value_bytes`` unpacked values the device never sent, or failed on the row."""
+    [rejected] = EdgeNodeSession().process([array_birth((datatype, packed))])
+    assert (rejected["kind"], rejected["reason"]) == (REJECTED, REASON_MALFORMED)
+    assert rejected["detail"] == f"sparkplug_b: metric 1 ('{datatype} 1'): {detail}"
