@@ -469,8 +469,25 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             except BrokerUnreachableError as error:
                 down[broker] = error
                 self._down.add(broker)
+        self._check_one_name_per_store()
         self._listings.update(listings)
         return listings, down
+
+    def _check_one_name_per_store(self) -> None:
+        """Two ids of ``brokers`` answering with one store are one broker named twice (a URL pasted twice,
+        or spelt two ways): each record would be read once per id, under ids no sink tells apart."""
+        named: dict[str, list[str]] = {}
+        for broker, store in self._stores.items():
+            if store is not None:
+                named.setdefault(store, []).append(broker)
+        for store, brokers in named.items():
+            if len(brokers) > 1:
+                urls = ", ".join(f"{broker!r} ({self._fetch[broker].url})" for broker in sorted(brokers))
+                raise SourceOptionError(
+                    "brokers",
+                    f"{urls} serve the same store {store}: one broker named twice, whose every record "
+                    "would be read once per name. Name each broker once",
+                )
 
     def _list_cluster(self) -> tuple[Listings, dict[str, BrokerUnreachableError]]:
         """The cluster's topics as one "broker" keyed by the cluster's name (and the routes, cached)."""

@@ -1,0 +1,37 @@
+"""Offsets and broker lists as users really hand them to the timestone source: one broker named twice in
+``brokers``, a checkpoint whose offsets are past the logs' ends, a checkpoint edited by hand. Called the
+way Spark calls the reader, against real brokers (test_stream_reader.py shows the calls)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sources.options import SourceOptionError, parse_options
+from sources.stream_api import ReadAllAvailable
+from sources.timestone_source import TimestoneStreamReader
+from tests.e2e.sources.conftest import EdgeBroker
+
+
+def reader(brokers: str, **options: str) -> TimestoneStreamReader:
+    base = {"brokers": brokers, "topics": "plant/+/temp", "fetchRetries": "0", "retryBackoffMs": "20"}
+    return TimestoneStreamReader(parse_options({**base, **options}))
+
+
+def rows(source: TimestoneStreamReader, start: dict, end: dict) -> int:
+    return sum(batch.num_rows for part in source.partitions(start, end) for batch in source.read(part))
+
+
+@pytest.mark.parametrize("read_by", ["partitions", "topics"])
+@pytest.mark.parametrize("spelling", ["http://127.0.0.1:{port}", "http://localhost:{port}/"])
+def test_one_broker_named_twice_in_brokers_is_refused_naming_the_option(
+    edge: EdgeBroker, read_by: str, spelling: str
+) -> None:
+    """Two ids for one broker (a URL pasted twice, or spelt two ways) read every record twice, under two
+    ``broker`` values, so no sink keyed by (broker, topic, offset) saw the copies."""
+    edge.fill("plant/1/temp", 10)
+    second = spelling.format(port=edge.port)
+    source = reader(f"e1={edge.url},e2={second}", startingOffsets="earliest", readBy=read_by)
+
+    with pytest.raises(SourceOptionError, match=r"'brokers'.*'e1'.*'e2'.*same store"):
+        start = source.initialOffset()
+        rows(source, start, source.latestOffset(start, ReadAllAvailable()))
