@@ -502,12 +502,20 @@ def _locked(path: Path, create: bool) -> Iterator[None]:
 
     if not create and not path.exists():
         raise _not_found(path)
+    if path.exists() and not path.is_file():
+        raise PasswordFileError(path, 0, f"not a regular file ({_kind(path)}): name the password file itself")
     descriptor = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield
     finally:
         os.close(descriptor)
+
+
+def _kind(path: Path) -> str:
+    """What ``path`` is, when it is not a regular file."""
+    kinds = {path.is_dir: "a directory", path.is_fifo: "a pipe", path.is_socket: "a socket"}
+    return next((name for test, name in kinds.items() if test()), "a device")
 
 
 def _read_lines(path: Path, create: bool) -> list[str]:

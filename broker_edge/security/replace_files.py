@@ -6,7 +6,8 @@ failure before that (a directory that is read-only, a full disk) leaves every ta
 certificate and its key are replaced together or not at all. A reader sees a file's old content or its new,
 never half of one. A path that is a symbolic link (a deployment's files kept elsewhere) has the file it
 names replaced, the link kept, where a rename over the link would replace it by a regular file and leave
-the file it named as it was.
+the file it named as it was. A path that is not a regular file (``/dev/null``, a pipe) is refused, never
+replaced by one.
 
 A file that exists keeps its owner, group and mode (an operator's ``chgrp timestone`` and ``chmod 0640``, so
 that a service running as ``User=timestone`` reads its key or password file, outlive ``timestone pki renew``
@@ -20,6 +21,7 @@ group gets none of the old group's permissions (they were meant for another grou
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -54,6 +56,8 @@ def _stage(path: Path, data: bytes, mode: int) -> str:
         old: os.stat_result | None = os.stat(path)
     except FileNotFoundError:
         old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):  # a device, a pipe: never replaced by a file
+        raise OSError(errno.EINVAL, "not a regular file (a device, a pipe or a socket)", str(path))
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         kept = _keep_owner(descriptor, old) & (mode | 0o770) if old is not None else mode

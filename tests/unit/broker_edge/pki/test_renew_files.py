@@ -197,3 +197,18 @@ def test_a_certificate_and_key_named_by_symbolic_links_are_replaced_where_the_li
     assert renew(ca, links / "s.pem", links / "s.key") == 0
     assert (links / "s.pem").is_symlink() and (links / "s.key").is_symlink()
     assert cert.read_bytes() != before and matches(cert, key)
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
+    tmp_path: Path, issued: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``issue --force --out /dev/tls`` where ``/dev/tls.key`` is a device (or a pipe): it was replaced by a
+    regular file. A path that is not a regular file is refused and every file is left as it was."""
+    ca, _, _ = issued
+    out = tmp_path / "out" / "c"
+    out.parent.mkdir()
+    os.mkfifo(f"{out}.key")
+    assert main(["pki", "issue", "client", "c", "--ca", str(ca), "--out", str(out), "--force"]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(f"{out}.key").st_mode)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["c.key"]

@@ -176,3 +176,28 @@ def test_the_file_keeps_the_owner_group_and_mode_the_operator_gave_it(
     monkeypatch.setattr(os, "fchown", fchown)  # a writer that may give neither owner nor group
     assert passwd(str(users), "u3", "--password", "p3") == 0
     assert (users.stat().st_gid, stat.S_IMODE(users.stat().st_mode)) == (os.getegid(), 0o600)
+
+
+@pytest.mark.parametrize("through_a_link", [False, True])
+def test_a_path_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], through_a_link: bool
+) -> None:
+    """``timestone passwd -c /dev/null u`` (a mistyped path, run as root) replaced the device by a regular
+    file holding the user, and left a ``.null.lock`` beside it: a pipe, a device or a socket is refused,
+    before anything is read or made, and stays what it was."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    path = tmp_path / "link" if through_a_link else pipe
+    if through_a_link:
+        path.symlink_to(pipe)
+    writer = threading.Thread(target=lambda: os.close(os.open(pipe, os.O_WRONLY)), daemon=True)
+    writer.start()  # a reader of the pipe reads an empty file rather than waiting for ever
+    try:
+        assert passwd("-c", str(path), "u1", "--password", "p1") == 1
+        assert f"{os.path.realpath(pipe)}: not a regular file" in capsys.readouterr().err
+        assert stat.S_ISFIFO(pipe.stat().st_mode) and path.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"pipe", path.name})
+    finally:
+        if writer.is_alive():
+            os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(5)
