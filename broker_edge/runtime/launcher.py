@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from broker_edge.process.listening import listening_ports
 from broker_edge.process.parent_death import die_with_parent
 
 
@@ -216,8 +217,7 @@ class BrokerProcess:
         try:
             for port in (self.port, self.offsets_port):
                 wait_for_port(port, timeout_s=timeout_s, alive=self.process.poll)
-            if self.process.poll() is not None:
-                raise TimeoutError("the broker exited")
+            self._wait_until_own(self.port, self.offsets_port, timeout_s=timeout_s)
         except TimeoutError:
             self.stop()
             with open(self.log_path, "rb") as log:
@@ -225,6 +225,21 @@ class BrokerProcess:
                 if b"address already in use" in log.read().lower():  # the loops word it differently
                     raise _PortTaken from None
             raise self._did_not_start() from None
+
+    def _wait_until_own(self, *ports: int, timeout_s: float) -> None:
+        """Wait until the broker itself listens on ``ports``: one that answers may be another process's,
+        taken after the probe (the broker then fails to bind it and exits). Where ``/proc`` cannot tell, the
+        broker being alive is taken for it."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None:
+            own = listening_ports(self.process.pid)
+            if own is None or own.issuperset(ports):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the broker does not listen on {sorted(set(ports) - own)} itself")
+            time.sleep(0.05)
+        raise TimeoutError("the broker exited")
 
     def _in_child(self, parent: int) -> Callable[[], None] | None:
         """What the child does before it runs the broker, if anything."""

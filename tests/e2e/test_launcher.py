@@ -48,6 +48,25 @@ def test_a_first_start_chooses_again_a_port_another_process_took(
         squatter.close()
 
 
+class _FirstListenerOnly(BrokerProcess):
+    module = "tests.e2e.launcher_stand_in"
+
+
+def test_a_start_does_not_return_on_another_processs_answer_on_the_brokers_port(tmp_path: Path) -> None:
+    """Another process listens on the offsets API's port, taken after the probe, while the broker is alive
+    and has bound only its MQTT port: the port answers, but not from the broker (which then fails to bind
+    it). The start waits for the broker's own listener and, when none comes, says it did not start."""
+    broker = _FirstListenerOnly(tmp_path / "broker")
+    squatter = socket.create_server(("127.0.0.1", broker.offsets_port))
+    try:
+        with pytest.raises(RuntimeError, match="broker did not start"):
+            broker.start(timeout_s=3)
+        assert broker.process is not None and broker.process.poll() is not None  # stopped, not left behind
+    finally:
+        squatter.close()
+        broker.kill()
+
+
 def test_a_restart_keeps_its_ports_and_says_why_it_could_not_start(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "broker").start()
     ports = (broker.port, broker.offsets_port)
