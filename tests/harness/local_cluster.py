@@ -394,14 +394,43 @@ def cluster_state(target: EtcdTarget) -> ClusterState:
     return state
 
 
-def wait_settled(target: EtcdTarget, nodes: set[str], replicas: int, timeout: float = WAIT_S) -> None:
-    """Wait until the cluster on ``target`` is ``nodes`` with every partition fully in sync."""
+def wait_settled(
+    target: EtcdTarget,
+    nodes: set[str],
+    replicas: int,
+    timeout: float = WAIT_S,
+    processes: dict[str, BrokerProcess] | None = None,
+) -> None:
+    """Wait until the cluster on ``target`` is ``nodes`` with every partition fully in sync; on a timeout
+    the failure shows etcd's record and, of ``processes`` (node_id → its broker), each one's state and log
+    tail, so a member that never joined says why."""
+
+    def state() -> str:
+        shown = str(cluster_state(target))
+        for node, process in sorted((processes or {}).items()):
+            shown += f"\n--- {node}: {_process_state(process)}\n{_log_tail(process.log_path)}"
+        return shown
+
     wait_until(
         lambda: settled(target, nodes, replicas),
         timeout,
         f"{sorted(nodes)} settled with {replicas} in-sync replicas per partition",
-        lambda: cluster_state(target),
+        state,
     )
+
+
+def _process_state(process: BrokerProcess) -> str:
+    if process.process is None:
+        return "never started"
+    code = process.process.poll()
+    return "running" if code is None else f"exited with {code}"
+
+
+def _log_tail(path: Path, size: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError as exc:
+        return f"(no log: {exc})"
 
 
 def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int = 16) -> bool:

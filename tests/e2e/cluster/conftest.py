@@ -82,7 +82,7 @@ def three_brokers(
 
     nodes = ("a", "b", "c")
     brokers = {node: cluster_brokers(node) for node in nodes}
-    wait_settled(etcd, set(nodes), 3)
+    wait_settled(etcd, set(nodes), 3, processes=brokers)
     wait_until(lambda: leadership_spread(etcd, nodes), what="leadership spread over a, b, c")
     yield brokers
     close_all()

@@ -41,7 +41,7 @@ def hub_cluster(
     try:
         for hub in hubs.values():
             hub.start()
-        wait_settled(target, set(NODES), replication_factor)
+        wait_settled(target, set(NODES), replication_factor, processes=hubs)
         wait_until(  # copies moved while members joined are dropped from the old replicas
             lambda: all(
                 len(state.replicas) == replication_factor

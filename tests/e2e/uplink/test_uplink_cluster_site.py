@@ -89,7 +89,7 @@ def test_a_site_cluster_losing_the_member_holding_its_link_sends_every_acknowled
     try:
         for member in members.values():
             member.start()
-        wait_settled(target, set(NODES), 2)
+        wait_settled(target, set(NODES), 2, processes=members)
         elsewhere = without_copy_on(target)
         topics = sorted({topic for listed in elsewhere.values() for topic in listed})
         assert wait_for(lambda: len(connected(members)) == 1, timeout=20)
