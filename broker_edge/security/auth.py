@@ -502,6 +502,8 @@ def _locked(path: Path, create: bool) -> Iterator[None]:
 
     if not create and not path.exists():
         raise _not_found(path)
+    if not path.parent.is_dir():
+        raise PasswordFileError(path, 0, f"no directory {path.parent} (make it first)")
     if path.exists() and not path.is_file():
         raise PasswordFileError(path, 0, f"not a regular file ({_kind(path)}): name the password file itself")
     descriptor = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

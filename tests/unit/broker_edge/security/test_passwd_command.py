@@ -201,3 +201,15 @@ def test_a_path_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
         if writer.is_alive():
             os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
         writer.join(5)
+
+
+def test_a_file_in_a_directory_that_does_not_exist_names_the_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``passwd -c /etc/timestone/passwd u`` before ``/etc/timestone`` is made said ``[Errno 2] No such file
+    or directory: '/etc/timestone/.passwd.lock'``, a file the operator never named."""
+    path = tmp_path / "missing" / "passwd"
+    assert passwd("-c", str(path), "u1", "--password", "p1") == 1
+    err = capsys.readouterr().err
+    assert err == f"timestone passwd: error: {path}: no directory {tmp_path / 'missing'} (make it first)\n"
+    assert list(tmp_path.iterdir()) == []
