@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from bench.ota_bench import broker_limits  # noqa: E402
 from bench.sysinfo import cpu_seconds  # noqa: E402
 from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
-from pipelines.actions.publisher import MqttPublisher  # noqa: E402
+from pipelines.actions.publisher import MqttPublisher, Outgoing  # noqa: E402
 from pipelines.fleet.device import DeviceBehaviour  # noqa: E402
 from pipelines.fleet.fleet import FleetSpec  # noqa: E402
 from pipelines.fleet.processes import FleetProcesses, loopback_sources, raise_open_files_limit  # noqa: E402
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = [spec.device_id(i) for i in range(args.topics)]
         for number in range(args.rounds):
             payload = f'{{"action_id":"bench-{number}","kind":"command","command":"noop"}}'.encode()
-            messages = [(f"actions/devices/{device_id}", payload) for device_id in ids]
+            messages = [Outgoing(f"actions/devices/{device_id}", payload) for device_id in ids]
             cpu_before = cpu_seconds(broker.pid)
             started, started_at = time.monotonic(), time.time()
             publisher.publish_many(messages)

@@ -36,17 +36,16 @@ from bench.sysinfo import cpu_seconds, machine_info  # noqa: E402
 from broker_edge.offsets_api.client import OffsetsClient  # noqa: E402
 from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS, REPORT_TOPICS, bucket_of, report_topic  # noqa: E402
+from pipelines.actions.publisher import Outgoing  # noqa: E402
 
 JOB_LOG = REPO / "bench" / "results" / "ota-job.log"
 
 
-def reports(
-    action_id: str, device_ids: list[str], state: str, seq: int, buckets: int
-) -> list[tuple[str, bytes]]:
+def reports(action_id: str, device_ids: list[str], state: str, seq: int, buckets: int) -> list[Outgoing]:
     """One report per device, each on its bucket's report topic."""
     now = int(time.time() * 1000)
     return [
-        (
+        Outgoing(
             report_topic(bucket_of(device_id, buckets)),
             json.dumps(
                 {"action_id": action_id, "device_id": device_id, "state": state, "seq": seq, "ts": now}

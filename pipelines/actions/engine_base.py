@@ -25,7 +25,7 @@ from pipelines.actions.engine_tables import (
 )
 from pipelines.actions.model import DEFAULT_EXPIRY_S, Action, device_topic
 from pipelines.actions.operator import action_content
-from pipelines.actions.publisher import Publisher
+from pipelines.actions.publisher import Outgoing, Publisher
 from pipelines.actions.states import (
     IN_PROGRESS,
     QUEUED,
@@ -122,17 +122,28 @@ class EngineBase:
             log.warning("action %s held back, tried again at the next tick: %s", action_id, said)
 
     def _listed_messages(
-        self, device_ids: list[str], message: Callable[[list[str] | None], bytes]
-    ) -> list[tuple[str, bytes]]:
-        """(topic, payload) reaching exactly ``device_ids``: one per bucket holding any of them, listing
-        them, or one unlisted message per device on its own topic when buckets are off."""
+        self,
+        device_ids: list[str],
+        message: Callable[[list[str] | None], bytes],
+        expires_in_ms: int | None = None,
+    ) -> list[Outgoing]:
+        """Messages reaching exactly ``device_ids``: one per bucket holding any of them, listing them, or
+        one unlisted message per device on its own topic when buckets are off."""
         if not device_ids:
             return []
         if not self.device_buckets:
             payload = message(None)
-            return [(device_topic(device_id), payload) for device_id in device_ids]
+            return [Outgoing(device_topic(device_id), payload, expires_in_ms) for device_id in device_ids]
         groups = by_bucket(device_ids, self.device_buckets)
-        return [(bucket_topic(bucket), message(groups[bucket])) for bucket in sorted(groups)]
+        return [
+            Outgoing(bucket_topic(bucket), message(groups[bucket]), expires_in_ms)
+            for bucket in sorted(groups)
+        ]
+
+    def _expires_in(self, action: Action, issued_at: int) -> int:
+        """Milliseconds from now until a message of ``action`` issued at ``issued_at`` expires (its
+        ``expires_at``): what its publish carries as its Message Expiry Interval."""
+        return action.expires_at(issued_at, self.message_expiry_s) - self.clock()
 
     def _targets(self, action: Action) -> list[str]:
         """The devices an action is for: listed, every device, or a group's (never every device unless

@@ -39,9 +39,8 @@ class Sending(EngineBase):
         rows = {d: queued(action.id, d, now, phase=phases.get(d)) for d in targets}
         topic = action.shared_topic
         if not rows and topic is not None and action.schedule.may_send(now):
-            self.publisher.publish(
-                topic, action.message(now, expiry_s=self.message_expiry_s)
-            )  # for later joiners
+            message = action.message(now, expiry_s=self.message_expiry_s)
+            self.publisher.publish(topic, message, self._expires_in(action, now))  # for later joiners
             log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
             return []
         try:
@@ -70,9 +69,8 @@ class Sending(EngineBase):
         self._publish_first(action, rows, release, now)
         for attempt in sorted({row.attempt for row in release.retries}):
             ids = [row.device_id for row in release.retries if row.attempt == attempt]
-            self.publisher.publish_many(
-                self._listed_messages(ids, _retry_message(action, now, attempt, self.message_expiry_s))
-            )
+            message = _retry_message(action, now, attempt, self.message_expiry_s)
+            self.publisher.publish_many(self._listed_messages(ids, message, self._expires_in(action, now)))
         sent = [
             replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now)
             for d in release.first
@@ -90,12 +88,15 @@ class Sending(EngineBase):
         topic = action.shared_topic
         untouched = all(row.published_at is None for row in rows.values())
         if topic is not None and untouched and len(release.first) == len(rows):
-            self.publisher.publish(topic, action.message(now, expiry_s=self.message_expiry_s))
+            message = action.message(now, expiry_s=self.message_expiry_s)
+            self.publisher.publish(topic, message, self._expires_in(action, now))
             log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
             return
         self.publisher.publish_many(
             self._listed_messages(
-                release.first, lambda ids: action.message(now, ids, expiry_s=self.message_expiry_s)
+                release.first,
+                lambda ids: action.message(now, ids, expiry_s=self.message_expiry_s),
+                self._expires_in(action, now),
             )
         )
 

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import ssl
 import threading
 import zlib
 from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
-from pipelines.fleet.client import ConnectionRefused, MqttClient, referral
+from pipelines.fleet.client import ConnectionRefused, MqttClient, Publication, referral
 from pipelines.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,21 @@ SHARD_MIN = 256
 """Publishes per connection below which a batch uses fewer connections (one for a single publish)."""
 
 
-class Publisher(Protocol):
-    def publish(self, topic: str, payload: bytes) -> None: ...
+class Outgoing(NamedTuple):
+    """One message to publish: its topic, payload, and the milliseconds it stays valid from the publish
+    call (None: it never expires). Each PUBLISH carries what is left of that as its MQTT 5 Message Expiry
+    Interval, in whole seconds rounded down (at least 1), so a broker never keeps or forwards it longer than
+    it is valid [MQTT-3.3.2-5]; one whose time has run out before it could go out is not sent."""
 
-    def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None: ...
+    topic: str
+    payload: bytes
+    expires_in_ms: int | None = None
+
+
+class Publisher(Protocol):
+    def publish(self, topic: str, payload: bytes, expires_in_ms: int | None = None) -> None: ...
+
+    def publish_many(self, messages: Sequence[Outgoing]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -93,6 +105,8 @@ class MqttPublisher:
         self.timeout_s = timeout_s
         self.sent = 0
         """PUBLISH packets sent, resends included."""
+        self.expired = 0
+        """Messages not sent because their expiry had passed when they would have gone out."""
         self._lock = threading.Lock()
         self._thread = LoopThread("actions-publisher")
         self._thread.start()
@@ -142,22 +156,26 @@ class MqttPublisher:
             self._clients[index, slot] = client
         return client
 
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.publish_many([(topic, payload)])
+    def publish(self, topic: str, payload: bytes, expires_in_ms: int | None = None) -> None:
+        self.publish_many([Outgoing(topic, payload, expires_in_ms)])
 
-    def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
-        """Publish every (topic, payload) and wait until all are acknowledged."""
+    def publish_many(self, messages: Sequence[Outgoing]) -> None:
+        """Publish every message and wait until all are acknowledged (those that expired before they could
+        go out are not sent: ``expired``)."""
         if messages:
             with self._lock:
-                self._run(self._publish_many(messages))
+                self._run(self._publish_many(_Batch(messages, self._thread.loop.time())))
 
-    async def _publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
-        shards = _shards(messages, self._slot_count(len(messages)))
-        per_broker = await self._connect_all(len(shards))
+    async def _publish_many(self, batch: _Batch) -> None:
+        per_broker = await self._connect_all(self._slot_count(len(batch.messages)))
+        messages = self._unexpired(batch, range(len(batch.messages)))[1]
+        if not messages:
+            return
+        shards = _shards(messages, self._slot_count(len(messages)))  # no more than the clients opened
         sent = [
             client.publish_many([messages[i] for i in shard])
             for clients in per_broker
-            for client, shard in zip(clients, shards, strict=True)
+            for client, shard in zip(clients[: len(shards)], shards, strict=True)
         ]
         self.sent += len(messages) * len(per_broker)
         answers = await asyncio.wait_for(asyncio.gather(*sent), self.timeout_s)
@@ -172,6 +190,19 @@ class MqttPublisher:
 
     def _slot_count(self, messages: int) -> int:
         return max(1, min(self.connections, messages // SHARD_MIN))
+
+    def _unexpired(self, batch: _Batch, indexes: Sequence[int]) -> tuple[list[int], list[Publication]]:
+        """The messages of ``indexes`` still valid now, with the Message Expiry Interval each has left; the
+        others are dropped, counted in ``expired`` and logged."""
+        kept, publications = batch.unexpired(indexes, self._thread.loop.time())
+        if dropped := sorted(set(indexes) - set(kept)):
+            self.expired += len(dropped)
+            log.warning(
+                "%d action messages not sent: they expired before they could go out (e.g. on %s)",
+                len(dropped),
+                batch.messages[dropped[0]].topic,
+            )
+        return kept, publications
 
     def close(self) -> None:
         async def disconnect() -> None:
@@ -283,18 +314,21 @@ class ClusterPublisher(MqttPublisher):
         host, port = self.brokers[self._member]
         log.warning("actions publisher moves to %s:%d (%s)", host, port, why)
 
-    async def _publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
+    async def _publish_many(self, batch: _Batch) -> None:
         deadline = self._thread.loop.time() + self.timeout_s
-        pending = list(range(len(messages)))
+        pending = list(range(len(batch.messages)))
         answers: list[tuple[str, int | None]] = []
         first_round = True
         while pending:
-            shards = _shards([messages[i] for i in pending], self._slot_count(len(pending)))
-            clients = await self._current(deadline, len(shards))
+            clients = await self._current(deadline, self._slot_count(len(pending)))
+            pending, publications = self._unexpired(batch, pending)  # what is left, as it goes out
+            if not pending:
+                break
+            shards = _shards(publications, self._slot_count(len(pending)))  # no more than the clients
             settled = await asyncio.gather(
                 *(
-                    client.publish_many_settled([messages[pending[i]] for i in shard], self.ack_timeout_s)
-                    for client, shard in zip(clients, shards, strict=True)
+                    client.publish_many_settled([publications[i] for i in shard], self.ack_timeout_s)
+                    for client, shard in zip(clients[: len(shards)], shards, strict=True)
                 )
             )
             codes: list[int | None] = [None] * len(pending)
@@ -309,7 +343,7 @@ class ClusterPublisher(MqttPublisher):
                 if code is None or code == IMPLEMENTATION_SPECIFIC_ERROR:
                     again.append(index)
                 else:
-                    answers.append((messages[index][0], code))
+                    answers.append((batch.messages[index].topic, code))
             if again and self._thread.loop.time() > deadline:
                 raise PublishTimedOut(f"{len(again)} publishes not acknowledged within {self.timeout_s} s")
             if any(code is None for code in codes):
@@ -329,13 +363,39 @@ class PublishTimedOut(RuntimeError):
     """Publishes that no cluster member acknowledged in time (they may or may not be in the log)."""
 
 
-def _shards(messages: Sequence[tuple[str, bytes]], count: int) -> list[list[int]]:
+class _Batch:
+    """The messages of one ``publish_many`` call and the loop time it was made, from which each message's
+    expiry counts."""
+
+    def __init__(self, messages: Sequence[Outgoing], made_at: float) -> None:
+        self.messages = messages
+        self.made_at = made_at
+
+    def unexpired(self, indexes: Sequence[int], now: float) -> tuple[list[int], list[Publication]]:
+        """Of the messages at ``indexes``, those not expired at loop time ``now`` and their publications,
+        each with the whole seconds it has left (rounded down, at least 1; None: it never expires)."""
+        kept: list[int] = []
+        publications: list[Publication] = []
+        for index in indexes:
+            topic, payload, expires_in_ms = self.messages[index]
+            expiry_s = None
+            if expires_in_ms is not None:
+                left = self.made_at + expires_in_ms / 1000 - now
+                if left <= 0:
+                    continue
+                expiry_s = max(1, math.floor(left))
+            kept.append(index)
+            publications.append((topic, payload, expiry_s))
+        return kept, publications
+
+
+def _shards(messages: Sequence[Publication], count: int) -> list[list[int]]:
     """The indexes of ``messages`` split into ``count`` lists by a hash of the topic (stable across runs)."""
     if count == 1:
         return [list(range(len(messages)))]
     shards: list[list[int]] = [[] for _ in range(count)]
-    for index, (topic, _) in enumerate(messages):
-        shards[zlib.crc32(topic.encode()) % count].append(index)
+    for index, message in enumerate(messages):
+        shards[zlib.crc32(message[0].encode()) % count].append(index)
     return shards
 
 

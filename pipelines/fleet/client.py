@@ -45,13 +45,19 @@ from broker_edge.protocol.wire import encode_varint
 MessageHandler = Callable[["Message"], None]
 
 
-def qos1_publish_frame(topic: str, payload: bytes, packet_id: int) -> bytes:
-    """An MQTT 5 QoS 1 PUBLISH without properties, as ``encode`` writes it but without a packet object: a
-    batch of thousands of publishes costs a few byte joins each."""
+Publication = tuple[str, bytes, int | None]
+"""A QoS 1 publish of a batch: topic, payload and its v5 Message Expiry Interval in whole seconds (None: the
+message never expires)."""
+
+
+def qos1_publish_frame(topic: str, payload: bytes, packet_id: int, expiry_s: int | None = None) -> bytes:
+    """An MQTT 5 QoS 1 PUBLISH with no property but its Message Expiry Interval (when set), as ``encode``
+    writes it but without a packet object: a batch of thousands of publishes costs a few byte joins each."""
     name = topic.encode()
-    body_length = 2 + len(name) + 2 + 1 + len(payload)
+    properties = b"\x00" if expiry_s is None else b"\x05\x02" + expiry_s.to_bytes(4, "big")
+    body_length = 2 + len(name) + 2 + len(properties) + len(payload)
     header = b"\x32" + encode_varint(body_length) + len(name).to_bytes(2, "big")
-    return b"".join((header, name, packet_id.to_bytes(2, "big"), b"\x00", payload))
+    return b"".join((header, name, packet_id.to_bytes(2, "big"), properties, payload))
 
 
 class ConnectionRefused(ConnectionError):
@@ -296,7 +302,7 @@ class MqttClient(asyncio.Protocol):
         ack = await future
         return ack.reason_code
 
-    async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> list[int]:
+    async def publish_many(self, messages: Sequence[Publication]) -> list[int]:
         """Publish at QoS 1, pipelined within the broker's Receive Maximum; returns the PUBACK codes.
 
         Whatever fits in the window goes out in one write; each batch of acknowledgements refills it.
@@ -307,7 +313,7 @@ class MqttClient(asyncio.Protocol):
         return [ack.reason_code for ack in await asyncio.gather(*acks)]
 
     async def publish_many_settled(
-        self, messages: Sequence[tuple[str, bytes]], timeout_s: float
+        self, messages: Sequence[Publication], timeout_s: float
     ) -> list[int | None]:
         """As :meth:`publish_many`, but never raises: each message's PUBACK code, or None when it was not
         acknowledged (the connection dropped, or no PUBACK within ``timeout_s``): a caller that must not
@@ -325,7 +331,7 @@ class MqttClient(asyncio.Protocol):
                 ack.cancel()
         return codes
 
-    async def _send_windowed(self, messages: Sequence[tuple[str, bytes]], acks: list[asyncio.Future]) -> None:
+    async def _send_windowed(self, messages: Sequence[Publication], acks: list[asyncio.Future]) -> None:
         """Send QoS 1 PUBLISHes within the Receive Maximum, appending each PUBACK future to ``acks`` (in
         message order) as its PUBLISH is written: an interrupted caller still knows which went out."""
         window_open = asyncio.Event()
@@ -345,12 +351,12 @@ class MqttClient(asyncio.Protocol):
             frames = []
             batch = messages[index : index + self.receive_maximum - in_flight]
             futures = []
-            for topic, payload in batch:
+            for topic, payload, expiry_s in batch:
                 packet_id = next(self._packet_ids)
                 ack = self._expect("puback", packet_id)
                 ack.add_done_callback(acknowledged)
                 futures.append(ack)
-                frames.append(qos1_publish_frame(topic, payload, packet_id))
+                frames.append(qos1_publish_frame(topic, payload, packet_id, expiry_s))
             index += len(frames)
             in_flight += len(frames)
             acks.extend(futures)

@@ -60,7 +60,7 @@ def test_actions_go_out_over_tls_and_the_offsets_api_is_read_over_https(
 
     publisher = _publisher(config, cluster=False)
     try:
-        publisher.publish_many([("actions/devices/device-7", b'{"action_id": "a-1"}')])
+        publisher.publish("actions/devices/device-7", b'{"action_id": "a-1"}')
     finally:
         publisher.close()
 

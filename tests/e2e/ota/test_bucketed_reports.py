@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from broker_edge.offsets_api.client import OffsetsClient
 from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, report_topic
 from pipelines.actions.operator import NewAction, create_action
-from pipelines.actions.publisher import MqttPublisher
+from pipelines.actions.publisher import MqttPublisher, Outgoing
 from pipelines.actions.states import SUCCEEDED
 from tests.e2e.ota.conftest import SHA256, actions_stack, device_report, epoch_ms, summary, wait_for
 from tests.fleet_harness import quiet_devices
@@ -98,7 +98,9 @@ def test_reports_of_n_devices_land_in_bucket_logs_and_reach_delta_once(spark, tm
             assert len(finals) == DEVICES + 1
             publisher.publish_many(  # the same final reports again, as a device resends them on reconnecting
                 [
-                    (own_report_topic(r.device_id), device_report(action_id, r.device_id, r.state, r.seq))
+                    Outgoing(
+                        own_report_topic(r.device_id), device_report(action_id, r.device_id, r.state, r.seq)
+                    )
                     for r in finals
                 ]
             )

@@ -19,7 +19,7 @@ import pytest
 from bench.stream import parse_fixed_header
 from broker_edge.runtime.launcher import BrokerProcess, free_ports
 from pipelines.actions.model import device_topic
-from pipelines.actions.publisher import ClusterPublisher, MqttPublisher
+from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Outgoing
 from pipelines.fleet.client import Message, MqttClient
 from pipelines.loop_thread import LoopThread
 from tests.referrer import Referrer
@@ -179,12 +179,12 @@ class Subscriber:
             self._thread.close()
 
 
-def messages(count: int) -> list[tuple[str, bytes]]:
-    return [(device_topic(f"dev-{n:05d}"), b'{"action_id":"a-1"}') for n in range(count)]
+def messages(count: int) -> list[Outgoing]:
+    return [Outgoing(device_topic(f"dev-{n:05d}"), b'{"action_id":"a-1"}') for n in range(count)]
 
 
 def topics(count: int) -> set[str]:
-    return {topic for topic, _ in messages(count)}
+    return {message.topic for message in messages(count)}
 
 
 @contextmanager

@@ -1,0 +1,119 @@
+"""Action messages carry their expiry to the broker: each PUBLISH's MQTT 5 Message Expiry Interval is the
+whole seconds left until the message's ``expires_at``, so a broker drops an action queued for a device that
+comes back too late, and forwards what is left of the interval to one that comes back in time
+(docs/ota.md, "Devices that never take an action").
+
+A real Timestone broker process on 127.0.0.1, the actions engine on Delta tables with the real clock, and
+paho-mqtt v5 devices with persistent sessions (``clean_start`` False) that are offline when the action goes
+out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_edge.runtime.launcher import BrokerProcess
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.model import group_topic
+from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Outgoing
+from sinks import open_table_store
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.ota.conftest import action_row, register_devices
+
+LIMITS = {"messages_per_second_per_client": 0, "max_topics_per_client": 0}
+EXPIRY_S = 2
+SESSION_EXPIRY_S = 3600
+
+
+@contextmanager
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with BrokerProcess(tmp_path / "broker", limits=LIMITS) as running:
+        yield running
+
+
+def offline_device(port: int, device_id: str, topic: str) -> PahoClient:
+    """A device with a persistent session subscribed to ``topic`` at QoS 1, then gone offline."""
+    device = PahoClient(port, device_id, clean=False, session_expiry=SESSION_EXPIRY_S)
+    device.subscribe(topic, 1)
+    device.disconnect()
+    return device
+
+
+def expiry_of(message: Any) -> int | None:
+    return getattr(message.properties, "MessageExpiryInterval", None)
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-5", "MQTT-3.3.2-6")
+def test_an_action_queued_for_an_offline_session_expires_at_the_broker_mqtt_3_3_2_5_and_6(
+    tmp_path: Path,
+) -> None:
+    """[MQTT-3.3.2-5] [MQTT-3.3.2-6]: the engine publishes a group's action with message_expiry_s 2 while
+    both devices are offline; the one back in time receives it with a Message Expiry Interval no larger than
+    what is left until its ``expires_at``, the one back after it never receives it (whatever its clock)."""
+    store = open_table_store(None, str(tmp_path / "tables"), backend="delta-rs")
+    register_devices(store, {"dev-soon": "g", "dev-late": "g"})
+    with broker(tmp_path) as running:
+        topic = group_topic("g")
+        soon = offline_device(running.port, "dev-soon", topic)
+        late = offline_device(running.port, "dev-late", topic)
+        publisher = MqttPublisher([running.address], client_id="actions-test")
+        try:
+            engine = ActionsEngine(store, publisher, compliance_interval_s=0, message_expiry_s=EXPIRY_S)
+            engine.on_action_rows([action_row("a-1", group="g")], "fanout", 0)
+        finally:
+            publisher.close()
+
+        soon.connect()
+        (message,) = soon.expect(1)
+        received_at = time.time() * 1000
+        body = json.loads(message.payload)
+        assert body["action_id"] == "a-1"
+        interval = expiry_of(message)
+        assert interval is not None, "the action was published without a Message Expiry Interval"
+        assert 1 <= interval <= math.ceil((body["expires_at"] - received_at) / 1000) <= EXPIRY_S
+        soon.disconnect()
+
+        time.sleep(max(0.0, (body["expires_at"] - time.time() * 1000) / 1000) + 0.2)
+        late.connect()
+        assert late.connack_result[0].session_present  # its session, subscription and queue were kept
+        late.expect_none(1.0)
+        late.disconnect()
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-5")
+@pytest.mark.parametrize("kind", [MqttPublisher, ClusterPublisher])
+def test_the_publisher_sends_the_seconds_left_and_never_a_message_already_expired(
+    tmp_path: Path, kind: type[MqttPublisher]
+) -> None:
+    """[MQTT-3.3.2-5]: a message valid for 5.5 s goes out with 5 (rounded down), one with half a second left
+    with 1 (at least 1), one with no time left is not sent at all, and one without an expiry carries none;
+    the same through the cluster publisher (which works out what is left again for every resend)."""
+    with broker(tmp_path) as running:
+        device = PahoClient(running.port, "dev-1")
+        device.subscribe("actions/devices/dev-1", 1)
+        publisher = kind([running.address], client_id="actions-test")
+        try:
+            publisher.publish_many(
+                [
+                    Outgoing("actions/devices/dev-1", b"5.5", 5_500),
+                    Outgoing("actions/devices/dev-1", b"0.5", 500),
+                    Outgoing("actions/devices/dev-1", b"gone", 0),
+                    Outgoing("actions/devices/dev-1", b"late", -3_000),
+                    Outgoing("actions/devices/dev-1", b"never"),
+                ]
+            )
+            assert publisher.expired == 2
+        finally:
+            publisher.close()
+        received = {m.payload: expiry_of(m) for m in device.expect(3)}
+        assert received == {b"5.5": 5, b"0.5": 1, b"never": None}
+        device.expect_none(0.5)
+        device.disconnect()
