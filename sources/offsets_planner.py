@@ -25,6 +25,7 @@ __all__ = [
     "LogExtent",
     "LostRange",
     "PartitionPlan",
+    "RestartedLog",
     "Slice",
     "canonical",
     "effective_start",
@@ -99,9 +100,22 @@ class LostRange:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartedLog:
+    """A log that ends (``end``) below the offset to read next (``expected``), read again from its start
+    (``start``; None: not listed) with failOnDataLoss=false: recreated, or its store replaced unseen."""
+
+    broker: str
+    topic: str
+    expected: int
+    start: int | None
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
 class BatchPlan:
     partitions: tuple[PartitionPlan, ...]
     lost: tuple[LostRange, ...]
+    restarted: tuple[RestartedLog, ...] = ()
 
     @property
     def records(self) -> int:
@@ -330,6 +344,7 @@ def plan_partitions(
     """
     ranges: list[tuple[str, Slice]] = []
     lost: list[LostRange] = []
+    restarted: list[RestartedLog] = []
     for broker, topics in sorted(end.items()):
         logs = listings.get(broker)
         new = (appeared or {}).get(broker, ())
@@ -337,7 +352,11 @@ def plan_partitions(
             next_offset = start.get(broker, {}).get(topic)
             extent = logs.get(topic) if logs is not None else None
             if next_offset is not None and stop < next_offset:
-                next_offset = None  # the log was recreated and latestOffset already decided to restart it
+                # the log was recreated and latestOffset already decided to restart it
+                restarted.append(
+                    RestartedLog(broker, topic, next_offset, extent.start if extent else None, stop)
+                )
+                next_offset = None
             fresh = next_offset is None and topic in new
             begin, gap = effective_start(
                 broker, topic, next_offset, extent, fail_on_data_loss, end_may_lag, fresh
@@ -356,7 +375,7 @@ def plan_partitions(
         for broker, broker_pieces in pieces.items()
         for group in _pack(broker_pieces, size, max_slices_per_partition)
     ]
-    return BatchPlan(tuple(partitions), tuple(gap for gap in lost if gap.records > 0))
+    return BatchPlan(tuple(partitions), tuple(gap for gap in lost if gap.records > 0), tuple(restarted))
 
 
 def split_size(records: int, max_records_per_partition: int, min_partitions: int) -> int:

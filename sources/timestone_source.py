@@ -52,6 +52,7 @@ from .offsets_planner import (
     BatchPlan,
     LogExtent,
     PartitionPlan,
+    RestartedLog,
     canonical,
     plan_end_offsets,
     plan_partitions,
@@ -621,7 +622,25 @@ def _ends(listings: Listings) -> dict[str, dict[str, int]]:
     return {broker: {key: extent.end for key, extent in logs.items()} for broker, logs in listings.items()}
 
 
+_NAMED = 20
+"""Logs a warning names at most (thousands of a fleet's device topics make one line unreadable)."""
+
+
+def _restarted(restart: RestartedLog) -> str:
+    held = f"[{restart.start}, {restart.end})" if restart.start is not None else f"up to {restart.end}"
+    return f"{restart.broker} {describe(restart.topic)} next {restart.expected}, the log now holds {held}"
+
+
 def _warn_lost(plan: BatchPlan) -> None:
+    if plan.restarted:
+        log.warning(
+            "timestone source: reading %d logs again from their start, each ending below the offset to read "
+            "next (the checkpoint's; startingOffsets' if new): recreated, or their broker's store replaced; "
+            "what they held past their new end is lost, not counted (failOnDataLoss=false): %s",
+            len(plan.restarted),
+            ", ".join(map(_restarted, plan.restarted[:_NAMED]))
+            + (f" and {len(plan.restarted) - _NAMED} more" if len(plan.restarted) > _NAMED else ""),
+        )
     if plan.lost:
         log.warning(
             "timestone source: skipping %d records lost to retention (failOnDataLoss=false): %s",

@@ -35,3 +35,22 @@ def test_one_broker_named_twice_in_brokers_is_refused_naming_the_option(
     with pytest.raises(SourceOptionError, match=r"'brokers'.*'e1'.*'e2'.*same store"):
         start = source.initialOffset()
         rows(source, start, source.latestOffset(start, ReadAllAvailable()))
+
+
+@pytest.mark.parametrize(("read_by", "key"), [("topics", "plant/1/temp"), ("partitions", "#p0")])
+def test_a_log_ending_below_the_checkpoint_is_said_when_read_again_from_its_start(
+    edge: EdgeBroker, caplog: pytest.LogCaptureFixture, read_by: str, key: str
+) -> None:
+    """A checkpoint written before stores had identities (no ``#s``), of a broker since wiped: its logs
+    end below the checkpoint's offsets. With failOnDataLoss=false they were read again from their start
+    without a word, what the old logs held past the checkpoint gone unsaid."""
+    edge.fill("plant/1/temp", 10)
+    source = reader(f"e1={edge.url}", failOnDataLoss="false", readBy=read_by)
+    start = {"e1": {key: 50}}
+
+    with caplog.at_level("WARNING", logger="sources"):
+        end = source.latestOffset(start, ReadAllAvailable())
+        assert rows(source, start, end) == 10
+
+    said = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert any("e1" in line and "50" in line and "[0, 10)" in line for line in said), said
