@@ -19,6 +19,7 @@ during the switch (docs/security.md, Certificates).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -433,16 +434,50 @@ def read_certificates(path: str | Path) -> list[x509.Certificate]:
     """The certificates of a PEM file, first to last; ``PkiError`` for a file that is not there or holds
     none."""
     try:
-        return x509.load_pem_x509_certificates(Path(path).read_bytes())
+        data = Path(path).read_bytes()
+        return x509.load_pem_x509_certificates(data)
     except FileNotFoundError:
         raise PkiError(f"{path}: no such file") from None
-    except ValueError as error:
-        raise PkiError(f"{path}: no PEM certificate ({error})") from None
+    except ValueError:
+        raise PkiError(f"{path}: {_not_a_certificate(data)}") from None
+
+
+def _not_a_certificate(data: bytes) -> str:
+    """What a file that holds no PEM certificate holds instead, as far as its PEM label says."""
+    if b"PRIVATE KEY-----" in data:
+        return "a private key, not a certificate"
+    if _CRL_LABEL in data:
+        return "a CRL, not a certificate"
+    return "no PEM certificate"
+
+
+_CRL_LABEL = b"-----BEGIN X509 CRL-----"
+
+
+def _describe_crl(crl: x509.CertificateRevocationList, now: datetime.datetime) -> list[str]:
+    """What a CRL says: whose, which serials, when it was written and until when it holds."""
+    serials = [f"{entry.serial_number:x}" for entry in crl]
+    shown = ", ".join(serials[:10]) + (f" and {len(serials) - 10} more" if len(serials) > 10 else "")
+    count = f"{len(serials)} certificate{'' if len(serials) == 1 else 's'}"
+    lines = [
+        f"CRL of:   {crl.issuer.rfc4514_string()}",
+        f"revoked:  {count}{': serial ' if serials else ''}{shown}",
+    ]
+    lines.append(f"updated:  {crl.last_update_utc:%Y-%m-%d %H:%M} UTC")
+    if crl.next_update_utc is not None:
+        left = (crl.next_update_utc - now).days
+        lines.append(f"valid:    until {crl.next_update_utc:%Y-%m-%d %H:%M} UTC ({left} days left)")
+    return lines
 
 
 def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str]:
-    """What the certificates of a PEM file name, for whom, and until when (``timestone pki show``)."""
+    """What the certificates of a PEM file name, for whom, and until when, or the serials a CRL lists
+    (``timestone pki show``)."""
     now = now or datetime.datetime.now(datetime.UTC)
+    with contextlib.suppress(OSError, ValueError):
+        data = Path(path).read_bytes()
+        if data.lstrip().startswith(_CRL_LABEL):
+            return _describe_crl(x509.load_pem_x509_crl(data), now)
     certificates = read_certificates(path)
     lines: list[str] = []
     for certificate in certificates:

@@ -140,8 +140,9 @@ def pki_main(argv: list[str]) -> int:
             print(f"wrote {crl} ({len(revoked_of(authority))} certificates revoked)")
         else:
             for index, path in enumerate(args.files):
+                lines = describe(path)  # a file it cannot show is said alone, with no heading
                 print(("\n" if index else "") + f"{Path(path)}:")
-                for line in describe(path):
+                for line in lines:
                     print(f"  {line}" if line else "")
     except PkiError as error:
         print(f"timestone pki {args.command}: {error}", file=sys.stderr)

@@ -201,3 +201,27 @@ def test_the_command_issues_shows_and_refuses_with_exit_statuses(
     with pytest.raises(SystemExit) as usage:
         main(["pki", "issue", "member", "b1"])
     assert usage.value.code == 2
+
+
+def test_show_reads_a_crl_and_says_what_a_file_that_is_no_certificate_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pki show DIR/crl.pem`` (is the stolen key's certificate in the CRL yet?) and ``pki show KEY`` said
+    ``no PEM certificate (Unable to load PEM file. See https://cryptography.io/... MalformedFraming)``."""
+    ca = tmp_path / "ca"
+    assert main(["pki", "ca", str(ca), "--name", "plant"]) == 0
+    assert main(["pki", "issue", "client", "dev-1", "--ca", str(ca), "--out", str(tmp_path / "dev-1")]) == 0
+    assert main(["pki", "revoke", str(tmp_path / "dev-1.pem"), "--ca", str(ca)]) == 0
+    capsys.readouterr()
+    assert main(["pki", "show", str(ca / "crl.pem")]) == 0
+    serial = f"{load(tmp_path / 'dev-1.pem').serial_number:x}"
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1:3] == ["  CRL of:   CN=plant CA,O=plant", f"  revoked:  1 certificate: serial {serial}"]
+    assert shown[3].startswith("  updated:  ") and shown[4].startswith("  valid:    until ")
+    (tmp_path / "notes.txt").write_text("not PEM\n")
+    for name, what in [
+        ("dev-1.key", "a private key, not a certificate"),
+        ("notes.txt", "no PEM certificate"),
+    ]:
+        assert main(["pki", "show", str(tmp_path / name)]) == 1
+        assert capsys.readouterr().err == f"timestone pki show: {tmp_path / name}: {what}\n"
