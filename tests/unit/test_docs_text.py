@@ -47,3 +47,30 @@ def test_every_test_a_doc_names_is_there() -> None:
                 if not target.is_file() or (test and not re.search(rf"def {test}\b", target.read_text())):
                     missing.append(f"{path.relative_to(ROOT)}:{number}: {name}{'::' + test if test else ''}")
     assert missing == []
+
+
+def paragraphs(text: str) -> list[tuple[int, str]]:
+    """``(first line number, text)`` of every paragraph of prose (lines between blank lines; no code)."""
+    found: list[tuple[int, str]] = []
+    start, lines = 0, []
+    for number, line in [*prose_lines(text), (0, "")]:
+        if line.strip():
+            start, lines = (start or number), [*lines, line.strip()]
+        elif lines:
+            found.append((start, " ".join(lines)))
+            start, lines = 0, []
+    return found
+
+
+def test_no_paragraph_is_written_twice_in_a_doc() -> None:
+    """A paragraph pasted into a second section as well (security.md's revocation paragraph, in the password
+    file's section too, where its 'replaced as above' pointed at nothing): the copies drift apart."""
+    twice = []
+    for path in DOCS:
+        seen: dict[str, int] = {}
+        for number, paragraph in paragraphs(path.read_text()):
+            opening = paragraph[:200]  # one copy edited since: their openings still match
+            if len(opening) == 200 and opening in seen:
+                twice.append(f"{path.relative_to(ROOT)}:{number}: also at line {seen[opening]}")
+            seen.setdefault(opening, number)
+    assert twice == []
