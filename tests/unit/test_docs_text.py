@@ -52,7 +52,7 @@ def test_every_test_a_doc_names_is_there() -> None:
 def paragraphs(text: str) -> list[tuple[int, str]]:
     """``(first line number, text)`` of every paragraph of prose (lines between blank lines; no code)."""
     found: list[tuple[int, str]] = []
-    start, lines = 0, []
+    start, lines = 0, list[str]()
     for number, line in [*prose_lines(text), (0, "")]:
         if line.strip():
             start, lines = (start or number), [*lines, line.strip()]
