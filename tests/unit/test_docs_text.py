@@ -74,3 +74,17 @@ def test_no_paragraph_is_written_twice_in_a_doc() -> None:
                 twice.append(f"{path.relative_to(ROOT)}:{number}: also at line {seen[opening]}")
             seen.setdefault(opening, number)
     assert twice == []
+
+
+def test_a_code_block_closes_on_a_line_of_its_own() -> None:
+    """README's "```` ``` They show the demo's ...````": a fence followed by text does not close the block
+    (CommonMark), so the rest of the page rendered as code, up to the next fence."""
+    found = []
+    for path in DOCS:
+        fenced = False
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                if fenced and line.strip() != "```":
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line[:60]}")
+                fenced = not fenced
+    assert found == []
