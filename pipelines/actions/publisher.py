@@ -35,6 +35,8 @@ CONNECTIONS = 4
 """Connections per broker for large batches (each with the broker's Receive Maximum in flight)."""
 SHARD_MIN = 256
 """Publishes per connection below which a batch uses fewer connections (one for a single publish)."""
+MAX_EXPIRY_INTERVAL_S = 2**32 - 1
+"""The largest Message Expiry Interval MQTT 5 holds (a four-byte integer, about 136 years)."""
 
 
 class Outgoing(NamedTuple):
@@ -373,7 +375,8 @@ class _Batch:
 
     def unexpired(self, indexes: Sequence[int], now: float) -> tuple[list[int], list[Publication]]:
         """Of the messages at ``indexes``, those not expired at loop time ``now`` and their publications,
-        each with the whole seconds it has left (rounded down, at least 1; None: it never expires)."""
+        each with the whole seconds it has left (rounded down, at least 1, at most what MQTT holds; None:
+        it never expires)."""
         kept: list[int] = []
         publications: list[Publication] = []
         for index in indexes:
@@ -383,7 +386,7 @@ class _Batch:
                 left = self.made_at + expires_in_ms / 1000 - now
                 if left <= 0:
                     continue
-                expiry_s = max(1, math.floor(left))
+                expiry_s = min(MAX_EXPIRY_INTERVAL_S, max(1, math.floor(left)))
             kept.append(index)
             publications.append((topic, payload, expiry_s))
         return kept, publications

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -116,4 +117,26 @@ def test_the_publisher_sends_the_seconds_left_and_never_a_message_already_expire
         received = {m.payload: expiry_of(m) for m in device.expect(3)}
         assert received == {b"5.5": 5, b"0.5": 1, b"never": None}
         device.expect_none(0.5)
+        device.disconnect()
+
+
+def test_an_action_created_far_ahead_goes_out_with_the_longest_interval_mqtt_has(tmp_path: Path) -> None:
+    """A row written by hand with ``created_at`` in the year 9999 (a valid row) expires thousands of years
+    ahead, more than MQTT's four-byte Message Expiry Interval holds: it goes out with the largest, 2^32 - 1
+    seconds, where its send failed at every tick."""
+    store = open_table_store(None, str(tmp_path / "tables"), backend="delta-rs")
+    register_devices(store, {"dev-1": "g"})
+    with broker(tmp_path) as running:
+        device = PahoClient(running.port, "dev-1")
+        device.subscribe(group_topic("g"), 1)
+        publisher = MqttPublisher([running.address], client_id="actions-test")
+        try:
+            engine = ActionsEngine(store, publisher, compliance_interval_s=0)
+            far = datetime(9999, 1, 1, tzinfo=UTC)
+            engine.on_action_rows([action_row("a-far", group="g", created_at=far)], "fanout", 0)
+        finally:
+            publisher.close()
+        (message,) = device.expect(1)
+        assert json.loads(message.payload)["action_id"] == "a-far"
+        assert expiry_of(message) == 2**32 - 1
         device.disconnect()
