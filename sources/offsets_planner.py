@@ -12,9 +12,11 @@ JSON of two offsets, so the same content must always serialise the same way.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 from .options import EARLIEST, LATEST, StartingOffsets, StartKind
 from .partition_offsets import describe, is_partition_key
@@ -28,6 +30,7 @@ __all__ = [
     "RestartedLog",
     "Slice",
     "canonical",
+    "check_offsets",
     "effective_start",
     "plan_end_offsets",
     "plan_partitions",
@@ -149,6 +152,35 @@ class DataLossError(RuntimeError):
         self.expected = expected
         self.log_start = log_start
         self.log_end = log_end
+
+
+_SOURCE_KEY = re.compile(r"#(?:[pe]\d+|[stf].+)", re.DOTALL)
+"""The ``#`` keys the source writes: positions and marks (``partition_offsets``), the store
+(``broker_stores``), the filters read and listed (``partition_offsets``, ``listed_filters``)."""
+
+
+def check_offsets(offsets: object) -> None:
+    """Raise ValueError naming the broker and key where ``offsets`` (a batch's, from Spark's offset log) are
+    not what the source writes: an edit by hand that would fail later naming nothing, or be taken silently."""
+    brokers: list[tuple[str, object]] = [("?", offsets)]
+    if isinstance(offsets, dict):
+        brokers = list(offsets.items())
+    for broker, keys in brokers:
+        if not isinstance(keys, dict):
+            _refuse(broker, f"are {keys!r}, not {{topic: offset}}")
+        for key, value in keys.items():
+            if key.startswith("#") and not _SOURCE_KEY.fullmatch(key):
+                _refuse(broker, f"hold {key!r}, a key the source never writes (#p<n>, #e<n>, #s, #t, #f)")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                _refuse(broker, f"hold {key!r}: {value!r}, not an offset (a whole number >= 0)")
+
+
+def _refuse(broker: str, what: str) -> NoReturn:
+    raise ValueError(
+        f"timestone source: the checkpoint's offsets of broker {broker!r} {what}. Was the offset log "
+        "(offsets/ in the checkpoint location) edited? Write them back as the source wrote them, or start "
+        "the query on a new checkpoint"
+    )
 
 
 def canonical(offsets: Mapping[str, Mapping[str, int]]) -> Offsets:

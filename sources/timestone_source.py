@@ -54,6 +54,7 @@ from .offsets_planner import (
     PartitionPlan,
     RestartedLog,
     canonical,
+    check_offsets,
     plan_end_offsets,
     plan_partitions,
     starting_offsets,
@@ -262,6 +263,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             start, limit = self._starts.start(self.initialOffset), self.getDefaultReadLimit()
         if self.options.end_at_query_start and self._target is None:
             self.prepareForTriggerAvailableNow()
+        check_offsets(start)
         self._check_checkpoint(start)
         self._note_how_read(start)
         self._check_filters(start)
@@ -301,6 +303,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         }
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        check_offsets(start)
+        check_offsets(end)
         self._starts.ended(end)
         if self.options.reads_cluster:
             return self._cluster_partitions(start, end)

@@ -4,7 +4,12 @@ way Spark calls the reader, against real brokers (test_stream_reader.py shows th
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
 
 from sources.options import SourceOptionError, parse_options
 from sources.stream_api import ReadAllAvailable
@@ -54,3 +59,77 @@ def test_a_log_ending_below_the_checkpoint_is_said_when_read_again_from_its_star
 
     said = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
     assert any("e1" in line and "50" in line and "[0, 10)" in line for line in said), said
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"plant/1/temp": "5"}, "'plant/1/temp': '5'"),
+        ({"plant/1/temp": 5.5}, "'plant/1/temp': 5.5"),
+        ({"plant/1/temp": None}, "'plant/1/temp': None"),
+        ({"plant/1/temp": -3}, "'plant/1/temp': -3"),
+        ({"plant/1/temp": True}, "'plant/1/temp': True"),
+        ({"#px": 5}, "'#px'"),
+        ({"#q0": 5}, "'#q0'"),
+        ([5], "[5]"),
+    ],
+)
+def test_a_checkpoint_edited_by_hand_into_no_offsets_fails_naming_the_broker_and_key(
+    edge: EdgeBroker, keys: object, named: str
+) -> None:
+    """A string, a fraction or a null written into the offset log (a hand edit, a script's) ended the
+    query in a bare TypeError naming nothing, a null or a key the source does not write was taken
+    silently (the topic read again from its log start), and a negative offset reported a loss of
+    records before offset 0."""
+    edge.fill("plant/1/temp", 10)
+    source = reader(f"e1={edge.url}", readBy="topics")
+    start = {"e1": keys}
+
+    with pytest.raises(ValueError, match=r"checkpoint.*broker 'e1'.*" + re.escape(named)):
+        rows(source, start, source.latestOffset(start, ReadAllAvailable()))
+    with pytest.raises(ValueError, match=r"checkpoint.*broker 'e1'.*" + re.escape(named)):
+        source.partitions(start, {"e1": {"plant/1/temp": 10}})
+
+
+@pytest.mark.spark
+def test_under_spark_an_offset_log_edited_by_hand_fails_the_restarted_query_naming_it(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    """The offset log as a user edits it (a number written as a string) fails the restarted query with
+    the source's message, where it ended in TypeError: '>' not supported between 'int' and 'str'."""
+    edge.fill("plant/1/temp", 5)
+    checkpoint = tmp_path / "checkpoint"
+    options = {"brokers": f"e1={edge.url}", "topics": "plant/+/temp", "readBy": "topics"}
+
+    def run() -> None:
+        frame = timestone_spark.readStream.format("timestone").options(**options).load()
+        query = (
+            frame.writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination(120)
+            error = query.exception()
+            if error is not None:
+                raise error
+        finally:
+            query.stop()
+
+    options["startingOffsets"] = "earliest"
+    run()
+    last = max((path for path in (checkpoint / "offsets").iterdir() if path.name.isdigit()), key=_number)
+    lines = last.read_text().split("\n")
+    lines[-1] = lines[-1].replace('"plant/1/temp": 5', '"plant/1/temp": "5"')
+    assert lines[-1] != last.read_text().split("\n")[-1]
+    last.write_text("\n".join(lines))
+    (checkpoint / "commits" / last.name).unlink()  # the batch is replayed from the edited offsets
+    edge.fill("plant/1/temp", 2, first=5)
+
+    with pytest.raises(StreamingQueryException, match=r"checkpoint's offsets of broker 'e1'.*'5'"):
+        run()
+
+
+def _number(path: Path) -> int:
+    return int(path.name)
