@@ -161,10 +161,18 @@ INT32_MAX = 2**31 - 1
 
 
 def _text(value: object) -> str:
-    """A report's id or state: a non-empty string (a number or a null is no id)."""
+    """A report's id or state: a non-empty string (a number or a null is no id) that UTF-8 holds (JSON may
+    escape half of a UTF-16 pair, ``\ud800``, which no column, device or action id holds)."""
     if not isinstance(value, str) or not value:
         raise ValueError("expected a non-empty string")
+    value.encode()  # UnicodeEncodeError, a ValueError, for a lone surrogate
     return value
+
+
+def _details(value: object) -> str:
+    """A report's details as a column holds them: text of at most 1000 characters, a lone surrogate kept
+    escaped (``\ud800``) rather than failing the write of every report of its batch."""
+    return str(value)[:1000].encode("utf-8", "backslashreplace").decode()
 
 
 def _whole(value: object, high: int, low: int = 0) -> int:
@@ -193,7 +201,7 @@ def parse_report(payload: bytes, received_at: int | None = None) -> StatusReport
             state=_text(data["state"]),
             seq=_whole(data["seq"], INT64_MAX),
             ts=_whole(data["ts"], INT64_MAX, -INT64_MAX),
-            details=str(data.get("details", ""))[:1000],
+            details=_details(data.get("details", "")),
             attempt=_whole(attempt, INT32_MAX, 1) if attempt is not None else None,
             received_at=received_at,
         )

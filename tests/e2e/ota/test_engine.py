@@ -6,10 +6,13 @@ logs is tested in test_actions_job.py.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.compute as pc
 import pytest
 
 from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT, StatusReport
 from tests.e2e.ota.conftest import action_row, epoch_ms, register_devices, write_actions
@@ -272,3 +275,25 @@ def test_a_restarted_job_replaying_an_ended_actions_first_row_says_nothing_of_a_
         assert summary(table_store, "ended")["action_state"] == "COMPLETED"
         assert harness.fleet.finished("ended") == 2
         restarted.publisher.close()
+
+
+def test_a_report_with_a_lone_surrogate_in_its_details_lands_with_its_batch(table_store, mosquitto):
+    """A device's report whose ``details`` JSON-escapes half of a UTF-16 pair (``\\ud800``, from a device's
+    buggy string handling) failed the write of its whole batch, at every replay, so no report of the batch
+    (other devices' included) ever reached the tables; it is now taken, the half pair kept escaped."""
+    register_devices(table_store, {"d1": "g", "d2": "g"})
+    engine = make_engine(table_store, mosquitto)
+    try:
+        row = action_row("a-1", group="g")
+        write_actions(table_store, [row], 0)
+        engine.on_action_rows([row], "fanout", 0)
+        body = {"action_id": "a-1", "state": "FAILED", "seq": 1, "ts": 1, "details": "flash \ud800 error"}
+        payloads = [json.dumps(body | {"device_id": "d1"}).encode()]
+        payloads.append(json.dumps(body | {"device_id": "d2", "state": "SUCCEEDED", "details": ""}).encode())
+        reports = [parse_report(payload, received_at=engine.clock()) for payload in payloads]
+        engine.on_reports([r for r in reports if r is not None], "reports", 0)
+        rows = executions(table_store, "a-1")
+        assert (rows["d1"]["state"], rows["d1"]["status_details"]) == (FAILED, "flash \\ud800 error")
+        assert rows["d2"]["state"] == SUCCEEDED
+    finally:
+        engine.publisher.close()

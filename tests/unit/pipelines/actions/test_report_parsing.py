@@ -85,3 +85,19 @@ def test_a_report_on_a_shared_topic_counts_only_for_the_client_that_sent_it():
     assert [r.device_id for r in believed] == ["dev-1", "dev-1", "dev-3", "dev-4"]
     without_senders = parse_reports(records.select(["payload", "timestamp", "topic"]))
     assert len(without_senders) == 4  # nothing to check them against
+
+
+def test_a_lone_surrogate_is_escaped_in_details_and_makes_an_id_no_report():
+    """JSON may escape half of a UTF-16 pair (``\\ud800``), which no UTF-8 column holds: in ``details`` it is
+    kept escaped and the report taken; in an id no device or action can have it, and it is no report."""
+
+    def payload(**fields: str) -> bytes:
+        body = {"action_id": "a1", "device_id": "dev-1", "state": "FAILED", "seq": 1, "ts": 1} | fields
+        return json.dumps(body).encode()  # json.dumps writes a lone surrogate as its \\ud800 escape
+
+    report = parse_report(payload(details="flash \ud800 error"))
+    assert report is not None
+    assert report.details == "flash \\ud800 error"
+    report.details.encode()  # a column can hold it
+    assert parse_report(payload(device_id="dev-\udfff")) is None
+    assert parse_report(payload(action_id="a\ud83d")) is None
