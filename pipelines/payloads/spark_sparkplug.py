@@ -41,7 +41,7 @@ ROWS_SCHEMA = ", ".join(
         "metric_time_ms bigint",
         "is_null boolean, is_historical boolean, value_long bigint, value_double double",
         "value_boolean boolean, value_string string, value_bytes binary, reason string, detail string",
-        "online boolean, birth_time_ms bigint, payload binary, ordinal int",
+        "online boolean, birth_time_ms bigint, payload binary, is_transient boolean, ordinal int",
     ]
 )
 STATE_SCHEMA = "session binary"

@@ -57,6 +57,7 @@ def sparkplug_metrics() -> TableSpec:
             column("offset", LongType(), False),
             column("timestamp", TimestampType(), True, "broker append time"),
             column("ingested_at", TimestampType(), False),
+            column("is_transient", BooleanType(), True, "sent as transient: for a host, not for a historian"),
         ),
         partition_by=("event_date",),
         properties=CHANGE_DATA_FEED,

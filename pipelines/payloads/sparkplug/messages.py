@@ -70,6 +70,7 @@ class Metric:
     timestamp: int | None
     is_null: bool
     is_historical: bool
+    is_transient: bool
     value_field: str | None
     message: Any  # the protobuf Metric, read again once the datatype is known
 
@@ -119,6 +120,7 @@ def read_payload(payload: bytes) -> Payload:
                 else None,
                 is_null=metric.is_null,
                 is_historical=metric.is_historical,
+                is_transient=metric.is_transient,
                 value_field=metric.WhichOneof("value"),
                 message=metric,
             )

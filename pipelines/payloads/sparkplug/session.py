@@ -83,6 +83,7 @@ ROW_COLUMNS = (
     "online",
     "birth_time_ms",
     "payload",
+    "is_transient",
 )
 
 
@@ -266,6 +267,7 @@ class EdgeNodeSession:
             row["metric_time_ms"] = metric.timestamp if metric.timestamp is not None else sent_ms
             row["is_null"] = metric.is_null
             row["is_historical"] = metric.is_historical
+            row["is_transient"] = metric.is_transient
             row["value_long"] = value.long
             row["value_double"] = value.double
             row["value_boolean"] = value.boolean
