@@ -190,8 +190,8 @@ def _whole(value: object, high: int, low: int = 0) -> int:
 
 def parse_report(payload: bytes, received_at: int | None = None) -> StatusReport | None:
     """A device status report received at ``received_at`` (epoch ms), or None when the payload is not one (it
-    is then counted and skipped): ids and state strings, ``seq`` and ``ts`` 64-bit, ``attempt`` from 1 and
-    32-bit, as the executions hold them."""
+    is then counted and skipped): ids and state strings, ``seq`` (from 1) and ``ts`` 64-bit, ``attempt``
+    from 1 and 32-bit, as the executions hold them."""
     try:
         data = json.loads(payload)
         attempt = data.get("attempt")
@@ -199,7 +199,7 @@ def parse_report(payload: bytes, received_at: int | None = None) -> StatusReport
             action_id=_text(data["action_id"]),
             device_id=_text(data["device_id"]),
             state=_text(data["state"]),
-            seq=_whole(data["seq"], INT64_MAX),
+            seq=_whole(data["seq"], INT64_MAX, 1),  # 0 is an execution's "no report yet"
             ts=_whole(data["ts"], INT64_MAX, -INT64_MAX),
             details=_details(data.get("details", "")),
             attempt=_whole(attempt, INT32_MAX, 1) if attempt is not None else None,

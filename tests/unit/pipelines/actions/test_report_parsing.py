@@ -101,3 +101,19 @@ def test_a_lone_surrogate_is_escaped_in_details_and_makes_an_id_no_report():
     report.details.encode()  # a column can hold it
     assert parse_report(payload(device_id="dev-\udfff")) is None
     assert parse_report(payload(action_id="a\ud83d")) is None
+
+
+def test_a_report_of_seq_0_is_no_report_rather_than_one_dropped_unseen():
+    """An execution with no report applied holds ``report_seq`` 0 and takes only a greater one: a device that
+    counted its reports from 0 had its first report (its only one, for a device that reports just its
+    outcome) dropped as stale with nothing said. ``seq`` starts at 1: 0 is not a report, so the job counts
+    and logs it as one of the status messages it skipped."""
+    body = {"action_id": "a1", "device_id": "dev-1", "state": SUCCEEDED, "ts": 1}
+    assert parse_report(json.dumps(body | {"seq": 0}).encode()) is None
+    report = parse_report(json.dumps(body | {"seq": 1}).encode())
+    assert report is not None and report.seq == 1
+    records = pa.Table.from_pylist(
+        [record(json.dumps(body | {"seq": 0}).encode(), datetime(2026, 12, 1, tzinfo=UTC))],
+        schema=SOURCE_ARROW_SCHEMA,
+    )
+    assert parse_reports(records) == []
