@@ -149,16 +149,19 @@ def _time(milliseconds: int, where: str) -> int:
 
 
 def metric_value(metric: Metric, datatype: str) -> MetricValue:
-    """The metric's value read as ``datatype``; ``PayloadError`` when it travels in another value field."""
-    if metric.is_null or metric.value_field is None:
-        return MetricValue()
+    """The metric's value read as ``datatype``; ``PayloadError`` when it travels in another value field.
+
+    A metric that is not ``is_null`` and carries no value field is read as its datatype's default (0,
+    false, an empty string), as Eclipse Tahu's decoder reads it: an encoder whose schema has no ``oneof``
+    around the values (a proto3 copy) leaves a value equal to its default out."""
     expected = VALUE_FIELDS.get(datatype)
-    integer = datatype in _INTEGER_BITS and metric.value_field in _INTEGER_FIELDS
-    if metric.value_field != expected and not integer:
-        raise PayloadError(
-            f"sparkplug_b: {metric.where()}: a {datatype} in {metric.value_field}, not in {expected}"
-        )
-    value = getattr(metric.message, metric.value_field)
+    sent = metric.value_field or expected
+    if metric.is_null or sent is None:
+        return MetricValue()
+    integer = datatype in _INTEGER_BITS and sent in _INTEGER_FIELDS
+    if sent != expected and not integer:
+        raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} in {sent}, not in {expected}")
+    value = getattr(metric.message, sent)
     if datatype in _SIGNED_32 or datatype in _UNSIGNED_32:
         _within_width(metric, datatype, value)
     if datatype in _SIGNED:
@@ -292,8 +295,12 @@ def _not_utf8(message: Any, path: str = "") -> str | None:
 
 
 def bdseq(payload: Payload) -> int | None:
-    """The ``bdSeq`` metric of an NBIRTH or NDEATH: what ties an edge node's death to its birth."""
+    """The ``bdSeq`` metric of an NBIRTH or NDEATH: what ties an edge node's death to its birth (0 when its
+    value is left out, as a proto3 encoder leaves a 0 out)."""
     for metric in payload.metrics:
-        if metric.name == "bdSeq" and metric.value_field in ("long_value", "int_value"):
-            return int(getattr(metric.message, metric.value_field))
+        if metric.name == "bdSeq" and not metric.is_null and metric.value_field in _BDSEQ_FIELDS:
+            return int(getattr(metric.message, metric.value_field or "long_value"))
     return None
+
+
+_BDSEQ_FIELDS = ("long_value", "int_value", None)

@@ -155,3 +155,53 @@ def test_a_packed_array_its_datatype_cannot_hold_is_quarantined_saying_why(datat
     [rejected] = EdgeNodeSession().process([array_birth((datatype, packed))])
     assert (rejected["kind"], rejected["reason"]) == (REJECTED, REASON_MALFORMED)
     assert rejected["detail"] == f"sparkplug_b: metric 1 ('{datatype} 1'): {detail}"
+
+
+def test_a_value_left_out_is_its_datatypes_zero_as_the_reference_decoder_reads_it():
+    """An encoder whose schema has no ``oneof`` around the value fields (a proto3 copy) leaves out a value
+    equal to its default: 0, 0.0, false, an empty string. Eclipse Tahu's decoder reads a metric that is
+    not ``is_null`` by its datatype's getter, which gives that default; such a metric's row had no value
+    at all beside ``is_null`` false, and a reading of 0 was lost."""
+    zeros = [("Int32", 3), ("Int64", 4), ("Double", 5), ("Boolean", 6), ("String", 7), ("Int16Array", 8)]
+    data = payload(1001, 1)
+    for _, alias in zeros:
+        metric(data, None, alias)
+    metric(data, None, 9).is_null = True
+    rows = EdgeNodeSession().process(
+        [birth(1000, *[(t, a, t) for t, a in zeros], ("Gone", 9, "Float")), record("NDATA", data, 1001)]
+    )
+    sent = [row for row in rows_of(rows, METRIC) if row["message_type"] == "NDATA"]
+    values = [
+        (
+            r["metric"],
+            r["is_null"],
+            r["value_long"],
+            r["value_double"],
+            r["value_boolean"],
+            r["value_string"],
+            r["value_bytes"],
+        )
+        for r in sent
+    ]
+    assert values == [
+        ("Int32", False, 0, 0.0, None, None, None),
+        ("Int64", False, 0, 0.0, None, None, None),
+        ("Double", False, None, 0.0, None, None, None),
+        ("Boolean", False, None, None, False, None, None),
+        ("String", False, None, None, None, "", None),
+        ("Int16Array", False, None, None, None, None, b""),
+        ("Gone", True, None, None, None, None, None),
+    ]
+
+
+def test_a_death_whose_bdseq_0_was_left_out_is_the_will_of_the_connection_with_bdseq_0():
+    """A proto3 encoder leaves ``bdSeq`` 0 out of an NDEATH: it was read as no ``bdSeq`` at all, which ends
+    whatever birth is in force, so an earlier connection's will, arriving late, took the node offline."""
+    reborn = payload(2000, 0)
+    metric(reborn, "bdSeq", None, "Int64").long_value = 1
+    late = payload(2001, None)
+    metric(late, "bdSeq", None, "Int64")  # bdSeq 0, left out
+    session = EdgeNodeSession()
+    rows = session.process([record("NBIRTH", reborn, 2000), record("NDEATH", late, 2001)])
+    assert [(row["kind"], row["online"]) for row in rows if row["kind"] != METRIC] == [("presence", True)]
+    assert session.birth is not None
