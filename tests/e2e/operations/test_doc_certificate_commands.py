@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
@@ -58,3 +59,15 @@ def test_the_uplink_docs_tls_files_are_the_ones_its_commands_write(tmp_path: Pat
     assert named
     missing = sorted(p for p in named if not (tmp_path / "etc" / p.removeprefix("/etc/timestone/")).is_file())
     assert missing == []
+
+
+def test_the_cluster_docs_member_tls_files_are_the_ones_its_commands_write(tmp_path: Path) -> None:
+    """docs/cluster.md's configuration named /etc/timestone/member.pem and cluster-ca.pem, while its
+    'Making member certificates' wrote tls/b1-member.pem and pki/cluster-ca/ca.pem."""
+    doc = ROOT / "docs" / "cluster.md"
+    for text in pki_blocks(doc):
+        assert run_as_written(text, tmp_path / "etc").returncode == 0
+    member_tls = yaml.safe_load(blocks(doc, "yaml")[0])["cluster"]["tls"]
+    assert sorted(member_tls) == ["cafile", "certfile", "keyfile"]
+    for path in member_tls.values():
+        assert (tmp_path / "etc" / path.removeprefix("/etc/timestone/")).is_file(), path
