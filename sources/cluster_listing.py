@@ -21,6 +21,7 @@ from broker_edge.offsets_api.errors import AuthError, TlsRefused
 from .cluster_plan import TopicRoute, route_topics
 from .offsets_planner import LogExtent
 from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings
+from .topic_cover import listing
 
 __all__ = ["ClusterLister", "ClusterListing"]
 
@@ -88,8 +89,10 @@ class ClusterLister:
     def _list_member(self, layout: ClusterLayout, node: str, patterns: Sequence[str]) -> dict[str, LogExtent]:
         member = replace(self.settings, broker=node, url=layout.offsets_api(node), retries=0)
         logs: dict[str, LogExtent] = {}
+        sent, keep = listing(patterns)
         with member.client() as client:
-            for pattern in patterns:
+            for pattern in sent:
                 for info in member.call(partial(client.list_logs, pattern)):
-                    logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+                    if keep is None or keep(info.topic):
+                        logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
         return logs

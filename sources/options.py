@@ -22,9 +22,11 @@ from enum import Enum
 from broker_edge.config.endpoints import BrokerEndpoint, is_base_url, parse_endpoints
 from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
-from broker_edge.protocol.topics import SHARE_PREFIX, topic_matches, validate_topic_filter
+from broker_edge.protocol.topics import SHARE_PREFIX, validate_topic_filter
 from broker_edge.security.client_tls import ClientTls
 from broker_edge.settings.uplink import site_topic
+
+from .topic_cover import TopicMatcher
 
 __all__ = [
     "EARLIEST",
@@ -275,9 +277,10 @@ def _check_start_topics(options: SourceOptions) -> None:
     """Refuse a JSON start naming a topic no filter of ``topics`` reads: it would stay in the checkpoint,
     never read, while the topic meant (misspelt, or a site's without its ``$site/<site_id>/``) started at
     its log start."""
+    read = TopicMatcher(options.log_patterns)  # (thousands of named topics: looked up, not matched each)
     for broker, topics in (options.starting_offsets.specific or {}).items():
         for topic in topics:
-            if not any(topic_matches(pattern, topic) for pattern in options.log_patterns):
+            if not read(topic):
                 where = "" if options.reads_cluster else f" (broker {broker!r})"
                 raise SourceOptionError(
                     "startingOffsets",
@@ -433,7 +436,7 @@ def _apply_broker_tokens(
 
 
 def _parse_topics(raw: str) -> tuple[str, ...]:
-    patterns: list[str] = []
+    patterns: dict[str, None] = {}  # (in order, each once: thousands of named topics are looked up)
     for item in (part.strip() for part in raw.split(",")):
         if not item:
             raise SourceOptionError("topics", f"empty topic filter in {raw!r}")
@@ -443,8 +446,7 @@ def _parse_topics(raw: str) -> tuple[str, ...]:
             validate_topic_filter(item)
         except InvalidTopic as error:
             raise SourceOptionError("topics", str(error)) from None
-        if item not in patterns:
-            patterns.append(item)
+        patterns[item] = None
     return tuple(patterns)
 
 

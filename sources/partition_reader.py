@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from broker_edge.offsets_api.client import OffsetsClient, PartitionFetch, PositionOutOfRangeError
 
@@ -26,6 +28,7 @@ from .broker_stores import answer_store_matches
 from .offsets_planner import DataLossError, Slice
 from .partition_offsets import partition_of
 from .slice_reader import FetchSettings, log_lost, to_source_batch
+from .topic_cover import TopicMatcher, sent_filters
 
 __all__ = ["MAX_ENTRIES_PER_REQUEST", "read_positions"]
 
@@ -41,6 +44,8 @@ def read_positions(
     """Yield the records of topics matching `patterns` in the position ranges `slices` (one broker's), as
     batches of the source's schema. `marks`: each partition's query-start mark (see the module docstring)."""
     client = fetch.client()
+    sent = sent_filters(patterns)
+    keep = None if sent == tuple(patterns) else TopicMatcher(patterns)  # (sent a cover: ``topic_cover``)
     lost = 0
     same_store = True  # (every answer tells its store: one from another than the batch's ends the task)
     try:
@@ -51,7 +56,9 @@ def read_positions(
             while same_store and position < piece.end:
                 upto = min(piece.end, mark) if position < mark else piece.end
                 try:
-                    fetched: PartitionFetch | None = _read(fetch, client, partition, position, upto, patterns)
+                    fetched: PartitionFetch | None = _read(
+                        fetch, client, partition, position, upto, sent or ()
+                    )
                 except PositionOutOfRangeError as error:
                     fetched, refused = None, error
                 same_store = answer_store_matches(
@@ -69,6 +76,8 @@ def read_positions(
                         f"timestone source: broker {fetch.broker!r} partition {partition} returned nothing "
                         f"from position {position} although it was listed up to {piece.end}"
                     )
+                if keep is not None:
+                    fetched = _kept(fetched, keep)
                 strict = position >= mark and not piece.from_log_start
                 lost += _passed_over(fetch, piece, position, fetched, strict)
                 position = fetched.next_position
@@ -92,6 +101,15 @@ def _read(
     return fetch.call(
         partial(client.read_partition, partition, position, entries, fetch.max_bytes, tuple(patterns))
     )
+
+
+def _kept(fetched: PartitionFetch, keep: TopicMatcher) -> PartitionFetch:
+    """``fetched`` (read with a cover of the query's filters) with the rows and losses of its topics only."""
+    topics = fetched.table.column("topic")
+    wanted = [topic for topic in pc.unique(topics).to_pylist() if keep(topic)]
+    table = fetched.table.filter(pc.is_in(topics, value_set=pa.array(wanted, topics.type)))
+    lost = {topic: count for topic, count in fetched.lost.items() if keep(topic)}
+    return replace(fetched, table=table, lost=lost)
 
 
 def _past_the_start(fetch: FetchSettings, piece: Slice, position: int, error: PositionOutOfRangeError) -> int:

@@ -77,6 +77,7 @@ from .partition_offsets import (
 from .partition_reader import read_positions
 from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
 from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from .topic_cover import listing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -548,9 +549,11 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             fetch = self._fetch[broker]
             logs: dict[str, LogExtent] = {}
             stores: set[str | None] = set()
-            for pattern in self.options.log_patterns:
+            sent, keep = listing(self.options.log_patterns)  # (thousands of named topics: a cover)
+            for pattern in sent:
                 for info in fetch.call(partial(client.list_logs, pattern)):
-                    logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+                    if keep is None or keep(info.topic):
+                        logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
                 stores.add(client.store)
             if len(stores) > 1:  # replaced between two patterns' listings: listed again next batch
                 raise BrokerUnreachableError(

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from sources.options import SourceOptionError, parse_options
 from sources.stream_api import ReadAllAvailable
 from sources.timestone_source import TimestoneStreamReader
-from tests.e2e.sources.conftest import EdgeBroker
+from tests.e2e.sources.conftest import EdgeBroker, telemetry
 
 
 def reader(brokers: str, **options: str) -> TimestoneStreamReader:
@@ -133,3 +133,31 @@ def test_under_spark_an_offset_log_edited_by_hand_fails_the_restarted_query_nami
 
 def _number(path: Path) -> int:
     return int(path.name)
+
+
+@pytest.mark.parametrize("read_by", ["partitions", "topics"])
+def test_topics_naming_every_device_topic_reads_those_and_no_other(edge: EdgeBroker, read_by: str) -> None:
+    """A topic per device, each named in ``topics`` (2,000 of them): read by partition (the default) every
+    batch's tasks failed with the broker's 414 uri_too_long (each filter a parameter of the read's URL)."""
+    devices = 2000
+
+    async def fill() -> None:
+        for number in range(devices):
+            edge.store.append(f"dev/{number}/status", telemetry(number))
+        edge.store.append("dev/extra/status", telemetry(0))  # not named: not read
+        edge.store.append("$SYS/dev/status", telemetry(0))
+        await edge.store.wait_durable()
+
+    edge.run(fill())
+    named = [f"dev/{number}/status" for number in range(devices)] + ["$SYS/dev/status"]
+    source = reader(f"e1={edge.url}", topics=",".join(named), startingOffsets="earliest", readBy=read_by)
+    start = source.initialOffset()
+    end = source.latestOffset(start, ReadAllAvailable())
+
+    topics = [
+        topic
+        for part in source.partitions(start, end)
+        for batch in source.read(part)
+        for topic in batch.column("topic").to_pylist()
+    ]
+    assert sorted(topics) == sorted(named)
