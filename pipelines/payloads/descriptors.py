@@ -91,6 +91,30 @@ def _fields(payload: bytes) -> Iterator[tuple[int, int, bytes | None]]:
             raise _Broken(start, number, f"wire type {wire_type} is not one protobuf has (or is a group)")
 
 
+def last_varints(payload: bytes, numbers: set[int]) -> dict[int, int]:
+    """The value of the last varint among ``payload``'s top-level fields of each number in ``numbers`` (the
+    one protobuf keeps for a singular field), as sent: before protobuf cut it to its field's width."""
+    found: dict[int, int] = {}
+    at = 0
+    while at < len(payload):
+        tag, at = _varint(payload, at)
+        if tag is None:
+            break
+        wire_type = tag & 7
+        if wire_type == 0:
+            value, at = _varint(payload, at)
+            if value is not None and tag >> 3 in numbers:
+                found[tag >> 3] = value
+        elif wire_type in (1, 5):
+            at += 8 if wire_type == 1 else 4
+        elif wire_type == 2:
+            length, at = _varint(payload, at)
+            at += length or 0
+        else:
+            break  # a group: protobuf parsed it, nothing declared is in it
+    return found
+
+
 def parse_error(descriptor: Any, payload: bytes) -> str:
     """Why ``payload`` is not a message of ``descriptor``: the byte offset where it breaks, and the field.
 

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from . import examples
-from .descriptors import parse_error
+from .descriptors import last_varints, parse_error
 from .fields import PayloadError
 
 _INTEGER = {
@@ -37,6 +37,13 @@ _INTEGER = {
 _FLOATING = {FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE}
 _NUMBERS = {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "double"}
 _TIMESTAMP = "google.protobuf.Timestamp"
+#: The 32-bit types read from a varint (which protobuf cuts to their width: an int64 read as an int32).
+_VARINT_32 = {
+    FieldDescriptor.TYPE_INT32: "int32",
+    FieldDescriptor.TYPE_ENUM: "enum",
+    FieldDescriptor.TYPE_UINT32: "uint32",
+    FieldDescriptor.TYPE_SINT32: "sint32",
+}
 _WIRE_TYPES = {
     0: "a varint",
     1: "8 bytes",
@@ -103,13 +110,17 @@ class ProtobufReader:
         self.fields: dict[str, tuple[Any, str]] = {
             name: (descriptor.fields_by_name[name], t) for name, t in fields.items()
         }
+        self.narrow = {f.number: f for f, _ in self.fields.values() if f.type in _VARINT_32}
+        """The declared 32-bit varint fields, whose values as sent are checked against their width."""
 
     def __call__(self, payload: bytes) -> dict[str, Any]:
         try:
-            message = self.message.FromString(payload)
+            message: Any = self.message.FromString(payload)
         except DecodeError:
             raise PayloadError(f"protobuf: {parse_error(self.message.DESCRIPTOR, payload)}") from None
         _refuse_misread(message, self.fields.values())
+        if self.narrow:
+            _refuse_truncated(payload, self.narrow)
         return {name: _value(message, field, t) for name, (field, t) in self.fields.items()}
 
 
@@ -127,6 +138,25 @@ def _refuse_misread(message: Any, fields: Iterable[tuple[Any, str]], within: str
             raise PayloadError(
                 f"protobuf: field {within}{field.name} ({field.number}) was sent as {wire}, where the "
                 f"schema's type is {_TYPE_NAMES.get(field.type, field.type)}"
+            )
+
+
+def _refuse_truncated(payload: bytes, narrow: Mapping[int, Any]) -> None:
+    """``PayloadError`` when a declared 32-bit field was sent a varint past its width (a newer schema's
+    field widened to 64 bits): protobuf keeps its low 32 bits, a value that was never sent."""
+    for number, sent in last_varints(payload, set(narrow)).items():
+        field = narrow[number]
+        kind = _VARINT_32[field.type]
+        if kind == "uint32":
+            value, fits = sent, sent < 2**32
+        elif kind == "sint32":
+            value, fits = (sent >> 1) ^ -(sent & 1), sent < 2**32
+        else:
+            value = sent - 2**64 if sent >= 2**63 else sent
+            fits = -(2**31) <= value < 2**31
+        if not fits:
+            raise PayloadError(
+                f"protobuf: field {field.name} ({number}): {value} does not fit its type, {kind}"
             )
 
 

@@ -1,0 +1,69 @@
+"""Protobuf payloads from devices on another version of the schema than the one the job reads with.
+
+Each payload is written by a message class of the other version, compiled from its own ``.proto``: fields
+added (unknown to the reader: ignored) and widened (an ``int32`` that became an ``int64``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.payloads.descriptors import message_class
+from pipelines.payloads.fields import decode_payloads
+from pipelines.payloads.protobuf import ProtobufReader
+
+from .test_descriptor_sets import compile_proto
+
+READER = """syntax = "proto3"; package acme;
+message Reading { int64 ts = 1; int32 watts = 2; uint32 count = 3; sint32 trim = 4; Phase phase = 5; }
+enum Phase { PHASE_UNSET = 0; L1 = 1; }
+"""
+NEWER = """syntax = "proto3"; package acme;
+message Reading { int64 ts = 1; int64 watts = 2; uint64 count = 3; sint64 trim = 4; int64 phase = 5;
+                  string site = 6; }
+"""
+FIELDS = {"ts": "bigint", "watts": "bigint", "count": "bigint", "trim": "bigint", "phase": "string"}
+
+
+def compiled(tmp_path: Path, name: str, text: str, message: str = "acme.Reading") -> Any:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / f"{name}.proto").write_text(text)
+    return message_class(compile_proto(folder, f"{name}.proto", folder / f"{name}.desc"), message)
+
+
+def read(reader_class: Any, payloads: list[bytes], fields: dict[str, str] = FIELDS) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = (
+        decode_payloads(payloads, ProtobufReader(reader_class, fields), fields).table().to_pylist()
+    )
+    return rows
+
+
+def test_a_newer_schemas_added_field_is_ignored_and_values_that_still_fit_are_read(tmp_path):
+    newer = compiled(tmp_path, "newer", NEWER)
+    sent = newer(ts=1, watts=-1500, count=7, trim=-3, phase=1, site="north").SerializeToString()
+    [row] = read(compiled(tmp_path, "reader", READER), [sent])
+    assert row == {"ts": 1, "watts": -1500, "count": 7, "trim": -3, "phase": "L1", "decode_error": None}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("watts", 5_000_000_000, "protobuf: field watts (2): 5000000000 does not fit its type, int32"),
+        ("watts", -(2**40), f"protobuf: field watts (2): {-(2**40)} does not fit its type, int32"),
+        ("count", 2**32, f"protobuf: field count (3): {2**32} does not fit its type, uint32"),
+        ("trim", -(2**31) - 1, f"protobuf: field trim (4): {-(2**31) - 1} does not fit its type, sint32"),
+        ("phase", 2**33 + 1, f"protobuf: field phase (5): {2**33 + 1} does not fit its type, enum"),
+    ],
+)
+def test_a_value_a_widened_field_sent_past_the_readers_width_is_quarantined(tmp_path, field, value, error):
+    """Protobuf reads an ``int64`` varint into an ``int32`` field by keeping its low 32 bits (a field widened
+    from ``int32`` to ``int64`` is a change its guide calls compatible): 5,000,000,000 watts became
+    705,032,704 and 2**32 became 0, readings the device never sent, in silver."""
+    newer = compiled(tmp_path, "newer", NEWER)
+    [row] = read(compiled(tmp_path, "reader", READER), [newer(ts=1, **{field: value}).SerializeToString()])
+    assert row["decode_error"] == error
+    assert row[field] is None
