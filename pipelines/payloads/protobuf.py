@@ -118,6 +118,9 @@ class ProtobufReader:
             message: Any = self.message.FromString(payload)
         except DecodeError:
             raise PayloadError(f"protobuf: {parse_error(self.message.DESCRIPTOR, payload)}") from None
+        if not message.IsInitialized():  # proto2: Python's parser, unlike C++'s and Java's, takes it
+            missing = ", ".join(message.FindInitializationErrors())
+            raise PayloadError(f"protobuf: {message.DESCRIPTOR.full_name} lacks its required field {missing}")
         _refuse_misread(message, self.fields.values())
         if self.narrow:
             _refuse_truncated(payload, self.narrow)

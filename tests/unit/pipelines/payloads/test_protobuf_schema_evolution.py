@@ -1,7 +1,8 @@
 """Protobuf payloads from devices on another version of the schema than the one the job reads with.
 
 Each payload is written by a message class of the other version, compiled from its own ``.proto``: fields
-added (unknown to the reader: ignored) and widened (an ``int32`` that became an ``int64``).
+added (unknown to the reader: ignored) and widened (an ``int32`` that became an ``int64``), and a proto2
+message without a field its schema requires.
 """
 
 from __future__ import annotations
@@ -67,3 +68,20 @@ def test_a_value_a_widened_field_sent_past_the_readers_width_is_quarantined(tmp_
     [row] = read(compiled(tmp_path, "reader", READER), [newer(ts=1, **{field: value}).SerializeToString()])
     assert row["decode_error"] == error
     assert row[field] is None
+
+
+def test_a_proto2_message_without_a_required_field_is_quarantined_naming_it(tmp_path):
+    """Protobuf's Python parser takes a proto2 message that lacks a ``required`` field (C++ and Java refuse
+    it): the column read null, as if the field were optional, for a payload that is no such message
+    (another message's, or cut at a field boundary)."""
+    schema = (
+        'syntax = "proto2"; package acme; message Reading { required int64 ts = 1; optional double t = 2; }'
+    )
+    cls = compiled(tmp_path, "old", schema)
+    fields = {"ts": "bigint", "t": "double"}
+    complete = cls(ts=5, t=1.5).SerializeToString()
+    rows = read(cls, [complete, cls(t=1.5).SerializePartialToString()], fields)
+    assert [row["decode_error"] for row in rows] == [
+        None,
+        "protobuf: acme.Reading lacks its required field ts",
+    ]
