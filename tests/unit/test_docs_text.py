@@ -88,3 +88,15 @@ def test_a_code_block_closes_on_a_line_of_its_own() -> None:
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line[:60]}")
                 fenced = not fenced
     assert found == []
+
+
+def test_the_readme_shows_every_chart_the_notebooks_draw() -> None:
+    """README shows "the notebooks' charts after one make demo"; the fleet's metric chart, drawn by
+    telemetry.ipynb and saved by pipelines.views.render, was neither in docs/img nor in the README."""
+    from pipelines.views.render import CHARTS
+
+    readme = (ROOT / "README.md").read_text()
+    shown = set(re.findall(r"\(docs/img/(\w+)\.png\)", readme))
+    drawn = {name for names in CHARTS.values() for name in names}
+    assert shown == drawn
+    assert all((ROOT / "docs" / "img" / f"{name}.png").is_file() for name in drawn)
