@@ -73,6 +73,8 @@ T = TypeVar("T")
 HANDSHAKE_TIMEOUT_S = 30.0
 MAX_DOWN_BYTES = 16 * 1024 * 1024
 """Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
+CHECKED_AT_ONCE = 512
+"""Logs the retention check looks at between two turns of the event loop."""
 ELSEWHERE_POLL_S = 0.5
 """How often a cluster site's link holder looks again at the logs it holds no copy of (nothing wakes it
 when another member appends to them)."""
@@ -136,6 +138,8 @@ class SiteLink:
         self._turn_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[str, int] = {}
+        self._oldest: dict[str, tuple[int, int]] = {}
+        """Each log's oldest unsent record as last read: its offset and time."""
         self._bind(metrics)
 
     def _bind(self, metrics: BrokerMetrics) -> None:
@@ -234,19 +238,34 @@ class SiteLink:
         return records, seconds
 
     def _timestamp(self, topic: str, offset: int) -> int | None:
+        """The time of ``topic``'s record at ``offset`` (its oldest unsent one), read once while that stays
+        its oldest unsent: a site of many logs checks them all at each heartbeat and each metrics scrape."""
+        known = self._oldest.get(topic)
+        if known is not None and known[0] == offset:
+            return known[1]
         try:
             records = self.store.read(topic, offset, 1)
         except (OffsetOutOfRange, UnknownTopic):
             return None
-        return records[0].timestamp_ms if records else None
+        if not records:
+            return None
+        self._oldest[topic] = (offset, records[0].timestamp_ms)
+        return records[0].timestamp_ms
 
-    def check_retention(self) -> None:
+    async def check_retention(self) -> None:
         """Warn about unsent records retention is about to delete (each log by its own retention, from
-        its persist rule or the store's): by age, or by size."""
+        its persist rule or the store's): by age, or by size. It gives way to other work every
+        ``CHECKED_AT_ONCE`` logs."""
         ratio = self.config.retention_warning_ratio
         at_risk = 0
         store = self.store
-        for topic in self.topics():
+        topics = self.topics()
+        self._oldest = {topic: self._oldest[topic] for topic in topics if topic in self._oldest}
+        for index, topic in enumerate(topics):
+            if index % CHECKED_AT_ONCE == CHECKED_AT_ONCE - 1:
+                await asyncio.sleep(0)
+            if topic not in store:  # gone meanwhile (the store's limits)
+                continue
             retention = store.retention_of(topic)
             start = store.start_offset(topic)
             held = max(self.hub_ends.get(topic, 0), start)
@@ -349,7 +368,7 @@ class SiteLink:
         when it matters)."""
         while True:
             await asyncio.sleep(self.config.heartbeat_s)
-            self.check_retention()
+            await self.check_retention()
 
     async def _run(self) -> None:
         import aiohttp
