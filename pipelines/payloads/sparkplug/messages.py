@@ -187,7 +187,14 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     where = _not_utf8(value)  # DataSet, Template
     if where is not None:
         raise PayloadError(f"sparkplug_b: {metric.where()}: a {datatype} that is not UTF-8 at {where}")
-    return MetricValue(string=json.dumps(_structured(value, datatype)))
+    try:
+        return MetricValue(string=json.dumps(_structured(value, datatype)))
+    except _Unfit as unfit:
+        raise PayloadError(f"sparkplug_b: {metric.where()}: {unfit}") from None
+
+
+class _Unfit(Exception):
+    """Why a DataSet's rows do not fit its columns."""
 
 
 _SIGNED = {*_SIGNED_32, "Int64"}
@@ -237,6 +244,7 @@ def _structured(value: Any, datatype: str) -> dict[str, Any]:
     (a DataSet's cells by their column's type, a Template's metrics and parameters by their own) signed."""
     data = json_format.MessageToDict(value)
     if datatype == "DataSet":
+        _check_dataset(value)
         types = [DATATYPES.get(number, "") for number in value.types]
         for row, row_data in zip(value.rows, data.get("rows", []), strict=True):
             for cell, cell_data, cell_type in zip(
@@ -268,13 +276,54 @@ def _sign(message: Any, data: dict[str, Any], datatype: str) -> None:
     data[key] = number if field == "int_value" else str(number)  # protobuf's JSON writes 64 bits as text
 
 
-def _within_width(metric: Metric, datatype: str, value: int) -> None:
-    """``PayloadError`` for an integer its datatype does not hold: past its width, unless a signed one
-    sign-extended to 32 or 64 bits (-1 as an Int8: 255, 2**32 - 1 or 2**64 - 1)."""
+def _check_dataset(value: Any) -> None:
+    """``_Unfit`` when a DataSet's column names, types and ``num_of_columns`` do not agree, a row has
+    another number of values, or a value is not of its column's type (Eclipse Tahu's decoder fails on it)."""
+    columns = len(value.columns)
+    if len(value.types) != columns:
+        raise _Unfit(f"a DataSet's {columns} columns have {len(value.types)} types")
+    if value.HasField("num_of_columns") and value.num_of_columns != columns:
+        raise _Unfit(f"a DataSet's num_of_columns is {value.num_of_columns}, for {columns} columns")
+    types = [DATATYPES.get(number, "Unknown") for number in value.types]
+    for number, row in enumerate(value.rows):
+        if len(row.elements) != columns:
+            raise _Unfit(f"a DataSet's row {number} has {len(row.elements)} values for its {columns} columns")
+        for name, datatype, cell in zip(value.columns, types, row.elements, strict=True):
+            problem = _cell_problem(datatype, cell)
+            if problem is not None:
+                raise _Unfit(f"a DataSet's row {number}, column {name!r}: {problem}")
+
+
+def _cell_problem(datatype: str, cell: Any) -> str | None:
+    """Why a DataSet's value is not one of ``datatype`` (None: it is, or it is left out)."""
+    sent = cell.WhichOneof("value")
+    expected = VALUE_FIELDS.get(datatype)
+    if sent is None or sent == "extension_value":
+        return None
+    if datatype in _INTEGER_BITS and sent in _INTEGER_FIELDS:
+        value = getattr(cell, sent)
+        if _fits(datatype, value):
+            return None
+        return f"{'an' if datatype.startswith('I') else 'a'} {datatype} of {value} is past its width"
+    return None if sent == expected else f"{_article(datatype)} {datatype} in {sent}, not in {expected}"
+
+
+def _article(datatype: str) -> str:
+    return "an" if datatype[0] in "AEIOU" else "a"
+
+
+def _fits(datatype: str, value: int) -> bool:
+    """Whether an integer is one of ``datatype``: within its width, or a signed one sign-extended to 32 or
+    64 bits (-1 as an Int8: 255, 2**32 - 1 or 2**64 - 1)."""
     bits = _INTEGER_BITS[datatype]
     if value < 1 << bits:
-        return
-    if datatype in _SIGNED_32 and any((1 << w) - (1 << (bits - 1)) <= value < 1 << w for w in (32, 64)):
+        return True
+    return datatype in _SIGNED_32 and any((1 << w) - (1 << (bits - 1)) <= value < 1 << w for w in (32, 64))
+
+
+def _within_width(metric: Metric, datatype: str, value: int) -> None:
+    """``PayloadError`` for an integer its datatype does not hold (:func:`_fits`)."""
+    if _fits(datatype, value):
         return
     sent = f"{'an' if datatype.startswith('I') else 'a'} {datatype} of {value} in {metric.value_field}"
     raise PayloadError(f"sparkplug_b: {metric.where()}: {sent} is past its width")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -97,6 +98,7 @@ def test_signed_values_within_a_dataset_or_a_template_are_kept_signed():
     speed.name, speed.datatype, speed.long_value = "speed", DATATYPE_NUMBERS["Int64"], 2**64 - 7
     inner = motor.metrics.add()
     inner.name, inner.datatype = "log", DATATYPE_NUMBERS["DataSet"]
+    inner.dataset_value.columns.append("delta")
     inner.dataset_value.types.append(DATATYPE_NUMBERS["Int32"])
     inner.dataset_value.rows.add().elements.add().int_value = 2**32 - 9
     rows = rows_of(EdgeNodeSession().process([record("NBIRTH", message, 1000)]), METRIC)
@@ -205,3 +207,61 @@ def test_a_death_whose_bdseq_0_was_left_out_is_the_will_of_the_connection_with_b
     rows = session.process([record("NBIRTH", reborn, 2000), record("NDEATH", late, 2001)])
     assert [(row["kind"], row["online"]) for row in rows if row["kind"] != METRIC] == [("presence", True)]
     assert session.birth is not None
+
+
+def runs_birth(shape: Callable[[Any], None]) -> Record:
+    """An NBIRTH whose DataSet ``Runs`` (columns trim Int8, label String) ``shape`` fills."""
+    message = payload(1000, 0)
+    metric(message, "bdSeq", None, "Int64").long_value = 0
+    table = metric(message, "Runs", 1, "DataSet").dataset_value
+    table.num_of_columns = 2
+    table.columns.extend(["trim", "label"])
+    table.types.extend([DATATYPE_NUMBERS["Int8"], DATATYPE_NUMBERS["String"]])
+    shape(table)
+    return record("NBIRTH", message, 1000)
+
+
+def row(*cells: tuple[str, Any]) -> Callable[[Any], None]:
+    def add(table: Any) -> None:
+        added = table.rows.add()
+        for field, value in cells:
+            setattr(added.elements.add(), field, value)
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("shape", "detail"),
+    [
+        (row(("int_value", 3)), "a DataSet's row 0 has 1 values for its 2 columns"),
+        (
+            row(("int_value", 3), ("string_value", "a"), ("int_value", 1)),
+            "a DataSet's row 0 has 3 values for its 2 columns",
+        ),
+        (
+            row(("int_value", 300), ("string_value", "a")),
+            "a DataSet's row 0, column 'trim': an Int8 of 300 is past its width",
+        ),
+        (
+            row(("string_value", "3"), ("string_value", "a")),
+            "a DataSet's row 0, column 'trim': an Int8 in string_value, not in int_value",
+        ),
+        (lambda table: table.types.append(3), "a DataSet's 2 columns have 3 types"),
+        (lambda table: setattr(table, "num_of_columns", 3), "a DataSet's num_of_columns is 3, for 2 columns"),
+    ],
+)
+def test_a_dataset_whose_rows_do_not_fit_its_columns_is_quarantined_saying_where(shape, detail):
+    """A DataSet whose rows, types and columns do not agree, or whose cell is not of its column's type, was
+    kept as JSON as if whole (Eclipse Tahu's decoder fails on it): a reader of ``value_string`` took a value
+    for another column, or an Int8 of 300."""
+    [rejected] = EdgeNodeSession().process([runs_birth(shape)])
+    assert (rejected["kind"], rejected["reason"]) == (REJECTED, REASON_MALFORMED)
+    assert rejected["detail"] == f"sparkplug_b: metric 1 ('Runs'): {detail}"
+
+
+def test_a_dataset_whose_rows_fit_its_columns_is_kept():
+    rows = EdgeNodeSession().process([runs_birth(row(("int_value", 2**32 - 1), ("string_value", "a")))])
+    [runs] = [r for r in rows_of(rows, METRIC) if r["metric"] == "Runs"]
+    assert json.loads(runs["value_string"])["rows"] == [
+        {"elements": [{"intValue": -1}, {"stringValue": "a"}]}
+    ]
