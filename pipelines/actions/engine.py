@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pipelines.actions.engine_compliance import Compliance
+from pipelines.actions.engine_sending import ROW_DELETED
 from pipelines.actions.engine_summary import Summaries
 from pipelines.actions.engine_tables import ACTIONS, DEVICES, EXECUTIONS, SUMMARY, counts_after
 from pipelines.actions.feed_rows import latest_rows
@@ -188,6 +189,7 @@ class ActionsEngine(Summaries, Compliance):
             self._keep_compliance(now)
 
     def _tick(self, now: int, expired_by: int) -> None:
+        self._end_deleted(now)
         actions = {a.id: a for a in self._actions() if not a.cancel}
         if self._unsent is None:  # a job's first tick: any action may hold rows its fan-out did not send
             self._unsent = set(actions)
@@ -234,6 +236,28 @@ class ActionsEngine(Summaries, Compliance):
             counts_after(counts, known, changed),
             lost=lost,
         )
+
+    def _end_deleted(self, now: int) -> None:
+        """Cancel the actions not ended whose row was deleted from ``actions`` (``_deleted``), decided from
+        the tables alone: after a restart too."""
+        gone = self.tables.unended_without_row()
+        if not gone:
+            return
+        known = self.tables.executions(gone)
+        changed: list[Execution] = []
+        ended = {}
+        for action_id in gone:
+            try:
+                changed += self._deleted(action_id, known.get(action_id, {}), now)
+            except Exception as error:  # a broker refusing the cancel messages: again at the next tick
+                self._held_back(action_id, error)
+                continue
+            ended[action_id] = ROW_DELETED
+        if not ended:
+            return
+        self._tick_batch = max(self._tick_batch + 1, now)
+        self.tables.write_executions(changed, f"{self.app_id}/deleted/executions", self._tick_batch)
+        self._summarise(sorted(ended), f"{self.app_id}/deleted/summary", self._tick_batch, canceled=ended)
 
     def _advance(
         self, action: Action, rows: dict[str, Execution], now: int, expired_by: int

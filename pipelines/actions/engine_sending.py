@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from pipelines.actions.engine_base import EngineBase, _reached_and_open, _retry_message, _utc
-from pipelines.actions.model import Action
+from pipelines.actions.model import Action, cancel_message
 from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.release import Release, due
 from pipelines.actions.retries import retry
@@ -27,6 +27,9 @@ from pipelines.actions.states import (
 from pipelines.actions.summary import FINAL_ACTION_STATES
 
 log = logging.getLogger("pipelines.actions.engine")
+
+ROW_DELETED = "its row was deleted from actions"
+"""The reason of an action that had not ended when its row was deleted from the ``actions`` table."""
 
 
 class Sending(EngineBase):
@@ -149,6 +152,22 @@ class Sending(EngineBase):
             updated = platform_transition(row, CANCELED, details, now)
             if updated is not None:
                 changed.append(updated)
+        return changed
+
+    def _deleted(self, action_id: str, rows: Mapping[str, Execution], now: int) -> list[Execution]:
+        """An action whose row was deleted from ``actions`` before it ended, which nothing can pace, time
+        out or cancel any more: the devices that have it are told to stop, the others canceled."""
+        reached = [row.device_id for row in rows.values() if _reached_and_open(row)]
+        listed = self._listed_messages(reached, lambda ids: cancel_message(action_id, now, ids))
+        self.publisher.publish_many(listed)
+        changed = self._cancel_queued(rows, ROW_DELETED, now)
+        log.warning(
+            "action %s canceled: %s before it ended (%d devices told to stop, %d queued executions canceled)",
+            action_id,
+            ROW_DELETED,
+            len(reached),
+            len(changed),
+        )
         return changed
 
     def _end(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:

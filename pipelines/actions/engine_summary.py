@@ -45,17 +45,19 @@ class Summaries(Sending):
         counted: dict[str, Counter] | None = None,
         rejected: Mapping[str, str] | None = None,
         lost: Mapping[str, tuple[int, str]] | None = None,
+        canceled: Mapping[str, str] | None = None,
     ) -> None:
         """Recompute the summary of ``action_ids``; an action crossing an abort threshold, or whose phase
         gate can no longer open (``lost``: the phase and why), is stopped (and rolled back when it says so).
 
         ``counted``: the executions per state of each action as just written (from the batch's own read of
         the table and its changes), so that the table is not read again; counted from the table when None.
-        ``rejected``: actions whose rows were refused, with the reason. A final state and its reason, once
-        written, stay.
+        ``rejected``: actions whose rows were refused, with the reason; ``canceled``: actions canceled
+        otherwise than by their row, with the reason. A final state and its reason, once written, stay.
         """
         rejected = rejected or {}
         lost = lost or {}
+        canceled = canceled or {}
         actions = {a.id: a for a in self._actions(action_ids)}
         previous = self.tables.summary_rows(action_ids)
         if counted is None:
@@ -78,6 +80,8 @@ class Summaries(Sending):
                 pass
             elif action_id in rejected:
                 summary.update(action_state=ACTION_REJECTED, reason=rejected[action_id])
+            elif action_id in canceled:
+                summary.update(action_state=ACTION_CANCELED, reason=canceled[action_id])
             elif action is None:  # reports for an action this job has no valid row of
                 summary["action_state"] = ACTION_IN_PROGRESS
             else:

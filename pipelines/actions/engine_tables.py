@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from pipelines.actions.checks import usable_as_topic_level
 from pipelines.actions.states import Execution
-from pipelines.actions.summary import state_counts
+from pipelines.actions.summary import FINAL_ACTION_STATES, state_counts
 from sinks.store import Matching, TableStore
 
 __all__ = [
@@ -108,6 +108,15 @@ class EngineTables:
 
     def version(self, name: str) -> int:
         return self.store.version(name)
+
+    def unended_without_row(self) -> list[str]:
+        """The summarised actions that have not ended and have no row in ``actions`` (deleted by hand)."""
+        summary = self.read(SUMMARY)
+        unended = pc.invert(
+            pc.is_in(summary["action_state"], value_set=pa.array(sorted(FINAL_ACTION_STATES), pa.string()))
+        )
+        gone = pc.invert(pc.is_in(summary["action_id"], value_set=self.read(ACTIONS)["id"]))
+        return sorted(summary.filter(pc.and_(unended, gone))["action_id"].to_pylist())
 
     def summary_rows(self, action_ids: list[str]) -> dict[str, dict]:
         """Each summarised action's ``action_summary`` row."""

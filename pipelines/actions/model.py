@@ -147,7 +147,13 @@ class Action:
 
     def cancel_message(self, issued_at_ms: int, listed: Sequence[str] | None = None) -> bytes:
         """The cancel message; with ``listed``, for the devices named in its ``device_ids`` only."""
-        return _encoded({"action_id": self.id, "kind": "cancel", "issued_at": issued_at_ms}, listed)
+        return cancel_message(self.id, issued_at_ms, listed)
+
+
+def cancel_message(action_id: str, issued_at_ms: int, listed: Sequence[str] | None = None) -> bytes:
+    """The cancel message of action ``action_id`` (which needs nothing else of it); with ``listed``, for
+    the devices named in its ``device_ids`` only."""
+    return _encoded({"action_id": action_id, "kind": "cancel", "issued_at": issued_at_ms}, listed)
 
 
 def _encoded(body: dict[str, Any], listed: Sequence[str] | None) -> bytes:

@@ -10,11 +10,13 @@ import json
 
 import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable
 
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT, StatusReport
+from tests.e2e.broker_clients import PahoClient
 from tests.e2e.ota.conftest import action_row, epoch_ms, register_devices, write_actions
 from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
@@ -297,3 +299,49 @@ def test_a_report_with_a_lone_surrogate_in_its_details_lands_with_its_batch(tabl
         assert rows["d2"]["state"] == SUCCEEDED
     finally:
         engine.publisher.close()
+
+
+def test_a_running_action_whose_row_is_deleted_by_hand_ends_canceled_also_after_a_restart(
+    table_store, mosquitto
+):
+    """``DELETE FROM actions WHERE id = ...`` on a paced rollout: the action stayed IN_PROGRESS for ever with
+    nothing said (no row: no pacing, timeout, expiry or cancel; ``timestone ota cancel`` knows no such
+    action). Now the next tick, of this engine or of one started after the delete, cancels the devices not
+    sent it, tells the one that has it to stop, and ends the action CANCELED saying why."""
+    register_devices(table_store, {f"d{n}": "g" for n in range(3)})
+    device = PahoClient(mosquitto[1], "watcher")
+    device.subscribe("actions/#", 1)
+    clock = ManualClock()
+    engine = make_engine(table_store, mosquitto, clock)
+    try:
+        row = action_row("a-del", group="g", max_per_minute=1)
+        write_actions(table_store, [row], 0)
+        engine.on_action_rows([row], "fanout", 0)
+        (sent,) = device.expect(1)
+        first = json.loads(sent.payload)["device_ids"]
+        DeltaTable(table_store.location("actions")).delete("id = 'a-del'")
+    finally:
+        engine.publisher.close()
+    clock.now += 120_000
+    restarted = make_engine(table_store, mosquitto, clock)
+    try:
+        restarted.tick()
+        rows = executions(table_store, "a-del")
+        assert {d: r["state"] for d, r in rows.items() if d not in first} == {
+            d: CANCELED for d in rows if d not in first
+        }
+        assert all(rows[d]["published_at"] is None for d in rows if d not in first)
+        result = summary(table_store, "a-del")
+        assert (result["action_state"], result["reason"]) == ("CANCELED", "its row was deleted from actions")
+        (told,) = device.expect(1)
+        assert json.loads(told.payload) | {"issued_at": 0} == {
+            "action_id": "a-del",
+            "kind": "cancel",
+            "issued_at": 0,
+            "device_ids": first,
+        }
+        restarted.tick()  # ended: nothing more
+        device.expect_none(0.3)
+    finally:
+        restarted.publisher.close()
+        device.disconnect()
