@@ -40,6 +40,16 @@ if TYPE_CHECKING:
 STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out", "canceled")
 
 
+def two_or_more(text: str) -> int:
+    """``--devices``: dealt to the groups canary and fleet in turn; each group's rollout needs one."""
+    count = at_least_one(text)
+    if count < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected 2 or more (a device in each of the demo's groups, canary and fleet), got {count}"
+        )
+    return count
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone demo",
@@ -52,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         "rule and rolled back: a high --failure-rate can abort the canary); 2 a wrong "
         "command line; 3 optional dependencies missing",
     )
-    parser.add_argument("--devices", type=at_least_one, default=200, help="simulated devices (default 200)")
+    parser.add_argument(
+        "--devices", type=two_or_more, default=200, help="simulated devices, 2 or more (default 200)"
+    )
     parser.add_argument(
         "--workdir", default=str(DEMO_WORKDIR), help=f"where the demo keeps its data (default {DEMO_WORKDIR})"
     )
