@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
-from pipelines.actions.engine_base import EngineBase, _reached_and_open, _retry_message, _utc
+from pipelines.actions.engine_base import EngineBase, _devices, _reached_and_open, _retry_message, _utc
 from pipelines.actions.model import Action, cancel_message
 from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.release import Release, due
@@ -162,10 +162,10 @@ class Sending(EngineBase):
         self.publisher.publish_many(listed)
         changed = self._cancel_queued(rows, ROW_DELETED, now)
         log.warning(
-            "action %s canceled: %s before it ended (%d devices told to stop, %d queued executions canceled)",
+            "action %s canceled: %s before it ended (%s told to stop, %d queued executions canceled)",
             action_id,
             ROW_DELETED,
-            len(reached),
+            _devices(len(reached)),
             len(changed),
         )
         return changed
