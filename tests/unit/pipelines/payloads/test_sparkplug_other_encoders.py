@@ -265,3 +265,39 @@ def test_a_dataset_whose_rows_fit_its_columns_is_kept():
     assert json.loads(runs["value_string"])["rows"] == [
         {"elements": [{"intValue": -1}, {"stringValue": "a"}]}
     ]
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number: int, wire_type: int, value: bytes | int) -> bytes:
+    tag = varint(number << 3 | wire_type)
+    if isinstance(value, int):
+        return tag + varint(value)
+    return tag + varint(len(value)) + value
+
+
+def test_a_payload_written_byte_by_byte_with_packed_types_and_unknown_fields_is_read():
+    """Another encoder's bytes: a DataSet's ``types`` packed (proto3's default; the schema's proto2 does
+    not pack them), fields this schema does not have in the payload and in a metric, no ``seq`` (0)."""
+    cell = field(1, 0, 2**32 - 2)  # int_value -2
+    table = (
+        field(1, 0, 1)
+        + field(2, 2, b"trim")
+        + field(3, 2, varint(DATATYPE_NUMBERS["Int32"]))  # types, packed
+        + field(4, 2, field(1, 2, cell))
+    )
+    runs = field(1, 2, b"Runs") + field(2, 0, 1) + field(4, 0, DATATYPE_NUMBERS["DataSet"])
+    runs += field(99, 0, 7) + field(17, 2, table)  # an unknown field 99 before the value
+    bdseq = field(1, 2, b"bdSeq") + field(4, 0, DATATYPE_NUMBERS["Int64"]) + field(11, 0, 3)
+    raw = field(1, 0, 1000) + field(2, 2, bdseq) + field(2, 2, runs) + field(6, 2, b"vendor")
+    rows = EdgeNodeSession().process([Record("edge1", NODE.format("NBIRTH"), 0, 1000, raw)])
+    metrics = rows_of(rows, METRIC)
+    assert [(r["metric"], r["seq"], r["value_long"]) for r in metrics] == [("bdSeq", 0, 3), ("Runs", 0, None)]
+    assert json.loads(metrics[1]["value_string"])["rows"] == [{"elements": [{"intValue": -2}]}]
