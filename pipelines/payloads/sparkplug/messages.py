@@ -194,7 +194,7 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
 
 
 class _Unfit(Exception):
-    """Why a DataSet's rows do not fit its columns."""
+    """Why a DataSet's rows do not fit its columns, or a Template's metric or parameter its datatype."""
 
 
 _SIGNED = {*_SIGNED_32, "Int64"}
@@ -253,13 +253,20 @@ def _structured(value: Any, datatype: str) -> dict[str, Any]:
                 _sign(cell, cell_data, cell_type)
         return data
     for inner, inner_data in zip(value.metrics, data.get("metrics", []), strict=True):
-        inner_type = DATATYPES.get(inner.datatype, "")
+        inner_type = DATATYPES.get(inner.datatype, "") if inner.HasField("datatype") else ""
+        problem = _cell_problem(inner_type, inner)
+        if problem is not None:
+            raise _Unfit(f"a Template's metric {inner.name!r}: {problem}")
         _sign(inner, inner_data, inner_type)
         if inner_type in ("DataSet", "Template") and inner.WhichOneof("value") in _NESTED:
             key = _NESTED[inner.WhichOneof("value")]
             inner_data[key] = _structured(getattr(inner, inner.WhichOneof("value")), inner_type)
     for parameter, parameter_data in zip(value.parameters, data.get("parameters", []), strict=True):
-        _sign(parameter, parameter_data, DATATYPES.get(parameter.type, ""))
+        parameter_type = DATATYPES.get(parameter.type, "") if parameter.HasField("type") else ""
+        problem = _cell_problem(parameter_type, parameter)
+        if problem is not None:
+            raise _Unfit(f"a Template's parameter {parameter.name!r}: {problem}")
+        _sign(parameter, parameter_data, parameter_type)
     return data
 
 
@@ -295,10 +302,11 @@ def _check_dataset(value: Any) -> None:
 
 
 def _cell_problem(datatype: str, cell: Any) -> str | None:
-    """Why a DataSet's value is not one of ``datatype`` (None: it is, or it is left out)."""
+    """Why a DataSet's value or a Template's metric or parameter is not one of ``datatype`` (None: it is, it
+    is left out, or ``datatype`` is none this project reads)."""
     sent = cell.WhichOneof("value")
     expected = VALUE_FIELDS.get(datatype)
-    if sent is None or sent == "extension_value":
+    if sent is None or sent == "extension_value" or expected is None:
         return None
     if datatype in _INTEGER_BITS and sent in _INTEGER_FIELDS:
         value = getattr(cell, sent)

@@ -301,3 +301,44 @@ def test_a_payload_written_byte_by_byte_with_packed_types_and_unknown_fields_is_
     metrics = rows_of(rows, METRIC)
     assert [(r["metric"], r["seq"], r["value_long"]) for r in metrics] == [("bdSeq", 0, 3), ("Runs", 0, None)]
     assert json.loads(metrics[1]["value_string"])["rows"] == [{"elements": [{"intValue": -2}]}]
+
+
+def motor_birth(datatype: str | None, field_name: str, value: Any) -> Record:
+    """An NBIRTH whose Template ``Motor`` has one metric, ``trim``, sent in ``field_name``."""
+    message = payload(1000, 0)
+    metric(message, "bdSeq", None, "Int64").long_value = 0
+    motor = metric(message, "Motor", 1, "Template").template_value
+    motor.template_ref = "MotorType"
+    trim = motor.metrics.add()
+    trim.name = "trim"
+    if datatype is not None:
+        trim.datatype = DATATYPE_NUMBERS[datatype]
+    setattr(trim, field_name, value)
+    return record("NBIRTH", message, 1000)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field_name", "value", "detail"),
+    [
+        ("Int8", "int_value", 300, "a Template's metric 'trim': an Int8 of 300 is past its width"),
+        (
+            "Double",
+            "string_value",
+            "1.5",
+            "a Template's metric 'trim': a Double in string_value, not in double_value",
+        ),
+    ],
+)
+def test_a_template_metric_not_of_its_datatype_is_quarantined(datatype, field_name, value, detail):
+    """A Template's metric is read by its datatype as a metric is: an Int8 of 300 was kept as 44 (its low
+    8 bits, read signed) and a Double sent as a string was kept, both as if whole."""
+    [rejected] = EdgeNodeSession().process([motor_birth(datatype, field_name, value)])
+    assert (rejected["kind"], rejected["reason"]) == (REJECTED, REASON_MALFORMED)
+    assert rejected["detail"] == f"sparkplug_b: metric 1 ('Motor'): {detail}"
+
+
+def test_a_template_metric_without_a_datatype_is_kept_as_sent():
+    """An instance's metric may leave its datatype to the definition: nothing to check it by."""
+    rows = EdgeNodeSession().process([motor_birth(None, "int_value", 300)])
+    [motor] = [r for r in rows_of(rows, METRIC) if r["metric"] == "Motor"]
+    assert json.loads(motor["value_string"])["metrics"] == [{"name": "trim", "intValue": 300}]
