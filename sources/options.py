@@ -50,6 +50,8 @@ MAX_BYTES_PER_FETCH = 64 * 1024 * 1024  # what the offsets API accepts (its ApiL
 DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
 DEFAULT_MAX_TOPICS_PER_PARTITION = 500
 MAX_TOPICS_PER_PARTITION = 10_000  # what one offsets API fetch request accepts (its ApiLimits.max_fetches)
+MAX_READ_LIMIT = 2**63 - 1
+"""The most records ``maxRecordsPerTrigger`` may say: Spark's JVM holds a query's read limit as a Long."""
 MAX_WAIT_MS = 2**31 - 1  # about 24.8 days (Kafka's request.timeout.ms is as wide); sockets and sleeps take it
 DEFAULT_CLUSTER_NAME = "cluster"
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -211,7 +213,9 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         cluster_name=cluster_name,
         auth_token=default_token if bootstrap else None,
         starting_offsets=starting,
-        max_records_per_trigger=_optional_int(lowered, "maxRecordsPerTrigger", minimum=1),
+        max_records_per_trigger=_optional_int(
+            lowered, "maxRecordsPerTrigger", minimum=1, maximum=MAX_READ_LIMIT, why=_LONG
+        ),
         max_records_per_partition=_optional_int(lowered, "maxRecordsPerPartition", minimum=1)
         or DEFAULT_MAX_RECORDS_PER_PARTITION,
         max_topics_per_partition=_int(
@@ -354,7 +358,18 @@ def _checked_token(option: str, token: str | None) -> str | None:
     return token
 
 
-def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
+def _optional_int(
+    options: Mapping[str, str], name: str, minimum: int, maximum: int | None = None, why: str = ""
+) -> int | None:
+    """The option as an integer within ``[minimum, maximum]`` (``why``: what the maximum is), None when
+    not given."""
+    value = _given_int(options, name, minimum)
+    if value is not None and maximum is not None and value > maximum:
+        raise SourceOptionError(name, f"expected an integer <= {maximum} ({why}), got {value}")
+    return value
+
+
+def _given_int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
     raw = options.get(name.lower())
     if raw is None or raw.strip() == "":
         return None
@@ -369,6 +384,7 @@ def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | 
 
 _API_LIMIT = "the offsets API's limit"
 _WAIT = "about 24.8 days, in milliseconds"
+_LONG = "Spark holds a read limit as a Long"
 
 
 def _int(
@@ -379,10 +395,8 @@ def _int(
     maximum: int | None = None,
     why: str = _API_LIMIT,
 ) -> int:
-    """The option as an integer within ``[minimum, maximum]`` (``why``: what the maximum is)."""
-    value = _optional_int(options, name, minimum)
-    if value is not None and maximum is not None and value > maximum:
-        raise SourceOptionError(name, f"expected an integer <= {maximum} ({why}), got {value}")
+    """The option as an integer within ``[minimum, maximum]``, else ``default``."""
+    value = _optional_int(options, name, minimum, maximum, why)
     return default if value is None else value
 
 

@@ -114,3 +114,15 @@ def test_a_json_start_naming_a_broker_or_topic_twice_is_refused(
         Exception, match=f"timestone source option 'startingOffsets'.*{re.escape(repeated)} twice"
     ):
         load(timestone_spark, brokers=f"e1={edge.url}", startingOffsets=start)
+
+
+def test_a_read_limit_past_what_spark_counts_is_refused_naming_the_option(
+    timestone_spark: SparkSession, edge: EdgeBroker
+) -> None:
+    """maxRecordsPerTrigger travels to Spark's JVM as the query's read limit, a Long: 2**63 came back
+    from it as no number of records, and the query read nothing, without a word."""
+    with pytest.raises(
+        Exception,
+        match="timestone source option 'maxRecordsPerTrigger': expected an integer <= 9223372036854775807",
+    ):
+        load(timestone_spark, brokers=f"e1={edge.url}", maxRecordsPerTrigger=str(2**63))
