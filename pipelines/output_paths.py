@@ -10,11 +10,18 @@ known by writing.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from broker_edge.config.loader import ConfigError
 
-__all__ = ["check_backend", "check_input_location", "check_output_location"]
+__all__ = ["check_backend", "check_input_location", "check_output_location", "file_system_failure"]
+
+_OS_ERROR = re.compile(r"([^:\n\u21b3]*\(os error \d+\))")
+"""The file system's reason in a delta-rs error (``... Unable to copy data to file: No space left on device
+(os error 28)``)."""
+_RUST_OS_ERROR = re.compile(r'Os \{ code: \d+, kind: \w+, message: "([^"]+)" \}')
+"""The same, where delta-rs gives it as Rust's error (``Os { code: 2, kind: NotFound, message: "..." }``)."""
 
 
 def check_backend(backend: str, key: str) -> None:
@@ -59,3 +66,16 @@ def _local_directory(location: str, key: str) -> Path | None:
     if path.exists() and not path.is_dir():
         raise ConfigError(key, f"{location!r} is a file, not a directory")
     return path
+
+
+def file_system_failure(error: Exception) -> str | None:
+    """The file system's reason, in one line, when a table store's read or write failed for one (a full disk,
+    a read-only or vanished directory: an ``OSError``, or delta-rs's error ending in ``(os error N)``); None
+    for any other failure, which is not the operator's to fix."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # less its colours
+    found = _OS_ERROR.findall(text) or _RUST_OS_ERROR.findall(text)
+    if found:
+        return found[-1].strip()
+    if isinstance(error, OSError):
+        return error.strerror or str(error).splitlines()[0]
+    return None

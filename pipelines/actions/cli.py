@@ -32,7 +32,7 @@ from pipelines.actions.rollout_options import OPTION_OF_FIELD as ROLLOUT_OPTIONS
 from pipelines.actions.rollout_options import add_rollout_options, instant, rollout_fields
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
-from pipelines.output_paths import check_input_location, check_output_location
+from pipelines.output_paths import check_input_location, check_output_location, file_system_failure
 from sinks.arrow_conform import SchemaMismatch
 from sinks.backends import open_table_store
 from sinks.store import TableStore
@@ -81,8 +81,8 @@ def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, cancel or end of "
-    "an ended action, an actions table in a layout of its own); 2 a wrong command line or config; 130 "
-    "status --watch stopped by Ctrl-C"
+    "an ended action, an actions table in a layout of its own) or cannot be written (a full disk); 2 a "
+    "wrong command line or config; 130 status --watch stopped by Ctrl-C"
 )
 
 
@@ -216,6 +216,21 @@ def ota_main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return REFUSED
+    except Exception as error:  # a full disk, a read-only file system: said in one line, else raised
+        writes = args.verb != "status"
+        return said_file_system_failure(f"timestone ota {args.verb}", root, error, writes=writes)
+
+
+def said_file_system_failure(command: str, root: str, error: Exception, writes: bool = True) -> int:
+    """Say in one line that the tables under ``root`` could not be written (read) for a reason of the file
+    system (``REFUSED``); raise ``error`` again when it is not one."""
+    why = file_system_failure(error)
+    if why is None:
+        raise error
+    said = f"writing the tables under {root} failed: {why}; nothing was committed"
+    said = said if writes else f"reading the tables under {root} failed: {why}"
+    print(f"{command}: {said}", file=sys.stderr)
+    return REFUSED
 
 
 def _create(store: TableStore, args: argparse.Namespace) -> int:

@@ -66,7 +66,7 @@ def register_main(args: argparse.Namespace) -> int:
     group, in the ``devices`` table."""
     from broker_edge.config import ConfigError
     from pipelines.actions.checks import topic_level
-    from pipelines.actions.cli import listed_ids, load_actions_config
+    from pipelines.actions.cli import listed_ids, load_actions_config, said_file_system_failure
     from pipelines.output_paths import check_output_location
     from sinks.backends import open_table_store
 
@@ -95,6 +95,9 @@ def register_main(args: argparse.Namespace) -> int:
         print(f"timestone devices register: {problem}", file=sys.stderr)
         return 2
     store = open_table_store(None, root, backend="delta-rs")
-    registered, new = register_devices(store, ids, args.group, datetime.now(UTC), tags)
+    try:
+        registered, new = register_devices(store, ids, args.group, datetime.now(UTC), tags)
+    except Exception as error:  # a full disk, a read-only file system: said in one line, else raised
+        return said_file_system_failure("timestone devices register", root, error)
     print(f"registered {registered} devices in group {args.group!r} ({new} new) in {root}/devices")
     return 0

@@ -90,7 +90,10 @@ EXIT_STATUS = (
     "2 a wrong command line"
 )
 
-REGISTER_EXIT_STATUS = "exit status: 0 registered; 2 a wrong command line or config, or no device given"
+REGISTER_EXIT_STATUS = (
+    "exit status: 0 registered; 1 the devices table cannot be written (a full disk); 2 a wrong command line "
+    "or config, or no device given"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

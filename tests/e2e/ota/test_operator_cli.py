@@ -3,6 +3,10 @@ other content, no cancel of an ended action, and a status that says what waits f
 
 from __future__ import annotations
 
+import resource
+import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 
@@ -327,6 +331,30 @@ def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
     assert main(["ota", "--tables-root", "/etc/hostname", "create", "--all", *FIRMWARE]) == 2
     err = capsys.readouterr().err
     assert err == "timestone ota create: --tables-root: '/etc/hostname' is a file, not a directory\n"
+
+
+def no_file_may_grow() -> None:
+    """In the child: every write to a file fails (EFBIG), as on a full disk, and the process lives on."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["ota", "create", "--kind", "command", "--command", "reboot", "--all"], "timestone ota create"),
+        (["devices", "register", "--group", "g", "d1"], "timestone devices register"),
+    ],
+)
+def test_a_table_write_that_fails_is_said_in_one_line_not_a_traceback(tmp_path, argv, said):
+    """On a full disk (here: no file may grow) ``ota create`` and ``devices register`` ended in a delta-rs
+    traceback."""
+    root = tmp_path / "tables"
+    command = [sys.executable, "-m", "pipelines.cli", *argv, "--tables-root", str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, preexec_fn=no_file_may_grow)
+    assert done.returncode == 1, done.stderr[-3000:]
+    why = "File too large (os error 27)"
+    assert done.stderr == f"{said}: writing the tables under {root} failed: {why}; nothing was committed\n"
 
 
 def test_status_under_a_tables_root_that_is_a_file_says_so_not_that_there_are_no_actions(tmp_path, capsys):
