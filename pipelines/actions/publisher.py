@@ -165,8 +165,9 @@ class MqttPublisher:
         """Publish every message and wait until all are acknowledged (those that expired before they could
         go out are not sent: ``expired``)."""
         if messages:
+            batch = _Batch(messages, self._thread.loop.time())  # a wait for the lock counts too
             with self._lock:
-                self._run(self._publish_many(_Batch(messages, self._thread.loop.time())))
+                self._run(self._publish_many(batch))
 
     async def _publish_many(self, batch: _Batch) -> None:
         per_broker = await self._connect_all(self._slot_count(len(batch.messages)))
