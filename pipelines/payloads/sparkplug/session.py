@@ -37,6 +37,8 @@ METRIC, REJECTED, PRESENCE = "metric", "rejected", "presence"
 SEQ_MODULO = 256
 #: The messages that carry the node's sequence number (all an edge node sends but its NDEATH).
 SEQUENCED = ("NBIRTH", "NDATA", "DBIRTH", "DDATA", "DDEATH")
+#: Why an empty payload on one of them is quarantined (protobuf would read it as a message of no fields).
+EMPTY = "sparkplug_b: an empty payload: no Sparkplug B message (a retained message cleared?)"
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ class EdgeNodeSession:
     def _message(self, message: Message) -> list[dict[str, Any]]:
         record, topic, payload = message.record, message.topic, message.payload
         if message.error is not None or topic is None or payload is None:
-            return [_rejected(record, topic, REASON_MALFORMED, message.error or "no payload")]
+            rejected = _rejected(record, topic, REASON_MALFORMED, message.error or "no payload")
+            return [*self._unreadable(record, topic), rejected]
         if topic.message_type in ("NCMD", "DCMD"):
             return []  # a host's command to the node: no reading
         handle = {
@@ -179,6 +182,16 @@ class EdgeNodeSession:
         self.last_seq = payload.seq
         rows.append(_presence(record, topic, None, True, birth.time_ms))
         return rows + metrics
+
+    def _unreadable(self, record: Record, topic: SparkplugTopic | None) -> list[dict[str, Any]]:
+        """A birth that cannot be read puts none in force, and ends the one before it (node or device)."""
+        if topic is None or topic.message_type not in ("NBIRTH", "DBIRTH"):
+            return []
+        if topic.message_type == "NBIRTH":
+            return self._end(record, topic)
+        assert topic.device_id is not None
+        ended = self.birth is not None and self.devices.pop(topic.device_id, None) is not None
+        return [_presence(record, topic, topic.device_id, False)] if ended else []
 
     def _ndeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
         death = bdseq(payload)
@@ -292,6 +305,8 @@ def read(record: Record) -> Message:
         topic = parse_topic(record.topic)
     except ValueError as exc:
         return Message(record, error=str(exc))
+    if not record.payload and topic.message_type in SEQUENCED:  # an NDEATH without bdSeq still ends
+        return Message(record, topic, error=EMPTY)
     try:
         payload = read_payload(record.payload or b"")
     except PayloadError as exc:
@@ -459,6 +474,8 @@ def _birth(payload: Payload, record: Record) -> Birth:
 
 def birth_of(payload: bytes) -> Birth | None:
     """What a birth's payload declares, or None when the session quarantines it (no birth in force)."""
+    if not payload:
+        return None  # EMPTY
     try:
         message = read_payload(payload)
         birth = _birth(message, Record("", "", 0, 0, payload))

@@ -379,6 +379,48 @@ def test_a_birth_that_cannot_be_read_ends_the_birth_before_it_and_puts_none_in_f
     assert (device["kind"], device["reason"]) == (REJECTED, REASON_UNKNOWN_ALIAS)
 
 
+@pytest.mark.parametrize("cut", [lambda payload: payload[:-3], lambda payload: b""])
+def test_a_birth_that_does_not_parse_or_is_empty_ends_the_birth_before_it_too(cut):
+    """A rebirth cut short (its bytes do not parse) was quarantined, and the birth before it stayed in
+    force: the data after it, sent by the new birth's aliases, were read by the old birth's names and
+    datatypes. An empty one (a retained message cleared on the birth's topic) was taken as a birth of no
+    metrics. Either is a birth that cannot be read: none is in force after it."""
+    session = EdgeNodeSession()
+    session.process([nbirth(1000, bdseq=0), dbirth("pump7", 1001, seq=1)])
+    broken = nbirth(2000, bdseq=1)
+    rows = session.process([record(broken.topic, cut(broken.payload), 2000)])
+    assert [(r["kind"], r["device_id"], r["online"], r["reason"]) for r in rows] == [
+        (PRESENCE, "pump7", False, None),
+        (PRESENCE, None, False, None),
+        (REJECTED, None, None, REASON_MALFORMED),
+    ]
+    data = encode([MetricOut(231.0, "Double", alias=1, with_datatype=False)], timestamp_ms=2001, seq=1)
+    [late] = session.process([record(NODE.format("NDATA"), data, 2001)])
+    assert (late["kind"], late["reason"]) == (REJECTED, REASON_UNKNOWN_ALIAS)
+    session.process([nbirth(3000, bdseq=1), dbirth("pump7", 3001, seq=1)])
+    device_birth = dbirth("pump7", 3002, seq=2)
+    rows = session.process([record(device_birth.topic, cut(device_birth.payload), 3002)])
+    assert [(r["kind"], r["device_id"], r["online"]) for r in rows] == [
+        (PRESENCE, "pump7", False),
+        (REJECTED, "pump7", None),
+    ]
+
+
+def test_an_empty_data_message_is_quarantined_and_breaks_no_sequence():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    empty = record(DEVICE.format("DDATA", "pump7"), b"", 1002)
+    rows = session.process([empty, ddata("pump7", 1003, 2, temperature(1.0))])
+    assert [(r["kind"], r["seq_gap"], r["detail"]) for r in rows] == [
+        (
+            REJECTED,
+            None,
+            "sparkplug_b: an empty payload: no Sparkplug B message (a retained message cleared?)",
+        ),
+        (METRIC, False, None),
+    ]
+
+
 def test_a_uint64_past_what_a_bigint_holds_is_kept_exact_in_decimal():
     """A UInt64 from 2**63 (a counter, an id, a bit mask) was left out of ``value_long`` and kept only
     rounded in ``value_double`` (2**64 - 1 read as 2**64): the value sent was nowhere."""
