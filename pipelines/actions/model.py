@@ -178,7 +178,8 @@ def _text(value: object) -> str:
 def _details(value: object) -> str:
     """A report's details as a column holds them: text of at most 1000 characters, a lone surrogate kept
     escaped (``\ud800``) rather than failing the write of every report of its batch."""
-    return str(value)[:1000].encode("utf-8", "backslashreplace").decode()
+    text = "" if value is None else str(value)  # null: no details, not "None"
+    return text[:1000].encode("utf-8", "backslashreplace").decode()
 
 
 def _whole(value: object, high: int, low: int = 0) -> int:

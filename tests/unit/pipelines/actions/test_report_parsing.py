@@ -117,3 +117,11 @@ def test_a_report_of_seq_0_is_no_report_rather_than_one_dropped_unseen():
         schema=SOURCE_ARROW_SCHEMA,
     )
     assert parse_reports(records) == []
+
+
+def test_details_null_is_no_details_not_the_word_none():
+    """A device sending ``"details": null`` had "None" written as its execution's details (and shown by
+    ``timestone ota status``); null is no details."""
+    body = {"action_id": "a1", "device_id": "dev-1", "state": SUCCEEDED, "seq": 1, "ts": 1, "details": None}
+    report = parse_report(json.dumps(body).encode())
+    assert report is not None and report.details == ""
