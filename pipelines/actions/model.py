@@ -176,9 +176,10 @@ def _text(value: object) -> str:
 
 
 def _details(value: object) -> str:
-    """A report's details as a column holds them: text of at most 1000 characters, a lone surrogate kept
-    escaped (``\ud800``) rather than failing the write of every report of its batch."""
-    text = "" if value is None else str(value)  # null: no details, not "None"
+    """A report's details as a column holds them: text of at most 1000 characters (other JSON as the JSON
+    it is, null as none), a lone surrogate kept escaped (``\ud800``) rather than failing the write of every
+    report of its batch."""
+    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
     return text[:1000].encode("utf-8", "backslashreplace").decode()
 
 

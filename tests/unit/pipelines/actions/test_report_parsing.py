@@ -125,3 +125,13 @@ def test_details_null_is_no_details_not_the_word_none():
     body = {"action_id": "a1", "device_id": "dev-1", "state": SUCCEEDED, "seq": 1, "ts": 1, "details": None}
     report = parse_report(json.dumps(body).encode())
     assert report is not None and report.details == ""
+
+
+def test_details_that_are_not_text_are_kept_as_the_json_the_device_sent():
+    """``"details": {"code": 5, "ok": false}`` was written as Python's ``{'code': 5, 'ok': False}``, which no
+    JSON reader of the column takes; it is kept as JSON."""
+    body = {"action_id": "a1", "device_id": "dev-1", "state": SUCCEEDED, "seq": 1, "ts": 1}
+    report = parse_report(json.dumps(body | {"details": {"code": 5, "ok": False, "at": "ü"}}).encode())
+    assert report is not None and json.loads(report.details) == {"code": 5, "ok": False, "at": "ü"}
+    report = parse_report(json.dumps(body | {"details": True}).encode())
+    assert report is not None and report.details == "true"
