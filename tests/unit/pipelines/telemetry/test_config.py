@@ -236,6 +236,17 @@ def test_a_template_given_twice_names_the_first_by_its_whole_key():
     assert raised.value.detail == "already given at telemetry.payload.formats[0]"
 
 
+def test_the_payload_formats_docs_configuration_loads_from_the_repository(monkeypatch):
+    """docs/payload-formats.md's example named ``conf/telemetry.desc``, a file nobody has, and fields lacking
+    the default minute metrics: it stopped the job (``descriptor_set: cannot read it``, ``'humidity' is not
+    a numeric payload field``). It names the simulated fleet's compiled schema and readings."""
+    root = Path(__file__).resolve().parents[4]
+    block = (root / "docs" / "payload-formats.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(root)  # a descriptor set is read relative to the job's working directory
+    config = load_telemetry_config(yaml.safe_load(block)["telemetry"])
+    assert config.payload.readers["pb/{device_id}/telemetry"].message == "timestone.example.Telemetry"
+
+
 def suite_of(*expectations: dict) -> dict:
     """A telemetry section whose one quality suite holds ``expectations``."""
     return {"quality": {"suites": [{"name": "s", "expectations": list(expectations)}]}}
