@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from .options import EARLIEST, LATEST, StartingOffsets, StartKind
-from .partition_offsets import describe, is_partition_key
+from .partition_offsets import REMOVED_POSITIONS, describe, is_partition_key
 
 __all__ = [
     "BatchPlan",
@@ -244,7 +244,7 @@ def effective_start(
     cluster's replica, whose committed end may trail the one the checkpoint was read from, e.g. a leader
     elected a moment ago) an end below the checkpoint is not loss: the topic waits there.
     """
-    why = "retention removed records not yet read"
+    why = REMOVED_POSITIONS if is_partition_key(topic) else "retention removed records not yet read"
     if next_offset is None and appeared:
         next_offset = 0
         why = "the log appeared after the query last listed the broker; retention removed its first records"

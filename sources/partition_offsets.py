@@ -23,6 +23,7 @@ from typing import Protocol
 from .broker_stores import STORE_PREFIX
 
 __all__ = [
+    "REMOVED_POSITIONS",
     "describe",
     "drop_passed_marks",
     "filter_keys",
@@ -40,6 +41,13 @@ __all__ = [
 POSITION_PREFIX = "#p"
 MARK_PREFIX = "#e"
 FILTER_PREFIX = "#t"
+
+
+REMOVED_POSITIONS = (
+    "retention removed positions not yet read: entries of any topic of the partition, maybe only of topics "
+    "this query does not read (kept shorter than its own), which the broker cannot tell apart"
+)
+"""What a gap in a partition's positions is: no account is kept of the topics a deleted segment held."""
 
 
 def position_key(partition: int) -> str:

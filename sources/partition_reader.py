@@ -26,7 +26,7 @@ from broker_edge.offsets_api.client import OffsetsClient, PartitionFetch, Positi
 
 from .broker_stores import answer_store_matches
 from .offsets_planner import DataLossError, Slice
-from .partition_offsets import partition_of
+from .partition_offsets import REMOVED_POSITIONS, partition_of
 from .slice_reader import FetchSettings, log_lost, to_source_batch
 from .topic_cover import TopicMatcher, sent_filters
 
@@ -46,7 +46,7 @@ def read_positions(
     client = fetch.client()
     sent = sent_filters(patterns)
     keep = None if sent == tuple(patterns) else TopicMatcher(patterns)  # (sent a cover: ``topic_cover``)
-    lost = 0
+    lost = removed = 0  # records of the query's topics; positions whose topics are not known
     same_store = True  # (every answer tells its store: one from another than the batch's ends the task)
     try:
         for piece in slices:
@@ -68,7 +68,7 @@ def read_positions(
                     break
                 if fetched is None:
                     resume = _past_the_start(fetch, piece, position, refused)
-                    lost += resume - position
+                    removed += resume - position
                     position = resume
                     continue
                 if fetched.next_position <= position:
@@ -79,7 +79,8 @@ def read_positions(
                 if keep is not None:
                     fetched = _kept(fetched, keep)
                 strict = position >= mark and not piece.from_log_start
-                lost += _passed_over(fetch, piece, position, fetched, strict)
+                records, positions = _passed_over(fetch, piece, position, fetched, strict)
+                lost, removed = lost + records, removed + positions
                 position = fetched.next_position
                 for batch in fetched.table.to_batches():
                     if batch.num_rows:
@@ -87,6 +88,14 @@ def read_positions(
     finally:
         client.close()
     log_lost(lost, fetch.broker)
+    if removed:
+        log.warning(
+            "timestone source: skipped %d positions of broker %r removed while reading "
+            "(failOnDataLoss=false): %s",
+            removed,
+            fetch.broker,
+            REMOVED_POSITIONS.split(": ", 1)[1],
+        )
 
 
 def _read(
@@ -121,7 +130,7 @@ def _past_the_start(fetch: FetchSettings, piece: Slice, position: int, error: Po
         resume = min(error.start, piece.end)
         if piece.from_log_start and position == piece.start:
             return resume
-        why = "retention removed records not yet read"
+        why = REMOVED_POSITIONS
     else:
         resume = piece.end
         why = "the partition ends before this range"
@@ -132,17 +141,18 @@ def _past_the_start(fetch: FetchSettings, piece: Slice, position: int, error: Po
 
 def _passed_over(
     fetch: FetchSettings, piece: Slice, position: int, fetched: PartitionFetch, strict: bool
-) -> int:
-    """Records the broker passed over in one read that count as data loss (raising per the option)."""
-    lost = sum(fetched.lost.values()) + fetched.removed if strict else 0
-    if not lost and not fetched.damaged:
-        return 0
+) -> tuple[int, int]:
+    """Records and positions the broker passed over in one read that count as data loss (raising per the
+    option)."""
+    lost, removed = (sum(fetched.lost.values()), fetched.removed) if strict else (0, 0)
+    if not lost and not removed and not fetched.damaged:
+        return 0, 0
     if fetch.fail_on_data_loss:
         if fetched.damaged:
             why = f"{fetched.damaged} entries from position {position} are corrupt on the broker"
             raise DataLossError(fetch.broker, piece.topic, position, why)
         if not fetched.lost:
-            why = f"retention removed a segment not yet read ({fetched.removed} positions)"
+            why = f"{REMOVED_POSITIONS} ({fetched.removed} positions)"
             raise DataLossError(fetch.broker, piece.topic, position, why)
         topic, count = next(iter(fetched.lost.items()))
         why = (
@@ -150,4 +160,4 @@ def _passed_over(
             f"[{position}, {fetched.next_position}))"
         )
         raise DataLossError(fetch.broker, piece.topic, position, why)
-    return lost + fetched.damaged
+    return lost + fetched.damaged, removed

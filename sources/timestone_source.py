@@ -62,6 +62,7 @@ from .offsets_planner import (
 from .options import SourceOptionError, SourceOptions, StartKind, parse_options
 from .partition_offsets import (
     FILTER_PREFIX,
+    REMOVED_POSITIONS,
     describe,
     drop_passed_marks,
     filter_keys,
@@ -648,9 +649,18 @@ def _warn_lost(plan: BatchPlan) -> None:
             ", ".join(map(_restarted, plan.restarted[:_NAMED]))
             + (f" and {len(plan.restarted) - _NAMED} more" if len(plan.restarted) > _NAMED else ""),
         )
-    if plan.lost:
+    records = [gap for gap in plan.lost if not is_partition_key(gap.topic)]
+    positions = [gap for gap in plan.lost if is_partition_key(gap.topic)]
+    if records:
         log.warning(
             "timestone source: skipping %d records lost to retention (failOnDataLoss=false): %s",
-            plan.lost_records,
-            ", ".join(f"{gap.broker} {describe(gap.topic)} [{gap.start}, {gap.end})" for gap in plan.lost),
+            sum(gap.records for gap in records),
+            ", ".join(f"{gap.broker} {describe(gap.topic)} [{gap.start}, {gap.end})" for gap in records),
+        )
+    if positions:
+        log.warning(
+            "timestone source: skipping %d positions (failOnDataLoss=false), %s: %s",
+            sum(gap.records for gap in positions),
+            REMOVED_POSITIONS,
+            ", ".join(f"{gap.broker} {describe(gap.topic)} [{gap.start}, {gap.end})" for gap in positions),
         )

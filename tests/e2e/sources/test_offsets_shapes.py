@@ -11,10 +11,13 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from broker_edge.storage import StorageConfig
+from broker_edge.storage.config import PersistRule
+from sources.offsets_planner import DataLossError
 from sources.options import SourceOptionError, parse_options
 from sources.stream_api import ReadAllAvailable
 from sources.timestone_source import TimestoneStreamReader
-from tests.e2e.sources.conftest import EdgeBroker, telemetry
+from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
 
 
 def reader(brokers: str, **options: str) -> TimestoneStreamReader:
@@ -161,3 +164,39 @@ def test_topics_naming_every_device_topic_reads_those_and_no_other(edge: EdgeBro
         for topic in batch.column("topic").to_pylist()
     ]
     assert sorted(topics) == sorted(named)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_positions_a_shorter_retention_removed_are_not_said_to_be_the_querys_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fail_on_data_loss: str
+) -> None:
+    """A broker read by partition whose debug topics are kept shorter (a persistence rule) than the
+    query's: a query stopped past their retention met the partition's start above its position and said
+    'retention removed records not yet read' (failing, by default), or skipped '196 records lost', where
+    every record of its topics was there. The broker cannot tell which topics those entries held: the
+    source now says so."""
+    rules = [PersistRule("debug/#", qos=(0, 1, 2), retention_ms=1000), PersistRule("#", qos=(0, 1, 2))]
+    config = StorageConfig(group_commit_ms=1, segment_bytes=1024, persist=rules)
+    edge = EdgeBroker(tmp_path / "edge", config)
+    try:
+        edge.append("plant/1/temp", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(5)])
+        options = {"startingOffsets": "earliest", "failOnDataLoss": fail_on_data_loss}
+        source = reader(f"e1={edge.url}", **options)
+        start = source.initialOffset()
+        read = source.latestOffset(start, ReadAllAvailable())
+        assert rows(source, start, read) == 5
+        edge.append("debug/x", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(200)])
+        edge.append("plant/1/temp", [telemetry(number) for number in range(5, 8)])
+        assert edge.apply_retention(BASE_TIME_MS + 60_000) > 0  # the debug records' segments
+
+        with caplog.at_level("WARNING", logger="sources"):
+            try:
+                assert rows(source, read, source.latestOffset(read, ReadAllAvailable())) == 3
+            except DataLossError as error:
+                said = str(error)
+            else:
+                said = caplog.text
+    finally:
+        edge.close()
+    assert "positions" in said and "maybe only of topics this query does not read" in said, said
+    assert "records lost" not in said and "removed records" not in said, said
