@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -343,6 +343,18 @@ class Reads(StoreState):
             return []
         finally:
             self._remove_waiter(waiter)
+
+    def watch_advances(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(topic)`` on the event loop each time ``topic``'s readable end advances (durable,
+        or committed when replicated), until the returned function is called: a watcher of many logs
+        registers once, where ``wait_for_data`` takes every log it watches at each call."""
+        self._advance_listeners.append(listener)
+
+        def unwatch() -> None:
+            if listener in self._advance_listeners:
+                self._advance_listeners.remove(listener)
+
+        return unwatch
 
     def _remove_waiter(self, waiter: _Waiter) -> None:
         for topic in waiter.positions:

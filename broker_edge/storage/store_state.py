@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,6 +175,8 @@ class StoreState:
         what it asked about at its next loop turn; a caller that never appends holds one entry per topic."""
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
+        self._advance_listeners: list[Callable[[str], None]] = []
+        """Told each topic whose readable end advanced (``Reads.watch_advances``)."""
         self._directory_fd: int | None = None
         self._replicated = False
         """Whether readers see the committed ends (``ReplicatedLog.enable``) rather than the durable ones."""
@@ -329,7 +331,7 @@ class StoreState:
             self._committer.use_syncfs(self._directory_fd, minimum)
 
     def _on_durable(self, advanced: list[tuple[int, int]], job: Job) -> None:
-        if advanced and (self._topic_waiters or self._pattern_waiters):
+        if advanced and (self._topic_waiters or self._pattern_waiters or self._advance_listeners):
             self._wake(advanced)
         sealer = self._sealer
         if sealer is None:
@@ -348,11 +350,14 @@ class StoreState:
     def _wake(self, advanced: list[tuple[int, int]]) -> None:
         topic_waiters = self._topic_waiters
         pattern_waiters = self._pattern_waiters
-        if not topic_waiters and not pattern_waiters:
+        listeners = self._advance_listeners
+        if not topic_waiters and not pattern_waiters and not listeners:
             return
         names, table = self._names, self._table
         for topic_id, end_before in advanced:
             topic = names[topic_id]
+            for listener in listeners:
+                listener(topic)
             end = table.end(topic_id)
             for waiter in topic_waiters.get(topic, ()):
                 if end > waiter.positions[topic]:

@@ -523,24 +523,50 @@ class SiteLink:
         loop = asyncio.get_running_loop()
         throttle = Throttle(config.bandwidth_bytes_per_s, loop.time())
         positions = dict(self.hub_ends)
-        known = self.topics()  # listed again only when a new topic appears or the link is idle a while
-        pending: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(known)
+        pending: collections.OrderedDict[str, None] = collections.OrderedDict()
+        woken = asyncio.Event()
+
+        def advanced(topic: str) -> None:  # one call per log appended to: waiting costs nothing per log
+            if self._carries(topic) and self._held(topic):
+                pending[topic] = None
+                woken.set()
+
+        unwatch = store.watch_advances(advanced)
+        pending.update(dict.fromkeys(self.topics()))
+        try:
+            await self._send_batches(ws, window, reader, throttle, positions, pending, woken)
+        finally:
+            unwatch()
+
+    async def _send_batches(
+        self,
+        ws: ClientWebSocketResponse,
+        window: _Window,
+        reader: asyncio.Task[None],
+        throttle: Throttle,
+        positions: dict[str, int],
+        pending: collections.OrderedDict[str, None],
+        woken: asyncio.Event,
+    ) -> None:
+        """Batches from the logs of ``pending`` (those appended to since they were last sent up to their
+        end, which ``woken`` tells of), and when idle a while from every log again."""
+        config = self.config
+        loop = asyncio.get_running_loop()
         seq = 0
         next_state = loop.time()
         while True:
             await _until(window.free(), reader)
+            woken.clear()
             batch = await self._build(seq, positions, pending)
             if batch is None:
                 if loop.time() >= next_state:
                     await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
                     next_state = loop.time() + config.heartbeat_s
-                waiting = {topic: positions.get(topic, 0) for topic in known}
                 idle_s = ELSEWHERE_POLL_S if self.elsewhere_ends else config.heartbeat_s
-                wait = store.wait_for_data(waiting, idle_s, "#")
-                woken = [topic for topic in await _until(wait, reader) if self._carries(topic)]
-                if not woken or any(topic not in waiting for topic in woken):
-                    known = self.topics()
-                pending.update(dict.fromkeys(woken or known))
+                with contextlib.suppress(TimeoutError):
+                    await _until(asyncio.wait_for(woken.wait(), idle_s), reader)
+                if not woken.is_set():
+                    pending.update(dict.fromkeys(self.topics()))
                 continue
             if loop.time() >= next_state:
                 batch.site_ends = self._changed_ends()

@@ -96,3 +96,22 @@ def test_a_new_log_matching_the_pattern_wakes_the_reader(tmp_path: Path):
         return woke
 
     assert _run(tmp_path, scenario) == ["plant/2"]
+
+
+def test_a_watcher_of_appends_hears_each_log_once_durable_until_it_stops_watching(tmp_path: Path):
+    async def scenario(store: LogStore) -> tuple[list[str], list[str]]:
+        heard: list[str] = []
+        unwatch = store.watch_advances(heard.append)
+        store.append("a", make_record(0))
+        store.append("b/c", make_record(0))
+        await store.wait_durable()
+        before_unwatch = sorted(heard)
+        unwatch()
+        store.append("a", make_record(1))
+        await store.wait_durable()
+        return before_unwatch, heard
+
+    before_unwatch, heard = _run(tmp_path, scenario)
+
+    assert before_unwatch == ["a", "b/c"]
+    assert sorted(heard) == ["a", "b/c"]
