@@ -105,7 +105,9 @@ def missing_extras_message(command: str, module: str) -> str | None:
     top = module.partition(".")[0]
     if top not in OPTIONAL_MODULES:
         return None
-    extras = COMMANDS[command][3] or (OPTIONAL_MODULES[top],)
+    extras = COMMANDS[command][3]
+    if OPTIONAL_MODULES[top] not in extras:  # installed already, or not bringing it: add the one that does
+        extras = (*extras, OPTIONAL_MODULES[top])
     return (
         f"timestone {command}: this command needs the optional dependencies of "
         f"timestone[{','.join(extras)}] ({top} is not installed). Install them with:\n"

@@ -98,3 +98,18 @@ def test_ota_command_without_the_extras_names_the_pipelines_extra():
     assert done.returncode == 3
     assert "pip install 'timestone[pipelines]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_command_whose_extras_lack_the_missing_module_names_the_extra_that_brings_it():
+    """``timestone ota status`` with the pipelines extra but no Spark said to install timestone[pipelines],
+    which was installed and brings no pyspark: the advice led back to the same message."""
+    done = subprocess.run(
+        without(["pyspark"], "main(['ota', 'status'])"), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 3
+    assert done.stderr.startswith(
+        "timestone ota: this command needs the optional dependencies of timestone[pipelines,spark] "
+        "(pyspark is not installed)"
+    )
+    assert "pip install 'timestone[pipelines,spark]'" in done.stderr
