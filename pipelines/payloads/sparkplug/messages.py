@@ -155,8 +155,12 @@ def metric_value(metric: Metric, datatype: str) -> MetricValue:
     false, an empty string), as Eclipse Tahu's decoder reads it: an encoder whose schema has no ``oneof``
     around the values (a proto3 copy) leaves a value equal to its default out."""
     expected = VALUE_FIELDS.get(datatype)
+    if expected is None:  # PropertySet, PropertySetList
+        raise PayloadError(
+            f"sparkplug_b: {metric.where()}: a {datatype} is a property's datatype, no metric's"
+        )
     sent = metric.value_field or expected
-    if metric.is_null or sent is None:
+    if metric.is_null:
         return MetricValue()
     integer = datatype in _INTEGER_BITS and sent in _INTEGER_FIELDS
     if sent != expected and not integer:

@@ -342,3 +342,17 @@ def test_a_template_metric_without_a_datatype_is_kept_as_sent():
     rows = EdgeNodeSession().process([motor_birth(None, "int_value", 300)])
     [motor] = [r for r in rows_of(rows, METRIC) if r["metric"] == "Motor"]
     assert json.loads(motor["value_string"])["metrics"] == [{"name": "trim", "intValue": 300}]
+
+
+@pytest.mark.parametrize("datatype", ["PropertySet", "PropertySetList"])
+def test_a_metric_of_a_datatype_only_properties_have_is_quarantined(datatype):
+    """PropertySet and PropertySetList are the datatypes of a metric's properties; a metric has no value
+    field for them. Such a metric's row had no value beside ``is_null`` false (one with a value said
+    ``not in None``)."""
+    message = payload(1000, 0)
+    metric(message, "bdSeq", None, "Int64").long_value = 0
+    metric(message, "Props", 1, datatype)
+    [rejected] = EdgeNodeSession().process([record("NBIRTH", message, 1000)])
+    assert (rejected["kind"], rejected["reason"]) == (REJECTED, REASON_MALFORMED)
+    detail = f"sparkplug_b: metric 1 ('Props'): a {datatype} is a property's datatype, no metric's"
+    assert rejected["detail"] == detail
