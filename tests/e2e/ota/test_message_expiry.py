@@ -11,12 +11,16 @@ sent in time.
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections import Counter
 
+import pytest
+
 from pipelines.actions.buckets import bucket_of, report_topic
 from pipelines.actions.job import start_actions_job
-from pipelines.actions.model import DEFAULT_EXPIRY_S
+from pipelines.actions.model import DEFAULT_EXPIRY_S, group_topic
 from pipelines.actions.operator import NewAction, create_action
 from pipelines.actions.states import StatusReport
 from pipelines.actions.status import describe, read_statuses
@@ -137,3 +141,40 @@ def test_a_report_sent_in_time_and_read_after_a_restart_past_the_expiry_is_not_o
         }
         final = summary(store, action_id)
         assert final is not None and final["expired_count"] == 0
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-5", "MQTT-3.3.2-6")
+def test_the_broker_never_delivers_a_message_whose_row_ended_expired(spark, tmp_path):
+    """[MQTT-3.3.2-5] [MQTT-3.3.2-6] through the whole job (message_expiry_s 3): two devices with persistent
+    sessions are offline when the action goes out. One comes back in time and receives it with what is left
+    of its Message Expiry Interval; the other comes back once the job has ended its row ``EXPIRED`` and
+    receives nothing, whatever its own clock says."""
+    expiry_s = 3
+    with actions_stack(
+        spark, tmp_path, {"count": 1, "groups": ["g"]}, quiet_devices(), message_expiry_s=expiry_s
+    ) as stack:
+        store = stack.store
+        register_devices(store, {"dev-soon": "g", "dev-late": "g"})
+        devices = {}
+        for device_id in ("dev-soon", "dev-late"):
+            device = PahoClient(stack.broker.port, device_id, clean=False, session_expiry=3600)
+            device.subscribe(group_topic("g"), 1)
+            device.disconnect()
+            devices[device_id] = device
+        action_id = create_action(store, NewAction(group="g", **FIRMWARE))
+        wait_for(lambda: states(store, action_id).get("dev-soon") is not None, what="the action to go out")
+
+        soon = devices["dev-soon"]
+        soon.connect()
+        (message,) = soon.expect(1)
+        left_ms = json.loads(message.payload)["expires_at"] - time.time() * 1000
+        interval = message.properties.MessageExpiryInterval
+        assert 1 <= interval <= math.ceil(left_ms / 1000) <= expiry_s
+        soon.disconnect()
+
+        wait_for(lambda: states(store, action_id).get("dev-late") == "EXPIRED", what="dev-late to expire")
+        late = devices["dev-late"]
+        late.connect()
+        assert late.connack_result[0].session_present
+        late.expect_none(1.0)
+        late.disconnect()
