@@ -72,3 +72,36 @@ def test_rendering_the_charts_without_tables_says_why_in_one_line(tmp_path):
         "telemetry.ipynb: FileNotFoundError: no tables at .timestone/demo/tables: run `make demo` in the "
         "repository, or set TIMESTONE_TABLES to a tables root"
     )
+
+
+def test_the_documented_install_brings_every_module_the_notebooks_import():
+    """docs/notebooks.md said ``pip install 'timestone[pipelines,notebooks]'`` outside the repository: the
+    notebooks' first cell then failed, the table code importing pyspark, which neither extra brings."""
+    import json
+    import re
+
+    from pipelines.cli import OPTIONAL_MODULES
+
+    (extras,) = re.findall(r"pip install\s+'timestone\[([\w,]+)\]'", DOC.read_text(encoding="utf-8"))
+    cells = [
+        json.loads((REPO / "notebooks" / name).read_text())
+        for name in ("telemetry.ipynb", "ota_rollout.ipynb")
+    ]
+    imports = [
+        line
+        for notebook in cells
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "code"
+        for line in cell["source"]
+        if line.startswith(("import ", "from "))
+    ]
+    script = (
+        "import sys\n"
+        + "".join(imports)
+        + "\nprint(' '.join(sorted(set(m.split('.')[0] for m in sys.modules))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    needed = {OPTIONAL_MODULES[module] for module in loaded.stdout.split() if module in OPTIONAL_MODULES}
+    assert needed - set(extras.split(",")) == set()
