@@ -330,7 +330,8 @@ def in_order(
     millisecond waits after data, after that NBIRTH (a gateway births its devices right after itself). With
     no number before, an NBIRTH first, else the lowest number (unwrapped when the millisecond's numbers
     straddle 255 -> 0). A message with no number that cannot be read or lacks it is taken as its topic
-    reaches it; an NDEATH (sent by the broker once the connection is gone) after its millisecond's others.
+    reaches it, but an NBIRTH, which comes where a birth comes; an NDEATH (sent by the broker once the
+    connection is gone) after its millisecond's others.
     """
     by_time: dict[int, list[Message]] = {}
     for message in messages:
@@ -408,7 +409,7 @@ class _Merge:
             self.births.add(key)
         if seq is not None:
             self.by_seq.setdefault(seq, set()).add(key)
-        elif kind != "NDEATH":
+        elif kind not in ("NDEATH", "NBIRTH"):  # an NBIRTH that cannot be read comes where a birth comes
             self.free.add(key)
 
     def _unindex(self, key: tuple[str, str]) -> None:
@@ -432,11 +433,14 @@ def _first_without_order(group: list[Message]) -> Callable[[int], int]:
 def _rank(
     expected: int | None, first: Callable[[int], int], hold: bool
 ) -> Callable[[Message], tuple[int, int, int]]:
-    """How soon a chain's head comes: no number (not an NDEATH) at once; else the number expected, then a
-    number soon after it, then an NBIRTH; a DBIRTH held (:meth:`_Merge.pop`) after it; an NDEATH last."""
+    """How soon a chain's head comes: no number (not an NDEATH or an NBIRTH) at once; else the number
+    expected, then a number soon after it, then an NBIRTH (one that cannot be read too); a DBIRTH held
+    (:meth:`_Merge.pop`) after it; an NDEATH last."""
 
     def rank(message: Message) -> tuple[int, int, int]:
         seq, offset, kind = _seq_of(message), message.record.offset, _kind_of(message)
+        if seq is None and kind == "NBIRTH":  # one that cannot be read: after the numbers soon after
+            return (1, -1 if expected is None else SEQ_MODULO // 2, offset)
         if seq is None:
             return (2 if kind == "NDEATH" else 0, 0, offset)
         if kind == "DBIRTH" and hold:

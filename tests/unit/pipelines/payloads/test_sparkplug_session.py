@@ -406,6 +406,22 @@ def test_a_birth_that_does_not_parse_or_is_empty_ends_the_birth_before_it_too(cu
     ]
 
 
+def test_a_birth_that_cannot_be_read_in_the_millisecond_of_data_before_it_comes_after_that_data():
+    """A message that cannot be read has no number to be ordered by, and was taken first in its
+    millisecond: a rebirth cut short ended the session before the data sent under it were read, and
+    they were quarantined. It now comes where a birth comes: after the data of the number expected."""
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    broken = nbirth(2000, bdseq=1)
+    rows = session.process(
+        [record(broken.topic, (broken.payload or b"")[:-3], 2000), ddata("pump7", 2000, 2, temperature(4.0))]
+    )
+    assert [(r["kind"], r["message_type"]) for r in rows if r["kind"] != PRESENCE] == [
+        (METRIC, "DDATA"),
+        (REJECTED, "NBIRTH"),
+    ]
+
+
 def test_an_empty_data_message_is_quarantined_and_breaks_no_sequence():
     session = EdgeNodeSession()
     session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
