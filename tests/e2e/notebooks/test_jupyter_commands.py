@@ -105,3 +105,20 @@ def test_the_documented_install_brings_every_module_the_notebooks_import():
     )
     needed = {OPTIONAL_MODULES[module] for module in loaded.stdout.split() if module in OPTIONAL_MODULES}
     assert needed - set(extras.split(",")) == set()
+
+
+def test_the_commands_the_ota_notebook_names_are_the_docs_as_written():
+    """ota_rollout.ipynb's part 3 said to run ``timestone broker`` ... after ``make demo``, which puts no
+    ``timestone`` on the PATH (the command is ``.venv/bin/timestone``): a command not found."""
+    import json
+    import re
+
+    section = DOC.read_text(encoding="utf-8").split("## Creating an action from the notebook", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    written = [line.split("  #", 1)[0].strip() for line in block.splitlines()]
+    notebook = json.loads((REPO / "notebooks" / "ota_rollout.ipynb").read_text())
+    (part_3,) = [cell for cell in notebook["cells"] if cell["source"][0].startswith("## 3. Create an action")]
+    text = "".join(part_3["source"])
+    named = re.findall(r"`((?:\S*/)?timestone [^`]+)`", text.replace("\n", " "))
+    assert named
+    assert [command for command in named if not any(line.startswith(command) for line in written)] == []
