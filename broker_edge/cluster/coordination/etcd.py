@@ -334,6 +334,16 @@ class Etcd:
         succeeded, revision = await self._transaction(compare, [tx.put(encoded, value)])
         return revision if succeeded else None
 
+    async def swap_all(self, items: Sequence[tuple[str, bytes, int]]) -> int | None:
+        """Write every ``(key, value, mod_revision)`` in one transaction, only if each key's ``mod_revision``
+        is still the given one: the revision they were written at, or None (nothing written) when any was
+        written by someone else first."""
+        tx = self._client.transactions
+        compare = [tx.mod(key.encode("utf-8")) == revision for key, _, revision in items]
+        success = [tx.put(key.encode("utf-8"), value) for key, value, _ in items]
+        succeeded, revision = await self._transaction(compare, success)
+        return revision if succeeded else None
+
     async def delete_if(self, key: str, mod_revision: int) -> bool:
         """Delete ``key`` only if its ``mod_revision`` is still the given one."""
         tx = self._client.transactions

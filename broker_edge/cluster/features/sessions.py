@@ -554,6 +554,7 @@ class ClusterSessions:
         that ended; let go of sessions whose record another CONNECT took. ``EtcdError`` at the first
         failure (the next save starts over)."""
         router = self.broker.router
+        changed: list[tuple[str, int, Change, bytes]] = []
         for client_id, generation in list(self.owned.items()):
             session = router.sessions.get(client_id)
             if session is None:
@@ -566,13 +567,21 @@ class ClusterSessions:
                 continue
             state = saved_session(session, self._saved_logs, self.broker.now())
             encoded = json.dumps(state, sort_keys=True).encode()
-            if self._saved.get(client_id) == encoded:
-                continue
-            if await self._save_once(client_id, generation, _with_state(state, time.time())) is None:
+            if self._saved.get(client_id) != encoded:
+                changed.append((client_id, generation, _with_state(state, time.time()), encoded))
+        await self._save_states(changed)
+
+    async def _save_states(self, changed: list[tuple[str, int, Change, bytes]]) -> None:
+        """Save the changed states, many per etcd transaction; one whose record is not as this node last
+        wrote it is saved on its own (and its session let go when another CONNECT took the record)."""
+        written = await self.registry.update_all(self.node_id, [entry[:3] for entry in changed])
+        for client_id, generation, change, encoded in changed:
+            if client_id not in written and await self._save_once(client_id, generation, change) is None:
                 if self.owned.get(client_id) == generation:
                     self._let_go(client_id)
                 continue
-            self._saved[client_id] = encoded
+            if self.owned.get(client_id) == generation:
+                self._saved[client_id] = encoded
 
     async def _save_once(self, client_id: str, generation: int, change: Change) -> SessionRecord | None:
         """One attempt (``EtcdError`` if etcd does not answer): a save is not retried, the next one comes."""
