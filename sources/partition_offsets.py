@@ -28,6 +28,8 @@ __all__ = [
     "drop_passed_marks",
     "filter_keys",
     "filters_of",
+    "first_batch_marks",
+    "holds_positions",
     "is_partition_key",
     "mark_key",
     "marks_of",
@@ -36,6 +38,7 @@ __all__ = [
     "query_start_marks",
     "reads_partitions",
     "uncovered",
+    "without_marks",
 ]
 
 POSITION_PREFIX = "#p"
@@ -152,4 +155,29 @@ def drop_passed_marks(offsets: Mapping[str, int]) -> dict[str, int]:
         if not (
             key.startswith(MARK_PREFIX) and offsets.get(POSITION_PREFIX + key[len(MARK_PREFIX) :], 0) >= value
         )
+    }
+
+
+def holds_positions(offsets: Mapping[str, int]) -> bool:
+    """Whether a broker's offsets hold positions: without, the query has not read it by partition yet."""
+    return any(key.startswith(POSITION_PREFIX) for key in offsets)
+
+
+def first_batch_marks(offsets: Mapping[str, int]) -> dict[int, int]:
+    """The marks of a broker's first batch by partition (a broker down at the query's start, added to the
+    brokers since, or whose store was replaced): its end positions, or its marks past them. Every entry up
+    to there was written before the query listed the broker, as a new query's start marks say."""
+    marks = marks_of(offsets)
+    return {
+        partition_of(key): max(position, marks.get(partition_of(key), 0))
+        for key, position in offsets.items()
+        if key.startswith(POSITION_PREFIX)
+    }
+
+
+def without_marks(offsets: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """``offsets`` without query-start marks: what the planner cuts into ranges (marks travel apart)."""
+    return {
+        broker: {key: value for key, value in keys.items() if not key.startswith(MARK_PREFIX)}
+        for broker, keys in offsets.items()
     }

@@ -67,6 +67,8 @@ from .partition_offsets import (
     drop_passed_marks,
     filter_keys,
     filters_of,
+    first_batch_marks,
+    holds_positions,
     is_partition_key,
     marks_of,
     partition_of,
@@ -74,6 +76,7 @@ from .partition_offsets import (
     query_start_marks,
     reads_partitions,
     uncovered,
+    without_marks,
 )
 from .partition_reader import read_positions
 from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
@@ -291,6 +294,9 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             end_may_lag=self.options.reads_cluster,
             appeared=appeared(resumed, {broker: listings[broker] for broker in listed}),
         )
+        for broker in listings:  # new to the query: what it held when first listed is not loss
+            if self._by_partition.get(broker) and not holds_positions(resumed.get(broker, {})):
+                end[broker] = end.get(broker, {}) | query_start_marks(end.get(broker, {}), listings[broker])
         end = self._with_filters({broker: drop_passed_marks(keys) for broker, keys in end.items()})
         end = with_stores(with_listed(end, resumed, listed, self.options.topics), start, current)
         self._starts.ended(end)
@@ -318,8 +324,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         start, planned = batch_bounds(start, end, self._stores, self.options.fail_on_data_loss)
         planned = without_listed({broker: keys for broker, keys in planned.items() if broker in self._fetch})
         plan = plan_partitions(
-            without_listed(start),
-            planned,
+            without_marks(without_listed(start)),
+            without_marks(planned),
             self._listings,
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
@@ -333,7 +339,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 partition,
                 replace(self._fetch[partition.broker], store=store_of(end[partition.broker])),
                 patterns=self.options.topics,
-                marks=marks_of(start.get(partition.broker, {})),
+                marks=_marks(start.get(partition.broker, {}), planned[partition.broker]),
             )
             for partition in plan.partitions
         ]
@@ -624,6 +630,11 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return fetch.call(lambda: client.offset_for_timestamp(topic, timestamp_ms))
         except UnknownTopicError:
             return 0
+
+
+def _marks(start: dict[str, int], end: dict[str, int]) -> dict[int, int]:
+    """A broker's query-start marks for a batch: its start's, or for its first batch its end's."""
+    return marks_of(start) if holds_positions(start) else first_batch_marks(end)
 
 
 def _ends(listings: Listings) -> dict[str, dict[str, int]]:

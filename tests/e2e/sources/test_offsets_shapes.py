@@ -4,6 +4,7 @@ way Spark calls the reader, against real brokers (test_stream_reader.py shows th
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from broker_edge.storage import StorageConfig
 from broker_edge.storage.config import PersistRule
 from sources.offsets_planner import DataLossError
 from sources.options import SourceOptionError, parse_options
-from sources.stream_api import ReadAllAvailable
+from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
 
@@ -200,3 +201,48 @@ def test_positions_a_shorter_retention_removed_are_not_said_to_be_the_querys_rec
         edge.close()
     assert "positions" in said and "maybe only of topics this query does not read" in said, said
     assert "records lost" not in said and "removed records" not in said, said
+
+
+def trimmed_broker(directory: Path) -> EdgeBroker:
+    """A broker whose plant/1/temp lost its 5 records to a rule's retention while plant/2/temp's 100 keep
+    their segments: its partition holds 5 entries below their topic's start."""
+    rules = [PersistRule("plant/1/temp", qos=(0, 1, 2), retention_ms=1000), PersistRule("#", qos=(0, 1, 2))]
+    edge = EdgeBroker(directory, StorageConfig(group_commit_ms=1, segment_bytes=1024, persist=rules))
+    edge.append("plant/1/temp", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(5)])
+    edge.fill("plant/2/temp", 100)
+    edge.apply_retention(BASE_TIME_MS + 60_000)
+    return edge
+
+
+@pytest.mark.parametrize("how", ["down at the query's start", "added to brokers later"])
+def test_records_gone_before_the_query_knew_a_broker_are_not_data_loss_by_partition(
+    edge: EdgeBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A broker read by partition that the query first lists after its start (down then, or added to
+    brokers between runs) was read from its partitions' start as if every entry came after the query
+    began: records its retention removed long before failed the query as data loss, where read by topic
+    its logs are read from their start without a report."""
+    edge.fill("plant/9/temp", 2)
+    late = trimmed_broker(tmp_path / "late")
+    try:
+        both = f"e1={edge.url},e2={late.url}"
+        if how == "down at the query's start":
+            late.stop_server()
+            source = reader(both, startingOffsets="earliest")
+            start = source.initialOffset()
+            late.start_server(late.port)
+        else:
+            start = reader(f"e1={edge.url}", startingOffsets="earliest").initialOffset()
+            source = reader(both)
+        assert "e2" not in start
+        with caplog.at_level("WARNING", logger="sources"):
+            end = source.latestOffset(start, ReadAllAvailable())
+            assert rows(source, start, end) == 102
+            limited = reader(both, maxRecordsPerTrigger="40")  # the same over several batches
+            batches = [start]
+            while batches[-1] != (after := limited.latestOffset(batches[-1], ReadMaxRows(40))):
+                batches.append(after)
+            assert sum(rows(limited, begun, ended) for begun, ended in itertools.pairwise(batches)) == 102
+    finally:
+        late.close()
+    assert "lost" not in caplog.text and "skipping" not in caplog.text
