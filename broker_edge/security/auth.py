@@ -580,8 +580,10 @@ def _parser() -> argparse.ArgumentParser:
 def passwd_main(argv: list[str], *, prompt: Callable[[str], str] | None = None) -> int:
     """``timestone passwd FILE USERNAME [--password P] [--delete] [-c]``; returns the exit status.
 
-    ``prompt`` reads a password without echo (``getpass`` by default; tests hand in their own).
+    ``prompt`` reads a password without echo (``getpass`` by default; tests hand in their own). Standard
+    input that is no terminal (a pipe: ``echo "$PW" | timestone passwd ...``) gives it on its first line.
     """
+    piped = prompt is None and sys.stdin is not None and not sys.stdin.isatty()
     if prompt is None:
         import getpass
 
@@ -602,7 +604,15 @@ def passwd_main(argv: list[str], *, prompt: Callable[[str], str] | None = None) 
             print(f"deleted user {args.username!r} from {args.file}")
             return 0
         password = args.password
-        if password is None:
+        if password is None and piped:
+            line = sys.stdin.readline()
+            if not line:
+                return _fail(
+                    "no password given (standard input is no terminal: give the password on its first line, "
+                    "or --password)"
+                )
+            password = line.removesuffix("\n").removesuffix("\r")
+        elif password is None:
             password = prompt("Password: ")
             if password != prompt("Reenter password: "):
                 return _fail("passwords do not match")

@@ -8,6 +8,8 @@ import errno
 import fcntl
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -213,3 +215,20 @@ def test_a_file_in_a_directory_that_does_not_exist_names_the_directory(
     err = capsys.readouterr().err
     assert err == f"timestone passwd: error: {path}: no directory {tmp_path / 'missing'} (make it first)\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_password_piped_in_on_one_line_is_taken_without_prompts_or_warnings(tmp_path: Path) -> None:
+    """``echo "$PW" | timestone passwd -c FILE u`` (a script keeping the password out of the process list)
+    printed Python's GetPassWarning with its source path, "Password input may be echoed" twice, then failed
+    with 'no password given', the confirmation finding the pipe at its end."""
+    path = tmp_path / "passwd"
+    command = [sys.executable, "-m", "pipelines.cli", "passwd", "-c", str(path), "u1"]
+    done = subprocess.run(command, input="p 1\n", capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert PasswordFile.load(path).verify("u1", b"p 1")
+    empty = subprocess.run([*command[:-1], "u2"], input="", capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 1
+    assert empty.stderr == (
+        "timestone passwd: error: no password given (standard input is no terminal: give the password on "
+        "its first line, or --password)\n"
+    )
