@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable, write_deltalake
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from broker_edge.storage import StorageConfig
 from broker_edge.storage.config import PersistRule
@@ -246,3 +247,90 @@ def test_records_gone_before_the_query_knew_a_broker_are_not_data_loss_by_partit
     finally:
         late.close()
     assert "lost" not in caplog.text and "skipping" not in caplog.text
+
+
+class ReplayCheckingSink:
+    """A foreachBatch sink into a Delta table, idempotent per batch id: a replayed batch must hold the very
+    rows its first run wrote (then nothing is written again); ``crash_after`` fails one batch once, after
+    its rows are in the table (a driver lost between the write and Spark's commit)."""
+
+    def __init__(self, path: Path, crash_after: int) -> None:
+        self.path = str(path)
+        self.crash_after: int | None = crash_after
+        self.written: dict[int, list[tuple[str, int]]] = {}
+        self.replays: list[int] = []
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        table = frame.select("broker", "topic", "offset").toArrow()
+        keys = sorted(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist(), strict=True))
+        if batch_id in self.written:
+            assert keys == self.written[batch_id], f"batch {batch_id} replayed with other rows"
+            self.replays.append(batch_id)
+            return
+        if table.num_rows:
+            write_deltalake(self.path, table, mode="append")
+        self.written[batch_id] = keys
+        if batch_id == self.crash_after:
+            self.crash_after = None
+            raise RuntimeError("driver lost after the write")
+
+    def keys(self) -> list[tuple[str, int]]:
+        table = DeltaTable(self.path).to_pyarrow_table()
+        return sorted(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist(), strict=True))
+
+
+@pytest.mark.spark
+def test_under_spark_a_topic_per_device_lands_once_in_delta_across_a_crash_and_restarts(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    """3,000 device topics, read by partition under a read limit, a batch failed after its write and
+    replayed, a device appearing while the query is stopped: every record once in the Delta table, and
+    the offset log a few hundred bytes a batch."""
+    devices = 3000
+
+    async def publish(first: int, count: int) -> None:
+        for number in range(first, first + count):
+            edge.store.append(f"dev/{number}/status", telemetry(number))
+        await edge.store.wait_durable()
+
+    edge.run(publish(0, devices))
+    checkpoint = tmp_path / "checkpoint"
+    sink = ReplayCheckingSink(tmp_path / "bronze", crash_after=1)
+    options = {
+        "brokers": f"e1={edge.url}",
+        "topics": "dev/+/status",
+        "startingOffsets": "earliest",
+        "maxRecordsPerTrigger": "1200",
+    }
+
+    def run() -> None:
+        frame = timestone_spark.readStream.format("timestone").options(**options).load()
+        query = (
+            frame.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination(180)
+            error = query.exception()
+            if error is not None:
+                raise error
+        finally:
+            query.stop()
+
+    with pytest.raises(StreamingQueryException, match="driver lost after the write"):
+        run()
+    run()  # replays batch 1, then reads the rest
+    edge.run(publish(devices, 7))  # new devices' topics while the query is stopped
+    edge.run(publish(0, 3))  # and more of old ones
+    run()
+
+    expected = sorted(
+        [(f"dev/{number}/status", 0) for number in range(devices + 7)]
+        + [(f"dev/{number}/status", 1) for number in range(3)]
+    )
+    assert sink.keys() == expected
+    assert sink.replays == [1]
+    sizes = [path.stat().st_size for path in (checkpoint / "offsets").iterdir() if path.name.isdigit()]
+    assert len(sizes) >= 4 and max(sizes) < 2048
