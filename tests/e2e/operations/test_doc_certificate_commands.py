@@ -71,3 +71,32 @@ def test_the_cluster_docs_member_tls_files_are_the_ones_its_commands_write(tmp_p
     assert sorted(member_tls) == ["cafile", "certfile", "keyfile"]
     for path in member_tls.values():
         assert (tmp_path / "etc" / path.removeprefix("/etc/timestone/")).is_file(), path
+
+
+KUBECTL = """#!/bin/sh
+# kubectl create secret as the doc runs it: every --from-file must name a file there is
+for arg in "$@"; do
+    case "$arg" in --from-file=*) path="${arg#--from-file=}"; path="${path#*=}"
+        [ -f "$path" ] || { echo "kubectl: error: $path: no such file" >&2; exit 1; } ;;
+    esac
+done
+"""
+
+
+def test_the_kubernetes_secrets_block_runs_as_written(tmp_path: Path) -> None:
+    """docs/operations.md's Secrets block made the etcd client's Secret from k8s/etcd.password, which no
+    command wrote (the text after it named it): kubectl failed there, as written."""
+    etc = tmp_path / "etc"
+    for ca in ("etcd-ca", "hub-ca", "sites-ca", "cluster-ca"):  # "made as above"
+        assert run_as_written(f"timestone pki ca /etc/timestone/pki/{ca}", etc).returncode == 0
+    (etc / "passwd").write_text("")
+    (etc / "tokens.yaml").write_text("tokens: []\n")
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "kubectl").write_text(KUBECTL)
+    (stubs / "kubectl").chmod(0o755)
+    section = (ROOT / "docs" / "operations.md").read_text().split("The Secrets the manifests name", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    script = f"cd {tmp_path}\nexport PATH={stubs}:$PATH\n{block}"
+    done = run_as_written(script, etc)
+    assert done.returncode == 0, done.stderr
