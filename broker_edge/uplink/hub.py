@@ -38,6 +38,7 @@ from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
 from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
+from broker_edge.uplink.expired import ExpiredOnArrival
 from broker_edge.uplink.mirror import Gap, LocalMirrorLogs, mirror_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
@@ -96,6 +97,7 @@ class UplinkHub:
         self.logs: MirrorLogs = LocalMirrorLogs(store)
         self.config = config
         self.status = SitesStatus(store, metrics)
+        self.expired = ExpiredOnArrival(store)
         self.tls = ServerContexts(lambda: server_ssl_context(config.tls))
         self.port = 0
         self._runner: GuardedRunner | None = None
@@ -247,6 +249,7 @@ class UplinkHub:
                 status.received_bytes += len(message.data)
                 status.received_records += applied.records
                 status.duplicate_records += applied.duplicates
+                self.expired.check(site, batch)
                 if gaps:
                     self._record_gaps(site, status, gaps)
                 if batch.site_ends:
