@@ -2,7 +2,8 @@
 
 Its payloads are built field by field as a proto3 copy of the schema writes them (a sequence number or
 an NBIRTH's 0 left out), with a DataSet of signed cells, packed arrays (one cut short), a transient metric,
-data of a device before its DBIRTH, a rebirth that gives alias 1 another meaning, and a death: every metric
+data of a device before its DBIRTH, a rebirth that gives alias 1 another meaning, and a death, beside a
+host application's retained STATE (read by neither query): every metric
 lands once in ``sparkplug_metrics`` under the name its birth in force gave it, the messages it cannot use
 are quarantined with their reason, and the node is offline at the end.
 """
@@ -125,6 +126,8 @@ def test_another_vendors_edge_node_lands_once_under_the_birth_in_force(spark, tm
     try:
         config.write_text(CONFIG.format(offsets_url=broker.offsets_url, root=tmp_path))
         client = PahoClient(broker.port, "vendor-gw1")
+        state = {"online": True, "timestamp": 500}  # a host application's STATE: no edge node's
+        client.publish("spBv1.0/STATE/scada", json.dumps(state).encode(), 1, retain=True)
         for topic, message in messages():
             client.publish(topic, message.SerializeToString(), 1)
         client.close()
