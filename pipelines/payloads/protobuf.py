@@ -95,7 +95,8 @@ class ProtobufReader:
 
     A field without presence (a proto3 scalar not marked ``optional``) reads as its default when absent, as
     protobuf defines it; a field with presence that is absent reads as null. Enums read as their value's
-    name into a string column, as their number into a numeric one. A declared field sent in another wire
+    name into a string column, as their number into a numeric one; a value the schema does not name (a
+    newer schema's) as its number, of a closed (proto2) enum too. A declared field sent in another wire
     type than its schema's (another schema's field of that number) is refused: protobuf keeps it as an
     unknown field and the field would read as its default, a reading that was never sent.
     """
@@ -121,27 +122,48 @@ class ProtobufReader:
         if not message.IsInitialized():  # proto2: Python's parser, unlike C++'s and Java's, takes it
             missing = ", ".join(message.FindInitializationErrors())
             raise PayloadError(f"protobuf: {message.DESCRIPTOR.full_name} lacks its required field {missing}")
-        _refuse_misread(message, self.fields.values())
+        unnamed = _refuse_misread(message, self.fields.values())
         if self.narrow:
             _refuse_truncated(payload, self.narrow)
-        return {name: _value(message, field, t) for name, (field, t) in self.fields.items()}
+        values = {name: _value(message, field, t) for name, (field, t) in self.fields.items()}
+        for name, (field, t) in self.fields.items():
+            if field.number in unnamed:  # a closed enum's value its schema does not name: its number
+                number = unnamed[field.number]
+                values[name] = str(number) if t == "string" else number
+        return values
 
 
-def _refuse_misread(message: Any, fields: Iterable[tuple[Any, str]], within: str = "") -> None:
+def _refuse_misread(message: Any, fields: Iterable[tuple[Any, str]], within: str = "") -> dict[int, int]:
     """``PayloadError`` when one of ``fields`` (or a Timestamp's seconds or nanos) came in another wire
-    type than its schema's: protobuf kept it among the unknown fields, and its value would be lost."""
+    type than its schema's: protobuf kept it among the unknown fields, and its value would be lost.
+
+    Returns the values of the closed (proto2) enums among ``fields`` that their schema does not name (a
+    newer schema's), which protobuf keeps among the unknown fields too, by field number."""
     unknown = UnknownFieldSet(message)
+    unnamed: dict[int, int] = {}
     if not len(unknown):
-        return
+        return unnamed
     by_number = {field.number: field for field, _ in fields}
     for sent in (unknown[index] for index in range(len(unknown))):
         field = by_number.get(sent.field_number)
-        if field is not None:
+        if field is not None and sent.wire_type == 0 and _closed_enum(field):
+            value = int(sent.data)
+            unnamed[field.number] = value - 2**64 if value >= 2**63 else value
+        elif field is not None:
             wire = _WIRE_TYPES.get(sent.wire_type, f"wire type {sent.wire_type}")
             raise PayloadError(
                 f"protobuf: field {within}{field.name} ({field.number}) was sent as {wire}, where the "
                 f"schema's type is {_TYPE_NAMES.get(field.type, field.type)}"
             )
+    return unnamed
+
+
+def _closed_enum(field: Any) -> bool:
+    """Whether ``field`` is an enum that keeps values its schema does not name out of the field (proto2)."""
+    if field.type != FieldDescriptor.TYPE_ENUM:
+        return False
+    closed = getattr(field.enum_type, "is_closed", None)  # protobuf >= 4.22 (editions)
+    return bool(closed) if closed is not None else field.file.syntax == "proto2"
 
 
 def _refuse_truncated(payload: bytes, narrow: Mapping[int, Any]) -> None:

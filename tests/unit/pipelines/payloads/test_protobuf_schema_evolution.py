@@ -85,3 +85,22 @@ def test_a_proto2_message_without_a_required_field_is_quarantined_naming_it(tmp_
         None,
         "protobuf: acme.Reading lacks its required field ts",
     ]
+
+
+def test_a_proto2_enum_value_a_newer_schema_added_reads_as_its_number(tmp_path):
+    """A proto2 enum is closed: protobuf keeps a value its schema does not name among the unknown fields,
+    and the payload was quarantined as 'sent as a varint, where the schema's type is enum' (an enum is a
+    varint). A proto3 enum's such value reads as its number; a proto2 one's now does too."""
+    reader = 'syntax = "proto2"; package acme; enum Phase { L1 = 1; L2 = 2; }\n'
+    reader += "message Reading { optional Phase phase = 1; optional int64 ts = 2; }"
+    newer = reader.replace("L2 = 2;", "L2 = 2; L3 = 3;")
+    newer_class = compiled(tmp_path, "newer", newer)
+    sent = [newer_class(phase=phase, ts=5).SerializeToString() for phase in (2, 3)]
+    cls = compiled(tmp_path, "reader", reader)
+    as_text = read(cls, sent, {"phase": "string", "ts": "bigint"})
+    assert as_text == [
+        {"phase": "L2", "ts": 5, "decode_error": None},
+        {"phase": "3", "ts": 5, "decode_error": None},
+    ]
+    as_number = read(cls, sent, {"phase": "int", "ts": "bigint"})
+    assert [row["phase"] for row in as_number] == [2, 3]
