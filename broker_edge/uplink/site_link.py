@@ -138,6 +138,9 @@ class SiteLink:
         self._turn_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[str, int] = {}
+        self._acknowledged = False
+        """Whether the hub acknowledged a batch on this connection (a refusal before any does not reset
+        the backoff: it lasts)."""
         self._oldest: dict[str, tuple[int, int]] = {}
         """Each log's oldest unsent record as last read: its offset and time."""
         self._bind(metrics)
@@ -379,6 +382,7 @@ class SiteLink:
         while True:
             hub = config.hubs[attempt % len(config.hubs)]
             attempt += 1
+            refused = False
             try:
                 context = client_ssl_context(config)  # read at each dial: rotated files are taken
                 async with (
@@ -402,13 +406,14 @@ class SiteLink:
                 ConnectionError,
                 ssl.SSLError,
             ) as error:
+                refused = isinstance(error, WireError) and not self._acknowledged  # nothing taken: it lasts
                 log.warning("uplink to %s: %s; again in %.1f s", hub, _failure(error), delay)
             except ConfigError as error:  # its files were replaced by ones that do not load
                 log.error("uplink to %s: %s; again in %.1f s", hub, error, delay)
             except Exception:  # never let the link end for good: whatever it was, dial again
                 log.exception("uplink to %s failed; again in %.1f s", hub, delay)
             finally:
-                if self.connected:
+                if self.connected and not refused:  # a link that worked ended: dial again soon
                     delay = config.reconnect_min_s
                 self.connected = False
             await asyncio.sleep(delay)
@@ -435,6 +440,7 @@ class SiteLink:
         self.hub_limit = message_limit_of(answer.header.get("max_message_bytes"))
         follow_hub_ends(self.store, self.hub_ends, member=self.logs is not None)
         self.connected = True
+        self._acknowledged = False
         self.last_contact = time.time()
         self._reported = {}
         log.info("uplink: connected to %s as site %s", self.hub, config.site_id)
@@ -454,6 +460,7 @@ class SiteLink:
             decoded = decode(message.data)
             self.last_contact = time.time()
             if decoded.kind == ACK:
+                self._acknowledged = True
                 seq = seq_of(decoded.header.get("seq"))
                 for topic, end in ends_of(decoded.header.get("ends", {}), "the ACK's ends").items():
                     self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), end)
