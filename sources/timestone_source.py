@@ -217,6 +217,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._initial: dict | None = None
         """The query's starting offsets, once computed (Spark may ask again: the answer must not move)."""
         self._starts = BatchStarts()
+        self._told_unnamed: set[str] = set()
+        """The checkpoint's brokers ``brokers`` does not name that a warning has said so."""
 
     # -- offsets: the long-lived planner process ---------------------------------------------------------
 
@@ -273,6 +275,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._note_how_read(start)
         self._check_filters(start)
         listings, down = self._list_all()
+        self._check_names(start)
         for broker, error in down.items():
             log.warning(
                 "broker %r is down: its offsets stay where they are for this batch: %s", broker, error
@@ -392,6 +395,34 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 f"the cluster {self.options.cluster_name!r} (option clusterName): a query reading a cluster "
                 "through bootstrapServers needs its own checkpoint, or the clusterName it was started with"
             )
+
+    def _check_names(self, start: dict) -> None:
+        """A checkpoint's broker that ``brokers`` no longer names: renamed (its store answers under a new
+        id, which would read it all again) is refused; left out (its offsets kept, not read) is said once."""
+        if self.options.reads_cluster:
+            return
+        for broker in sorted(set(start) - set(self._fetch)):
+            store = store_of(start[broker])
+            renamed = [
+                name for name, now in self._stores.items() if store and now == store and name not in start
+            ]
+            if renamed:
+                url = self._fetch[renamed[0]].url
+                raise SourceOptionError(
+                    "brokers",
+                    f"names broker {renamed[0]!r} ({url}), which serves store {store} that the checkpoint's "
+                    f"offsets hold under {broker!r}: renamed, it would be read again "
+                    f"from its start under its new id. Name it {broker!r} again, or start the query on a new "
+                    "checkpoint",
+                )
+            if broker not in self._told_unnamed:
+                self._told_unnamed.add(broker)
+                log.warning(
+                    "timestone source: the checkpoint holds offsets of broker %r, which the option brokers "
+                    "does not name: its records past them are not read (the offsets are kept, for when it is "
+                    "named again)",
+                    broker,
+                )
 
     def _check_filters(self, start: dict) -> None:
         """A broker read by partition cannot read a filter its checkpoint did not below its positions: fail

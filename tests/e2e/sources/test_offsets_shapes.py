@@ -334,3 +334,28 @@ def test_under_spark_a_topic_per_device_lands_once_in_delta_across_a_crash_and_r
     assert sink.replays == [1]
     sizes = [path.stat().st_size for path in (checkpoint / "offsets").iterdir() if path.name.isdigit()]
     assert len(sizes) >= 4 and max(sizes) < 2048
+
+
+@pytest.mark.parametrize("read_by", ["partitions", "topics"])
+def test_a_broker_renamed_in_brokers_is_refused_and_one_left_out_is_said(
+    edge: EdgeBroker, second_edge: EdgeBroker, caplog: pytest.LogCaptureFixture, read_by: str
+) -> None:
+    """A checkpoint's broker renamed in ``brokers`` (edge1 -> edge-1, same URL) was new to the query:
+    every record it held was read again under the new id, and the old id's offsets stayed, never read.
+    A broker left out of ``brokers`` kept its offsets without a word, the rest of its records unread."""
+    edge.fill("plant/1/temp", 10)
+    second_edge.fill("plant/2/temp", 4)
+    first = reader(f"edge1={edge.url},edge2={second_edge.url}", startingOffsets="earliest", readBy=read_by)
+    start = first.initialOffset()
+    checkpoint = first.latestOffset(start, ReadAllAvailable())
+
+    renamed = reader(f"edge-1={edge.url},edge2={second_edge.url}", readBy=read_by)
+    with pytest.raises(SourceOptionError, match=r"'brokers'.*'edge-1'.*'edge1'"):
+        renamed.latestOffset(checkpoint, ReadAllAvailable())
+
+    left_out = reader(f"edge1={edge.url}", readBy=read_by)
+    with caplog.at_level("WARNING", logger="sources"):
+        left_out.latestOffset(checkpoint, ReadAllAvailable())
+        left_out.latestOffset(checkpoint, ReadAllAvailable())
+    said = [record.getMessage() for record in caplog.records if "'edge2'" in record.getMessage()]
+    assert len(said) == 1 and "brokers" in said[0], said  # once per query
