@@ -560,6 +560,12 @@ def action_executions() -> TableSpec:
             ),
             column("phase", IntegerType(), True, "the rollout phase of the device, from 1 (null: no phases)"),
             column("retry_at", TimestampType(), True, "when a retry is due (a QUEUED row after a failure)"),
+            column(
+                "expires_at",
+                TimestampType(),
+                True,
+                "when the message last sent to the device expires (null: sent before this column)",
+            ),
         ),
         properties=CHANGE_DATA_FEED,
         merge_keys=("action_id", "device_id"),

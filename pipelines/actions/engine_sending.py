@@ -74,12 +74,16 @@ class Sending(EngineBase):
             ids = [row.device_id for row in release.retries if row.attempt == attempt]
             message = _retry_message(action, now, attempt, self.message_expiry_s)
             self.publisher.publish_many(self._listed_messages(ids, message, self._expires_in(action, now)))
+        expires_at = action.expires_at(now, self.message_expiry_s)
         sent = [
-            replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now)
+            replace(
+                rows[d], published_at=now, version=rows[d].version + 1, updated_at=now, expires_at=expires_at
+            )
             for d in release.first
         ]
         sent += [
-            replace(row, retry_at=None, version=row.version + 1, updated_at=now) for row in release.retries
+            replace(row, retry_at=None, version=row.version + 1, updated_at=now, expires_at=expires_at)
+            for row in release.retries
         ]
         return sent
 
@@ -193,18 +197,18 @@ class Sending(EngineBase):
     ) -> list[Execution]:
         """Rows sent a message (the first, or a retry notice) that expired by ``expired_by`` with nothing
         reported about it: EXPIRED, the device will not act on it (docs/ota.md, "Devices that never take
-        an action")."""
+        an action"). Each row expires when the message it was sent did; a row sent by a job before rows
+        said so, ``message_expiry_s`` after it was sent."""
         changed = []
         for row in rows.values():
             if not row.awaiting_device:
                 continue
-            expires_at = action.expires_at(row.updated_at, self.message_expiry_s)
+            expires_at = row.expires_at
+            if expires_at is None:
+                expires_at = action.expires_at(row.updated_at, self.message_expiry_s)
             if expires_at > expired_by:
                 continue
-            details = (
-                f"message expired at {_utc(expires_at)} (message_expiry_s {self.message_expiry_s}) before "
-                f"the device took it"
-            )
+            details = f"message expired at {_utc(expires_at)} before the device took it"
             updated = platform_transition(row, EXPIRED, details, now)
             if updated is not None:
                 changed.append(updated)

@@ -43,7 +43,15 @@ DEVICES = "devices"
 COMPLIANCE = "fleet_compliance"
 _INT64 = pa.int64()
 log = logging.getLogger(__name__)
-TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at", "retry_at")
+TIME_COLUMNS = (
+    "queued_at",
+    "published_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "retry_at",
+    "expires_at",
+)
 
 
 class EngineTables:

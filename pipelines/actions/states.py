@@ -59,7 +59,8 @@ class Execution:
     ``version`` grows by one with every change; ``report_seq`` is the highest device report sequence applied;
     ``published_at`` is when the action message first went out for this device (one broadcast, or its turn
     in a paced rollout); ``attempt`` counts from 1 and grows with every retry; ``retry_at`` is when a retry
-    is due (None once it went out); ``phase`` is the device's phase of a phased rollout (from 1).
+    is due (None once it went out); ``phase`` is the device's phase of a phased rollout (from 1);
+    ``expires_at`` is when the message last sent expires (None: sent by a job before the column).
     """
 
     action_id: str
@@ -76,6 +77,7 @@ class Execution:
     attempt: int = 1
     phase: int | None = None
     retry_at: int | None = None
+    expires_at: int | None = None
 
     @property
     def terminal(self) -> bool:

@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 
 from pipelines.actions.buckets import bucket_of, report_topic
+from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.job import start_actions_job
 from pipelines.actions.model import DEFAULT_EXPIRY_S, group_topic
 from pipelines.actions.operator import NewAction, create_action
@@ -34,6 +35,7 @@ from tests.e2e.ota.conftest import (
     register_devices,
     summary,
     wait_for,
+    write_actions,
 )
 from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.e2e.ota.test_actions_job import states
@@ -178,3 +180,30 @@ def test_the_broker_never_delivers_a_message_whose_row_ended_expired(spark, tmp_
         assert late.connack_result[0].session_present
         late.expect_none(1.0)
         late.disconnect()
+
+
+def test_a_row_keeps_the_expiry_its_message_was_sent_with_across_a_lower_message_expiry_s(tmp_path):
+    """Sent with message_expiry_s 100, then the job runs again with 10: the row (and the brokers' copy of
+    the message) still expire 100 s after it went out. Before, every row was judged by the value the job ran
+    with now, and ended ``EXPIRED`` at 10 s while the device could still take the message and had its
+    report ignored."""
+    with rollout_run(tmp_path, quiet_devices(), count=1, groups=["g"]) as run:
+        run.register({"dev-off": "g"})
+        first = ActionsEngine(run.store, run.engine.publisher, clock=run.clock, message_expiry_s=100)
+        row = action_row("a-1", group="g", timeout_s=3600)  # on the clock at every tick
+        write_actions(run.store, [row], 0)
+        first.on_action_rows([row], "fanout", 0)
+        run.feed(lambda reports: finals(reports, "a-1") == 1)
+        sent = run.executions("a-1")["dev-off"]
+        expires_at = epoch_ms(sent["expires_at"])  # 100 s after it was sent (or the action created, if later)
+        assert 0 <= expires_at - (epoch_ms(sent["published_at"]) + 100_000) < 5_000
+
+        again = ActionsEngine(run.store, run.engine.publisher, clock=run.clock, message_expiry_s=10)
+        run.clock.now = run.clock.at(50)
+        again.tick()
+        assert run.executions("a-1")["dev-off"]["state"] == "QUEUED"
+        run.clock.now = expires_at + 1_000
+        again.tick()
+        off = run.executions("a-1")["dev-off"]
+        assert off["state"] == "EXPIRED"
+        assert off["status_details"].startswith("message expired at ")

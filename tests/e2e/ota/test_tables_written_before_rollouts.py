@@ -29,7 +29,7 @@ ADDED = {
         "maintenance_windows",
         "continuous",
     ),
-    "action_executions": ("attempt", "phase", "retry_at"),
+    "action_executions": ("attempt", "phase", "retry_at", "expires_at"),
     "action_summary": ("aborted_by", "rollback_action_id", "phase", "retries_count"),
 }
 
