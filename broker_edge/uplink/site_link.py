@@ -138,6 +138,8 @@ class SiteLink:
         self._turn_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[str, int] = {}
+        self._carried: dict[str, bool] = {}
+        """Whether each log of the store is one the uplink carries (``_carries``: its settings decide)."""
         self._acknowledged = False
         """Whether the hub acknowledged a batch on this connection (a refusal before any does not reset
         the backoff: it lasts)."""
@@ -182,17 +184,21 @@ class SiteLink:
     # -- what is sent ----------------------------------------------------------------------------------
 
     def topics(self) -> list[str]:
-        """This site's logs the uplink carries (no ``$`` topics: they are the broker's own)."""
-        found: dict[str, None] = {}
-        for topic_filter in self.config.topics:
-            for info in self.store.logs(topic_filter):
-                if (
-                    not info.topic.startswith("$")
-                    and not self.downlinked(info.topic)
-                    and self._held(info.topic)
-                ):
-                    found[info.topic] = None
-        return list(found)
+        """This site's logs the uplink carries (no ``$`` topics: they are the broker's own), not set aside.
+        Whether a topic is carried is worked out once: a site of many logs lists them at every heartbeat
+        and every metrics scrape."""
+        store, carried = self.store, self._carried
+        if len(carried) > 2 * len(store) + 1024:  # logs deleted since (retention, the store's limits)
+            carried.clear()
+        hidden = {log.topic for log in store.quarantined()}
+        found = []
+        for topic in store.topics():
+            carries = carried.get(topic)
+            if carries is None:
+                carries = carried[topic] = self._carries(topic)
+            if carries and self._held(topic) and topic not in hidden:
+                found.append(topic)
+        return found
 
     def _held(self, topic: str) -> bool:
         """Whether this broker holds a complete copy of ``topic``'s log (a broker alone holds every one)."""

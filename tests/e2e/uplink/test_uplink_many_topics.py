@@ -151,6 +151,35 @@ def test_a_connected_site_of_many_device_topics_forwards_each_reading_without_th
     assert per_reading_ms < 3.0, f"the site spent {per_reading_ms:.1f} ms of CPU per reading"
 
 
+def test_a_connected_site_of_many_device_topics_answers_its_metrics_and_status_cheaply(
+    tmp_path: Path,
+) -> None:
+    """Each of ``/metrics``' two lag gauges, the status, the retention check and each idle heartbeat listed
+    the site's logs with their every detail and matched each against the uplink's filters again."""
+    pki = pki_in(tmp_path)
+    fill_site(tmp_path / "site" / "data", DEVICES, int(time.time() * 1000))
+    copy_to_hub(tmp_path / "site" / "data", tmp_path / "hub" / "data", "plant-q")
+    port = free_port()
+    hub = BrokerProcess(tmp_path / "hub", dies_with_parent=True, uplink_hub=hub_section(pki, port=port))
+    hub.start()
+    section = site_section(pki, "plant-q", port, heartbeat_s=5.0)
+    site = BrokerProcess(tmp_path / "site", dies_with_parent=True, uplink=section).start()
+    metrics = f"http://127.0.0.1:{site.admin_port}/metrics"
+    try:
+        assert wait_for(lambda: '"connected": true' in _status(site), timeout=20)
+        before = cpu_s(site)
+        for _ in range(5):
+            with urllib.request.urlopen(metrics, timeout=30) as answer:
+                text = answer.read().decode()
+            assert "timestone_broker_uplink_lag_records 0.0" in text
+            assert f'"topics": {DEVICES}' in _status(site)
+        per_scrape_ms = (cpu_s(site) - before) * 1000 / 5
+    finally:
+        site.stop()
+        hub.stop()
+    assert per_scrape_ms < 150, f"the site spent {per_scrape_ms:.0f} ms of CPU per scrape and status"
+
+
 def _status(site: BrokerProcess) -> str:
     with urllib.request.urlopen(site.offsets_url + "/v1/uplink/sites", timeout=30) as answer:
         return json.dumps(json.load(answer)["site"])
