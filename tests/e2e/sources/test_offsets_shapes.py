@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import re
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from sources.offsets_planner import DataLossError
 from sources.options import SourceOptionError, parse_options
 from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestoneStreamReader
-from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
+from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, plain, telemetry
 
 
 def reader(brokers: str, **options: str) -> TimestoneStreamReader:
@@ -359,3 +362,62 @@ def test_a_broker_renamed_in_brokers_is_refused_and_one_left_out_is_said(
         left_out.latestOffset(checkpoint, ReadAllAvailable())
     said = [record.getMessage() for record in caplog.records if "'edge2'" in record.getMessage()]
     assert len(said) == 1 and "brokers" in said[0], said  # once per query
+
+
+class SlowLink:
+    """A TCP relay on 127.0.0.1 that holds each request ``delay_s`` before passing it on (a broker across a
+    WAN): a reader asking one question at a time waits ``delay_s`` per question."""
+
+    def __init__(self, port: int, delay_s: float) -> None:
+        self.target, self.delay_s = port, delay_s
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, self.delay_s), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, 0.0), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket, delay_s: float) -> None:
+        with source, target:
+            while data := source.recv(65536):
+                time.sleep(delay_s)
+                target.sendall(data)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_time_start_over_thousands_of_topics_does_not_ask_one_topic_at_a_time(edge: EdgeBroker) -> None:
+    """Read by topic, a start time is resolved with one request per log: 50,000 device topics asked one
+    after another took 50,000 round trips at the query's start (minutes across a WAN)."""
+    topics, delay_s = 400, 0.02
+
+    async def publish() -> None:
+        for number in range(topics):
+            edge.store.append(f"dev/{number}/status", telemetry(number))
+        await edge.store.wait_durable()
+
+    edge.run(publish())
+    link = SlowLink(edge.port, delay_s)
+    try:
+        at = f"time:{BASE_TIME_MS + topics // 2}"
+        source = reader(
+            f"e1=http://127.0.0.1:{link.port}", topics="dev/+/status", startingOffsets=at, readBy="topics"
+        )
+        began = time.monotonic()
+        start = source.initialOffset()
+        took = time.monotonic() - began
+    finally:
+        link.close()
+    assert plain(start)["e1"] == {
+        f"dev/{number}/status": int(number < topics // 2) for number in range(topics)
+    }
+    assert took < topics * delay_s / 2, f"{took:.1f} s: one request at a time"
