@@ -84,3 +84,35 @@ def test_the_device_plotted_by_default_is_the_one_with_the_most_readings_of_the_
     device = run.charts["device_chart"]
     assert device.title == "dev-warm: temperature, 2 readings in 1 minute"
     assert (device.points, device.bars, device.segments) == (2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("notebook", "setting", "chart", "said"),
+    [
+        (
+            "telemetry.ipynb",
+            "TIMESTONE_DEVICE_ID",
+            "device_chart",
+            "No readings of device 'dev-mistyped' in silver_telemetry (TIMESTONE_DEVICE_ID).",
+        ),
+        (
+            "ota_rollout.ipynb",
+            "TIMESTONE_ACTION_ID",
+            "rollout_chart",
+            "No action 'dev-mistyped' in the actions table (TIMESTONE_ACTION_ID).",
+        ),
+    ],
+)
+def test_a_mistyped_device_or_action_is_said_not_drawn_as_an_empty_chart(
+    root, tmp_path, monkeypatch, notebook, setting, chart, said
+):
+    """A TIMESTONE_DEVICE_ID or TIMESTONE_ACTION_ID naming nothing in the tables drew an empty chart
+    ('dev-x: temperature, 0 readings in 0 minutes'; 'Rollout of act-x: no summary yet, 0 devices', as if the
+    action were still to start)."""
+    store = open_table_store(None, str(root), backend="delta-rs", catalog=CATALOG)
+    for name in CATALOG:
+        store.ensure(name)
+    monkeypatch.setenv(setting, "dev-mistyped")
+    run = run_notebook(notebook, tmp_path, tmp_path)
+    assert said in run.printed
+    assert chart not in run.charts
