@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +23,10 @@ from typing import Any
 
 import pytest
 
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, ConnAck
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.model import group_topic
@@ -139,4 +145,60 @@ def test_an_action_created_far_ahead_goes_out_with_the_longest_interval_mqtt_has
         (message,) = device.expect(1)
         assert json.loads(message.payload)["action_id"] == "a-far"
         assert expiry_of(message) == 2**32 - 1
+        device.disconnect()
+
+
+class Stalling:
+    """A member that accepts MQTT 5 connections (CONNACK 0x00) and then never acknowledges a PUBLISH: one
+    that hangs, which the cluster publisher leaves after its ``ack_timeout_s``."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = ("127.0.0.1", self.sock.getsockname()[1])
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        accepted = encode(ConnAck(False, ReasonCode.SUCCESS, Properties()), MQTT_5)
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)  # the CONNECT
+            conn.sendall(accepted)
+            self._held.append(conn)  # read nothing more: nothing is acknowledged
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-5")
+def test_a_cluster_resend_carries_the_time_left_and_drops_what_expired_meanwhile(tmp_path: Path) -> None:
+    """[MQTT-3.3.2-5]: the first member takes the publishes and never acknowledges them; after 1.5 s the
+    cluster publisher resends through the next member. A message valid for 5.5 s goes out again with 3 s
+    (what is left, rounded down), one valid for 1 s has expired meanwhile and is not sent again."""
+    stalling = Stalling()
+    with broker(tmp_path) as running:
+        device = PahoClient(running.port, "dev-1")
+        device.subscribe("actions/devices/dev-1", 1)
+        members = [stalling.address, running.address]
+        publisher = ClusterPublisher(members, client_id="actions-test", ack_timeout_s=1.5, retry_s=0.05)
+        try:
+            publisher.publish_many(
+                [
+                    Outgoing("actions/devices/dev-1", b"long", 5_500),
+                    Outgoing("actions/devices/dev-1", b"short", 1_000),
+                ]
+            )
+            assert (publisher.moves, publisher.expired) == (1, 1)
+        finally:
+            publisher.close()
+            stalling.close()
+        (message,) = device.expect(1)
+        interval = expiry_of(message)
+        assert message.payload == b"long" and interval is not None and 1 <= interval <= 3  # 5.5 s - 1.5 s
+        device.expect_none(0.5)
         device.disconnect()
