@@ -185,6 +185,9 @@ class Authority:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
+        if self.directory.is_file():  # its ca.pem, as a listener's cafile names it
+            parent = self.directory.parent
+            raise PkiError(f"--ca {directory} is a file: --ca names the CA's directory ({parent})")
         self.ca = PemPair(self.directory / "ca.pem", self.directory / "ca.key")
         try:
             key = serialization.load_pem_private_key(self.ca.key.read_bytes(), None)
@@ -213,6 +216,8 @@ class Authority:
         _check_days(days)
         organization = _subject_value("--name", name or folder.resolve().name)
         _subject_value("--name", f"{organization} CA")  # its CN
+        if folder.is_file():
+            raise PkiError(f"{folder} is a file: timestone pki ca makes the CA's directory")
         made = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / "ca.key").exists() or (folder / "ca.pem").exists():

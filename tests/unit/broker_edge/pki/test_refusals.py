@@ -254,3 +254,20 @@ def test_a_ca_made_in_a_directory_that_exists_leaves_its_mode_as_it_was(
     assert main(["pki", "ca", str(tmp_path / "made" / "ca")]) == 0
     assert (tmp_path / "made" / "ca").stat().st_mode & 0o7777 == 0o711
     capsys.readouterr()
+
+
+def test_a_cas_certificate_file_given_for_its_directory_is_said_so(tmp_path, capsys):
+    """``--ca DIR/ca.pem`` (a listener's cafile names that file) said ``[Errno 20] Not a directory:
+    'DIR/ca.pem/ca.key'``, and ``pki ca DIR/ca.pem`` ``[Errno 17] File exists``."""
+    ca = tmp_path / "ca"
+    assert main(["pki", "ca", str(ca)]) == 0
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    pem = ca / "ca.pem"
+    assert refused(["issue", "client", "d1", "--ca", str(pem)], capsys) == (
+        f"timestone pki issue: --ca {pem} is a file: --ca names the CA's directory ({ca})"
+    )
+    assert refused(["ca", str(pem)], capsys) == (
+        f"timestone pki ca: {pem} is a file: timestone pki ca makes the CA's directory"
+    )
+    assert snapshot(tmp_path) == before
