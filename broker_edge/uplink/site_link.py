@@ -33,7 +33,7 @@ from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
-from broker_edge.uplink.hub_ends import follow_hub_ends
+from broker_edge.uplink.hub_ends import SHOWN_TOPICS, follow_hub_ends
 from broker_edge.uplink.mirror import Gap, apply_batch, mirror_batch
 from broker_edge.uplink.throttle import Throttle
 from broker_edge.uplink.wire import (
@@ -138,6 +138,8 @@ class SiteLink:
         self._turn_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[str, int] = {}
+        self._said_at_risk = 0
+        """Logs with unsent records at risk said in their own line in the current retention check."""
         self._carried: dict[str, bool] = {}
         """Whether each log of the store is one the uplink carries (``_carries``: its settings decide)."""
         self._acknowledged = False
@@ -266,7 +268,8 @@ class SiteLink:
         its persist rule or the store's): by age, or by size. It gives way to other work every
         ``CHECKED_AT_ONCE`` logs."""
         ratio = self.config.retention_warning_ratio
-        at_risk = 0
+        at_risk = unsaid_logs = unsaid_records = 0
+        self._said_at_risk = 0
         store = self.store
         topics = self.topics()
         self._oldest = {topic: self._oldest[topic] for topic in topics if topic in self._oldest}
@@ -280,10 +283,27 @@ class SiteLink:
             held = max(self.hub_ends.get(topic, 0), start)
             unsent = store.committed_end(topic) - held
             if unsent > 0:
+                said = self._said_at_risk
                 by_age = self._at_risk_by_age(topic, retention.retention_ms, ratio, held, unsent)
                 by_size = self._at_risk_by_size(topic, retention.retention_bytes, ratio, start, held, unsent)
                 at_risk += max(by_age, by_size)
+                if max(by_age, by_size) and self._said_at_risk == said:  # past the lines named
+                    unsaid_logs += 1
+                    unsaid_records += max(by_age, by_size)
         self.at_risk_records = at_risk
+        if unsaid_logs:
+            log.warning(
+                "uplink: and %d more logs hold unsent records retention is about to delete (%d records)",
+                unsaid_logs,
+                unsaid_records,
+            )
+
+    def _say_at_risk(self, message: str, *args: object) -> None:
+        """A log's unsent records at risk, at WARNING: the first ``SHOWN_TOPICS`` of a check one line each
+        (the rest are counted in one line), where a site of many device topics wrote a line for each."""
+        if self._said_at_risk < SHOWN_TOPICS:
+            self._said_at_risk += 1
+            log.warning(message, *args)
 
     def _at_risk_by_age(
         self, topic: str, retention_ms: int | None, ratio: float, held: int, unsent: int
@@ -295,7 +315,7 @@ class SiteLink:
         age_ms = time.time() * 1000 - timestamp
         if age_ms <= retention_ms * ratio:
             return 0
-        log.warning(
+        self._say_at_risk(
             "uplink: %d records of %r not yet sent are %.0f s old; retention deletes them at %.0f s",
             unsent,
             topic,
@@ -318,7 +338,7 @@ class SiteLink:
             return 0
         at_risk = max(0, min(unsent, math.ceil(excess * records / info.bytes) - (held - start)))
         if at_risk:
-            log.warning(
+            self._say_at_risk(
                 "uplink: %d records of %r not yet sent are in the oldest bytes of a log of %d bytes; "
                 "retention keeps %d",
                 at_risk,

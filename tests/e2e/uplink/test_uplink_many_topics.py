@@ -183,3 +183,28 @@ def test_a_connected_site_of_many_device_topics_answers_its_metrics_and_status_c
 def _status(site: BrokerProcess) -> str:
     with urllib.request.urlopen(site.offsets_url + "/v1/uplink/sites", timeout=30) as answer:
         return json.dumps(json.load(answer)["site"])
+
+
+def test_unsent_records_near_retention_on_many_device_topics_are_said_in_a_few_lines(tmp_path: Path) -> None:
+    """Each log whose unsent records retention is about to delete was said in a WARNING line of its own at
+    every check: a site of thousands of device topics wrote thousands of lines every ``heartbeat_s``.
+    Twenty are named, the rest counted in one line."""
+    pki = pki_in(tmp_path)
+    pki.server("hub")
+    devices = 2000
+    fill_site(tmp_path / "site" / "data", devices, int(time.time() * 1000) - 55_000)
+    section = site_section(pki, "plant-w", free_port(), heartbeat_s=0.5)
+    site = BrokerProcess(
+        tmp_path / "site", dies_with_parent=True, storage={"retention_ms": 60_000}, uplink=section
+    ).start()
+    more = f"uplink: and {devices - 20} more logs hold unsent records retention is about to delete"
+    try:
+        assert wait_for(lambda: site.log_path.read_text().count(more) >= 2, timeout=20)
+        status = json.loads(_status(site))
+    finally:
+        site.stop()
+    text = site.log_path.read_text()
+    checks = text.count(more)
+    assert text.count("not yet sent are") <= 20 * (checks + 1)
+    assert f"({devices - 20} records)" in text
+    assert status["unsent_at_risk_records"] == devices
