@@ -14,12 +14,14 @@ them all, and a member sending its clients to another would send them to one as 
 which they would bounce on. So once it is time to send them away, it asks each other member, on the
 members' endpoint (``GET /v1/cluster``), whether it is a member now (not fenced), and sends clients only to
 those that answer so (``members_now``), asking again every ``ASK_EVERY_S`` while it stays fenced. While
-others answer but none is a member (all fenced), its clients stay connected (it acknowledges nothing
-meanwhile) and a CONNECT is refused server unavailable (v5 CONNACK 0x88, 3.1.1 return code 3), so that the
-device backs off. When no other member in its view answers at all, this member cannot tell whether it is
-the one cut off (the others healthy out of its reach) or the last one standing: it names nobody, but
-disconnects its clients (v5 DISCONNECT 0x8B) so that each finds a member by itself. A view without other
-members (etcd expired every lease at once and deleted every member's key) moves nobody.
+a member that answers so still counts this one among the members (its lease alive in etcd: etcd came back
+from a restart, and this member has not proven its lease or read the cluster state again yet while the
+others have), or others answer but none is a member (all fenced), its clients stay connected (it
+acknowledges nothing meanwhile) and a CONNECT is refused server unavailable (v5 CONNACK 0x88, 3.1.1 return
+code 3), so that the device backs off. When no other member in its view answers at all, this member cannot
+tell whether it is the one cut off (the others healthy out of its reach) or the last one standing: it names
+nobody, but disconnects its clients (v5 DISCONNECT 0x8B) so that each finds a member by itself. A view
+without other members (etcd expired every lease at once and deleted every member's key) moves nobody.
 
 A CONNECT reaching a fenced member follows the same rule (``ClusterSessions``): it waits while the fence
 may still lift and is sent to a member that answered it is one (``referrals``) once this member sends its
@@ -61,17 +63,25 @@ async def members_now(view: ClusterView, clients: MemberClients) -> Answers:
     endpoint, that they are members now (not fenced), by node id, the others (fenced, out of reach, slow,
     of an earlier version without ``/v1/cluster`` there) left out; and whether this member is cut off. A view
     without other members is not (etcd that expired every lease at once deleted every member's key), nor
-    is one whose members left it while they were asked."""
+    is one whose members left it while they were asked. None at all while one of them still counts this
+    member among the members."""
     others = [m for node, m in sorted(view.members.items()) if node != view.node_id and m.peer]
-    answers = await asyncio.gather(*(_is_member(member, clients) for member in others))
+    answers = await asyncio.gather(*(_is_member(member, clients, view.node_id) for member in others))
+    if any(said == STILL_LISTED for said in answers):
+        return [], False  # its lease lives as etcd tells the others: it is slow to prove it, not gone
     members = [member.mqtt for member, said in zip(others, answers, strict=True) if said]
     unanswered = [member for member, said in zip(others, answers, strict=True) if said is None]
     cut_off = bool(others) and len(unanswered) == len(others)
     return members, cut_off and all(view.members.get(m.node_id) == m for m in unanswered)
 
 
-async def _is_member(member: Member, clients: MemberClients) -> bool | None:
-    """Whether ``member`` says it is a member now; None when it does not answer."""
+STILL_LISTED = "still listed"
+"""What ``_is_member`` says of a member that is one and still counts the asking member among the members."""
+
+
+async def _is_member(member: Member, clients: MemberClients, asking: str) -> bool | str | None:
+    """Whether ``member`` says it is a member now (``STILL_LISTED`` when it also counts ``asking`` among
+    the members); None when it does not answer."""
     import aiohttp
 
     assert member.peer is not None
@@ -82,11 +92,16 @@ async def _is_member(member: Member, clients: MemberClients) -> bool | None:
             document = await answer.json() if answer.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
-    return (
+    if not (
         isinstance(document, dict)
         and document.get("node_id") == member.node_id
         and document.get("fenced") is False
-    )
+    ):
+        return False
+    listed = document.get("members")
+    if isinstance(listed, list) and any(isinstance(m, dict) and m.get("node_id") == asking for m in listed):
+        return STILL_LISTED
+    return True
 
 
 class FencedClients:

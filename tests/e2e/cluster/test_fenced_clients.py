@@ -6,8 +6,12 @@ reconnecting for an etcd restart. Real broker processes, a real etcd, paho clien
 from __future__ import annotations
 
 import contextlib
+import queue
 import signal
+import socket
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -194,3 +198,82 @@ def test_an_etcd_paused_past_the_leases_leaves_no_client_without_a_member_to_go_
         assert isinstance(moved, Disconnect) and moved.reason_code == 0x9C, moved
         assert moved.properties is not None
         assert moved.properties.server_reference == f"127.0.0.1:{brokers['b'].port}"
+
+
+class SlowRelay:
+    """A TCP relay on a free loopback port to ``target_url`` that delays everything by ``delay_s`` (set at
+    any time) each way, as if etcd were far from one member: its calls take a round trip of twice that."""
+
+    def __init__(self, target_url: str, delay_s: float = 0.0) -> None:
+        parts = urllib.parse.urlsplit(target_url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 2379)
+        self.delay_s = delay_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"{parts.scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                if self.listener.fileno() < 0:
+                    return
+                continue
+            upstream.settimeout(None)
+            for source, sink in ((client, upstream), (upstream, client)):
+                chunks: queue.Queue[tuple[float, bytes]] = queue.Queue()
+                threading.Thread(target=self._read, args=(source, chunks), daemon=True).start()
+                threading.Thread(target=self._write, args=(sink, chunks), daemon=True).start()
+
+    def _read(self, source: socket.socket, chunks: queue.Queue[tuple[float, bytes]]) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                chunks.put((time.monotonic() + self.delay_s, data))
+        chunks.put((0.0, b""))
+
+    @staticmethod
+    def _write(sink: socket.socket, chunks: queue.Queue[tuple[float, bytes]]) -> None:
+        with contextlib.suppress(OSError):
+            while (chunk := chunks.get())[1]:
+                time.sleep(max(0.0, chunk[0] - time.monotonic()))
+                sink.sendall(chunk[1])
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_member_slower_than_the_others_to_reach_etcd_again_keeps_its_clients(
+    cluster_brokers: Callable[..., BrokerProcess], private_etcd: EtcdTarget
+) -> None:
+    """etcd restarted after longer than the hold: every member is fenced, and is still registered under
+    its own lease when etcd is back (etcd restores leases). ``b``, 0.1 s from etcd each way, proves its lease
+    and reads the cluster state again later than ``a`` and ``c``; asking them meanwhile, it found them
+    members and sent its clients to them for nothing. They still count ``b`` among the members: it keeps
+    its clients."""
+    relay = SlowRelay(private_etcd.url)
+    try:
+        far = {"b": {"etcd": [relay.url]}}
+        brokers = {node: cluster_brokers(node, target=private_etcd, **far.get(node, {})) for node in NODES}
+        wait_settled(private_etcd, set(NODES), 3)
+        on_b = RawClient(brokers["b"].port, version=5)
+        assert on_b.connect("on-b", keep_alive=0).reason_code == 0
+
+        relay.delay_s = 0.1
+        private_etcd.server.kill()
+        wait_until(lambda: all(logged(b, FENCED) for b in brokers.values()), 15, "every member fenced")
+        time.sleep(HOLD_S + 1.0)  # the hold is over: each member asks the others, all fenced
+        private_etcd.server.start()
+        wait_until(
+            lambda: all(logged(b, "unfenced: lease proven alive again") for b in brokers.values()),
+            30,
+            "every member unfenced under its own lease",
+        )
+        on_b.recv_none(1.0)
+        assert not on_b.closed()
+        assert not logged(brokers["b"], "): disconnected")  # "fenced (why): disconnected n clients"
+    finally:
+        relay.close()
