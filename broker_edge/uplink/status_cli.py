@@ -96,7 +96,7 @@ def _fetch(broker: str, token: str | None, context: ssl.SSLContext | None = None
             ) from None
         if error.code == 404:
             raise _Unanswered(f"{broker} has no uplink (neither uplink: nor uplink_hub:)") from None
-        raise _Unanswered(f"{broker} answered {error.code}") from None
+        raise _Unanswered(_refused(broker, error, token)) from None
     except urllib.error.URLError as error:
         raise _Unanswered(_unreached(broker, error.reason)) from None
     except (OSError, ValueError) as error:
@@ -107,6 +107,19 @@ def _fetch(broker: str, token: str | None, context: ssl.SSLContext | None = None
         raise _Unanswered(
             f"{broker} answered something that is not JSON: is it a broker's offsets API?"
         ) from None
+
+
+def _refused(broker: str, error: urllib.error.HTTPError, token: str | None) -> str:
+    """Why ``broker`` refused the request, with the message its answer gives; for a 401, what to give."""
+    try:
+        why = f"{error.code}: {json.loads(error.read())['message']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        why = str(error.code)
+    if error.code != 401:
+        return f"{broker} answered {why}"
+    if token:
+        return f"{broker} refused the token: give a reader token of its offsets API ({why})"
+    return f"{broker} needs a reader token of its offsets API: give --token ({why})"
 
 
 def _unreached(broker: str, error: object) -> str:
