@@ -77,12 +77,12 @@ def publish_each(port: int, topics: list[str]) -> None:
         client.disconnect()
 
 
-def worst_puback_s(port: int, seconds: float) -> float:
-    """The longest a device waits for its QoS 1 PUBACKs, publishing one after another for ``seconds``."""
+def puback_waits_s(port: int, seconds: float) -> list[float]:
+    """How long a device waits for each of its QoS 1 PUBACKs, publishing one after another for ``seconds``."""
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="probe", protocol=mqtt.MQTTv5)
     client.connect("127.0.0.1", port)
     client.loop_start()
-    worst = 0.0
+    waits = []
     try:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -90,12 +90,12 @@ def worst_puback_s(port: int, seconds: float) -> float:
             info = client.publish("probe/live", b"1", qos=1)
             info.wait_for_publish(30)
             assert info.is_published()
-            worst = max(worst, time.monotonic() - sent)
+            waits.append(time.monotonic() - sent)
             time.sleep(0.02)
     finally:
         client.loop_stop()
         client.disconnect()
-    return worst
+    return waits
 
 
 def test_a_site_of_many_device_topics_whose_hub_is_away_keeps_acknowledging_its_devices_promptly(
@@ -109,7 +109,7 @@ def test_a_site_of_many_device_topics_whose_hub_is_away_keeps_acknowledging_its_
     section = site_section(pki, "plant-m", away, topics=["site/#"], heartbeat_s=0.2, reconnect_max_s=2.0)
     site = BrokerProcess(tmp_path / "site", dies_with_parent=True, uplink=section).start()
     try:
-        worst = worst_puback_s(site.port, 4.0)
+        waits = sorted(puback_waits_s(site.port, 4.0))
         with urllib.request.urlopen(site.offsets_url + "/v1/uplink/sites", timeout=30) as answer:
             status = json.load(answer)["site"]
     finally:
@@ -117,7 +117,8 @@ def test_a_site_of_many_device_topics_whose_hub_is_away_keeps_acknowledging_its_
     assert status["connected"] is False and status["topics"] == DEVICES
     assert status["lag_records"] == DEVICES
     assert BACKLOG_AGE_S <= status["lag_seconds"] < BACKLOG_AGE_S + 60
-    assert worst < 1.0, f"a device waited {worst:.2f} s for a PUBACK"
+    stalled = sum(wait for wait in waits if wait > 0.25)  # a check holding the loop, not a slow fsync
+    assert stalled < 1.0, f"a device's PUBACKs waited {stalled:.2f} s in all (the longest {waits[-1]:.2f} s)"
     assert "Traceback" not in site.log_path.read_text()
 
 
