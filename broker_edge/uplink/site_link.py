@@ -565,8 +565,8 @@ class SiteLink:
                 woken.set()
 
         unwatch = store.watch_advances(advanced)
-        pending.update(dict.fromkeys(self.topics()))
         try:
+            pending.update(dict.fromkeys(self.topics()))
             await self._send_batches(ws, window, reader, throttle, positions, pending, woken)
         finally:
             unwatch()
