@@ -41,7 +41,28 @@ def _groups(text: str) -> list[str]:
     groups = [group.strip() for group in text.split(",") if group.strip()]
     if not groups:
         raise argparse.ArgumentTypeError(f"expected one or more comma-separated group names, got {text!r}")
+    for group in groups:
+        _topic_level(group)
     return groups
+
+
+def _topic_level(text: str) -> str:
+    """A name that becomes one topic level (a device id's prefix, a group): no '/', '+' or '#'."""
+    from pipelines.actions.checks import topic_level
+
+    problem = topic_level(text) if text else None  # an empty prefix gives ids 00000, 00001, ...
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _topic_name(text: str) -> str:
+    """``--telemetry-topic``: a topic name once ``{device_id}`` is filled in, which holds no wildcard."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    if "+" in text or "#" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: a topic name holds no '+' or '#'")
+    return text
 
 
 def at_least_one(text: str) -> int:
@@ -135,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--id-prefix",
+        type=_topic_level,
         default="dev",
         help="device ids are PREFIX-00000, PREFIX-00001, ... (a prefix ending in '-', '_' or '.' is kept as "
         "it is: site1- gives site1-00000; default dev)",
@@ -203,12 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--telemetry-topic",
+        type=_topic_name,
         default="devices/{device_id}/telemetry",
         help="where readings go, {device_id} the device's id (default devices/{device_id}/telemetry)",
     )
     simulate.add_argument("--devices-per-node", type=at_least_one, default=2, help="sparkplug_b (default 2)")
     simulate.add_argument(
-        "--group-id", default="fleet", help="sparkplug_b: the Sparkplug group (default fleet)"
+        "--group-id",
+        type=_topic_level,
+        default="fleet",
+        help="sparkplug_b: the Sparkplug group (default fleet)",
     )
     simulate.add_argument(
         "--source-addresses",

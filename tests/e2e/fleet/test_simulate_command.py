@@ -21,6 +21,11 @@ from pipelines.cli import main
         (["--groups", " , "], "argument --groups: expected one or more comma-separated group names"),
         (["--count", "0"], "argument --count: expected 1 or more, got 0"),
         (["--procs", "0"], "argument --procs: expected 1 or more, got 0"),
+        # every device was dropped by the broker (0x90, topic name invalid) and connected again, for ever
+        (["--telemetry-topic", "x/+/y"], "--telemetry-topic: 'x/+/y': a topic name holds no '+' or '#'"),
+        (["--id-prefix", "a/b"], "--id-prefix: 'a/b' contains '/', '+' or '#', which cannot be part"),
+        (["--groups", "canary,a+b"], "--groups: 'a+b' contains '/', '+' or '#', which cannot be part"),
+        (["--group-id", "p#"], "--group-id: 'p#' contains '/', '+' or '#', which cannot be part"),
     ],
 )
 def test_impossible_fleets_are_refused(capsys, argv, message):
