@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 
+from broker_edge.offsets_api.client import retry_wait_s
 from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
 from broker_edge.offsets_api.errors import AuthError, TlsRefused
 
@@ -50,7 +51,7 @@ class ClusterLister:
         began = time.monotonic()
         for attempt in range(settings.retries + 1):
             if attempt:
-                time.sleep(settings.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
+                time.sleep(retry_wait_s(settings.retry_backoff_ms / 1000, attempt))
             try:
                 return self.discovery.discover()
             except ClusterUnreachableError as error:

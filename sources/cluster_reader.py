@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.offsets_api.client import OffsetsClient, retry_wait_s
 from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
 from broker_edge.offsets_api.errors import AuthError, TlsRefused
 
@@ -144,7 +144,7 @@ class _Router:
                 "see the options fetchRetries, retryBackoffMs, fetchTimeoutMs)"
             )
         if self.rounds:
-            time.sleep(settings.retry_backoff_ms / 1000 * 2 ** (self.rounds - 1))
+            time.sleep(retry_wait_s(settings.retry_backoff_ms / 1000, self.rounds))
         self.rounds += 1
         dead_urls = {self.layout.members[n].offsets_api for n in self.down if n in self.layout.members}
         try:

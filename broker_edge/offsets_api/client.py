@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import Record
 
 __all__ = [
+    "MAX_RETRY_WAIT_S",
     "AuthError",
     "BadRequestError",
     "BatchFetch",
@@ -73,12 +74,24 @@ __all__ = [
     "PositionOutOfRangeError",
     "TopicResult",
     "UnknownTopicError",
+    "retry_wait_s",
 ]
 
 Offset = int | Literal["earliest", "latest"]
 T = TypeVar("T")
 _RETRIED_STATUSES = frozenset({502, 503, 504})
 _MAX_FRAME_BODY = 1 << 31
+
+
+MAX_RETRY_WAIT_S = 30.0
+"""The longest wait between two tries of a request, however many retries are allowed."""
+
+
+def retry_wait_s(backoff_s: float, attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): ``backoff_s``, doubled before each further one, at
+    most ``MAX_RETRY_WAIT_S`` (or ``backoff_s`` itself where that is longer)."""
+    doubled = backoff_s * 2 ** min(attempt - 1, 64)
+    return min(doubled, max(backoff_s, MAX_RETRY_WAIT_S))
 
 
 class OffsetsClient:
@@ -300,7 +313,7 @@ class OffsetsClient:
         last_error: BaseException | None = None
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+                time.sleep(retry_wait_s(self.retry_backoff_s, attempt))
             try:
                 connection = self._connect(self.timeout_s + wait_ms / 1000)
                 connection.request(method, target, body, headers)
