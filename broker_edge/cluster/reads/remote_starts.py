@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
 from broker_edge.storage.errors import OffsetOutOfRange
 
@@ -98,6 +99,9 @@ class RemoteStarts:
         self._pending: dict[Session, list[_Start]] = {}
         self._waiters: dict[Session, list[_Waiter]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unanswered_log = LogSummary(log)
+        """Replays nobody answered where to start (a fleet resuming while partitions are offline, or their
+        leader slow): one line per interval and kind, not one per replay."""
 
     def partitions_elsewhere(self, topic_filter: str) -> set[int]:
         """The partitions ``topic_filter`` can match topics of that this broker holds no complete copy of."""
@@ -178,7 +182,9 @@ class RemoteStarts:
             log.exception("positioning the replay of %r", entry.topic_filter)
             unreachable = partitions
         if unreachable:
-            log.warning(
+            self._unanswered_log.log(
+                logging.WARNING,
+                "unanswered",
                 "replay of %r from %s: no broker answered for partitions %s, reading from the offset asked",
                 entry.topic_filter,
                 entry.start.kind.name.lower(),
@@ -208,7 +214,9 @@ class RemoteStarts:
                 continue
             if not isinstance(error, ASK_ERRORS):
                 raise error
-            log.warning(
+            self._unanswered_log.log(
+                logging.WARNING,
+                f"asked {node}",
                 "where %r starts in partitions %s, asked of %s: %s",
                 entry.topic_filter,
                 sorted(by_node[node]),

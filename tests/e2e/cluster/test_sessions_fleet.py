@@ -18,7 +18,7 @@ from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import ConnAck, Connect, PubAck, Publish, SubAck, Subscribe, Subscription
 from broker_edge.protocol.properties import Properties
-from tests.e2e.cluster.proof import cluster_state, wait_until
+from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
 
 DEVICES = 1000
 VERSION = 5
@@ -151,3 +151,42 @@ def test_a_fleet_of_persistent_sessions_resumes_on_another_member_after_its_memb
     assert not missing, f"{len(missing)} devices never got their queued command, e.g. {missing[:3]}"
     twice = [device.client_id for device in moved if max(device.received.values()) > 1]
     assert not twice, f"{len(twice)} devices got their command twice"
+
+
+async def _fleet_back_while_partitions_offline(brokers, etcd) -> None:
+    a, b = brokers["a"], brokers["b"]
+    devices = [FleetDevice(f"offline-{n}") for n in range(OFFLINE_DEVICES)]
+    await _connect_all(devices, b.port)
+    await asyncio.gather(*(device.subscribe(f"cmd/{device.client_id}") for device in devices))
+    await asyncio.sleep(2.0)  # saved
+    b.kill()
+    for device in devices:
+        device.close()
+    await asyncio.to_thread(
+        wait_until, lambda: "b" not in cluster_state(etcd).members, 20, "b gone from the members"
+    )
+    moved = [FleetDevice(device.client_id) for device in devices]
+    await _connect_all(moved, a.port)
+    assert all(device.session_present for device in moved)
+    for device in moved:
+        device.close()
+
+
+OFFLINE_DEVICES = 200
+UNANSWERED = "no broker answered for partitions"
+
+
+def test_a_fleet_resuming_while_its_partitions_are_offline_is_said_in_a_few_lines_not_one_per_device(
+    cluster_brokers, etcd
+):
+    """Sessions restored on ``a`` while the only copy of some of their topics is on ``b``, dead (one copy
+    per partition): each replay that no broker answers was a WARNING of its own, a line per device of a
+    fleet reconnecting. The lines are now summarised: one per interval, the next saying how many more."""
+    brokers = {node: cluster_brokers(node, replication_factor=1, min_insync_replicas=1) for node in "ab"}
+    wait_settled(etcd, {"a", "b"}, 1)
+
+    asyncio.run(_fleet_back_while_partitions_offline(brokers, etcd))
+
+    time.sleep(0.5)
+    lines = [line for line in brokers["a"].log_path.read_text().splitlines() if UNANSWERED in line]
+    assert 1 <= len(lines) <= 3, f"{len(lines)} lines of {UNANSWERED!r}"
