@@ -114,9 +114,11 @@ class Progress:
 class Children:
     """The processes the demo started, stopped on SIGTERM, SIGINT and at exit whatever the demo was doing.
 
-    Without this a SIGTERM would end the demo at once and leave its broker running. The first signal stops
-    the children and raises ``SystemExit`` (status 128 + signal) so the demo unwinds; a second one kills the
-    children and leaves at once.
+    Without this a SIGTERM would end the demo at once and leave its broker running. The first signal raises
+    ``SystemExit`` (status 128 + signal) so the demo unwinds: its queries stop between batches, then its
+    broker (``demo_main``'s ``finally``), last, so that no running batch fails reading a broker already gone
+    (each such batch printed Spark's and py4j's stack traces); a second one kills the children and leaves at
+    once.
     """
 
     def __init__(self) -> None:
@@ -143,7 +145,6 @@ class Children:
             os._exit(128 + signum)
         self.stopping = True
         print(f"\n{signal.Signals(signum).name}: stopping the demo", file=sys.stderr, flush=True)
-        self.stop()
         raise SystemExit(128 + signum)
 
 
@@ -491,7 +492,7 @@ def _run_pipelines(
             print("               (their default when run from this directory or below: no setting needed)")
         print(f"Follow-up:     {timestone_command()} ota status --tables-root {tables}")
     finally:
-        if not children.stopping:  # after a signal the broker is gone: nothing left to drain
+        if not children.stopping:  # after a signal: stop now, the running batch ends, the rest is left
             fleet.run(fleet.fleet.stop())  # no new data: the queries finish their batch and go idle
             telemetry.processAllAvailable()
         actions.stop()

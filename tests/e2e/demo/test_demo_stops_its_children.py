@@ -102,3 +102,27 @@ def test_a_demo_killed_outright_takes_its_broker_with_it(tmp_path: Path) -> None
         demo.kill()
         demo.wait(timeout=10)
         assert gone_within(broker, 20), "the broker outlived the demo killed with SIGKILL"
+
+
+def test_the_first_signal_leaves_the_broker_to_be_stopped_after_the_queries(tmp_path: Path) -> None:
+    """The first SIGINT stopped the broker at once, while the telemetry query's batch was reading it: the
+    batch failed (broker unreachable) and Spark and py4j printed some 150 lines of stack traces before the
+    demo ended. The signal now only unwinds the demo, which stops its queries, then the broker."""
+    from broker_edge.runtime.launcher import BrokerProcess
+    from pipelines.demo import Children
+
+    children = Children()
+    broker = children.add(BrokerProcess(tmp_path / "broker").start())
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        children.install()
+        with pytest.raises(SystemExit) as unwound:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs at once: never reached
+        assert unwound.value.code == 128 + signal.SIGINT
+        assert broker.process is not None and broker.process.poll() is None, "stopped under the queries"
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        children.stop()
+    assert broker.process.poll() is not None
