@@ -557,9 +557,11 @@ class PublishPath:
             elif isinstance(exc, LogQuarantined):  # every publish to it meets it: summarised
                 self.counters.drop("log_quarantined")
                 self._refusals.log(logging.WARNING, "log_quarantined", "publish refused: %s", exc)
-            else:
+            else:  # a failed log refuses every publish after: summarised too
                 self.counters.drop("log_failed")
-                log.warning(
+                self._refusals.log(
+                    logging.WARNING,
+                    "append_failed",
                     "append to %r failed: %s",
                     message.topic,
                     exc,
@@ -606,8 +608,15 @@ class PublishPath:
                 len(batch),
                 exc,
             )
-        else:
-            log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
+        else:  # the store said it once at ERROR; each batch after meets it again: summarised
+            self._refusals.log(
+                logging.ERROR,
+                reason,
+                "%s, %d publishes not acknowledged: %s",
+                reason.replace("_", " "),
+                len(batch),
+                exc,
+            )
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else _refusal_code(exc)
         reason_string = str(exc) if refused else None
         ready = self._answers.answerer()
