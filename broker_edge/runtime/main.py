@@ -29,6 +29,7 @@ from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
 from broker_edge.security.auth import PasswordFile, PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
+from broker_edge.settings.named_files import check_directory
 from broker_edge.storage.errors import StoreDamaged
 
 if TYPE_CHECKING:
@@ -251,6 +252,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
     tell = report if report is not None else _ignore
     try:
         config = load_broker_config(config_path)
+        check_data_directory(config)
     except (ConfigError, OSError) as exc:
         return _refused(exc, config_path, tell, member=report is not None)
     configure_logging(config.logging, node=node)
@@ -308,6 +310,12 @@ def read_security_files(config: BrokerConfig) -> None:
         config.offsets_api.reader_tokens()
 
 
+def check_data_directory(config: BrokerConfig) -> None:
+    """``storage.directory`` can be used or made by this process (a start's, a check's): ``ConfigError``."""
+    if config.storage.enabled:
+        check_directory("storage.directory", config.storage.directory)
+
+
 def check_config(config_path: str | None, workers: int = 1) -> int:
     """``timestone broker --check [--workers N]``: load the config and read every file it names, as a start
     does before anything is opened (and refuse what N members refuse, or settings needing more file
@@ -317,6 +325,7 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
     try:
         document, config = load_broker_document(config_path)  # read once: it may be a pipe
         read_security_files(config)
+        check_data_directory(config)
         if workers > 1:
             from broker_edge.runtime.workers import check_workers
 

@@ -9,12 +9,13 @@ loaded into a context exactly as the listener will load them, so ``run_broker`` 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from broker_edge.config.loader import ConfigError
 from broker_edge.security.tls import TlsConfig, server_ssl_context
 
-__all__ = ["check_named_files", "check_server_tls"]
+__all__ = ["check_directory", "check_named_files", "check_server_tls"]
 
 
 def check_named_files(files: Iterable[tuple[str, str | None]]) -> None:
@@ -40,3 +41,20 @@ def check_server_tls(key: str, config: TlsConfig) -> None:
         server_ssl_context(config)
     except ConfigError as error:
         raise ConfigError(f"{key}.{error.path}", error.detail) from None
+
+
+def check_directory(key: str, path: str) -> None:
+    """``ConfigError`` naming ``key`` when the directory ``path`` cannot be used or made: it, or the nearest
+    of its parents that exists, is a file, or is not writable by this process. Nothing is created."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        kind = "a file" if os.path.isfile(existing) else "a broken link or no directory"
+        raise ConfigError(key, f"{existing} is {kind}, not a directory: give a directory for {path}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        made = "" if existing == os.path.abspath(path) else f" (to make {path} in)"
+        raise ConfigError(
+            key,
+            f"directory {existing}{made} cannot be written by this user (its permissions, or read-only)",
+        )

@@ -109,3 +109,39 @@ def test_a_password_acl_or_tokens_file_that_a_start_refuses_is_refused_by_the_ch
         assert done.returncode == 2, (section, done.stdout)
         assert expected in done.stderr, done.stderr
         assert done.stdout == "" and not data.exists()
+
+
+def test_a_data_directory_that_is_a_file_is_status_2_naming_storage_directory_from_the_check_and_the_start(
+    tmp_path: Path,
+):
+    """A ``storage.directory`` that names a file (or a path under one) cannot be made: the check said OK and
+    the start then failed with ``[Errno 17] File exists``, naming no key; both now refuse it, naming it."""
+    (tmp_path / "data").write_text("not a directory\n")
+    config = tmp_path / "edge.yaml"
+    for directory in (tmp_path / "data", tmp_path / "data" / "edge"):
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "listeners": [{"name": "devices", "host": "127.0.0.1", "port": 0}],
+                    "storage": {"directory": str(directory)},
+                    "admin_http": {"enabled": False},
+                    "offsets_api": {"enabled": False},
+                }
+            )
+        )
+        done = check("--config", str(config), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout
+        assert done.stderr.startswith("timestone broker: configuration error: storage.directory: "), (
+            done.stderr
+        )
+        assert f"{tmp_path / 'data'} is a file, not a directory" in done.stderr, done.stderr
+        started = subprocess.run(
+            [*TIMESTONE, "broker", "--config", str(config)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert started.returncode == 2, started.stderr
+        assert done.stderr.strip() in started.stderr and "Traceback" not in started.stderr
+    assert (tmp_path / "data").read_text() == "not a directory\n"
