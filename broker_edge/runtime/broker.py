@@ -637,8 +637,10 @@ class Broker(BrokerCore):
         return sum(conn.incoming_pending for conn in self._open_connections())
 
     def health(self) -> dict[str, object]:
-        """What /health reports: ok while listening (and the commitlog accepts writes)."""
+        """What /health reports: ok while listening (and the commitlog has not failed); ``log_shortage``: the
+        passing shortage (``disk_full``, ``descriptor_shortage``) its appends are refused for now, or None."""
         failure = self.store.committer.failure if self.store is not None else None
+        shortage = self.store.committer.shortage if self.store is not None else None
         return {
             "status": "ok" if not self._stopping and failure is None else "error",
             "connections": self.connection_count(),
@@ -646,6 +648,7 @@ class Broker(BrokerCore):
             "listeners": dict(self.ports),
             "uptime_s": int(time.time() - self.started_at),
             "commitlog": None if self.store is None else ("failed: " + str(failure) if failure else "ok"),
+            "log_shortage": None if shortage is None else shortage.cause.reason,
             "quarantined_logs": [
                 {"topic": entry.topic, "reason": entry.reason, "since_ms": entry.since_ms}
                 for entry in (self.store.quarantined() if self.store is not None else [])

@@ -101,7 +101,8 @@ def test_a_full_disk_refuses_qos1_keeps_serving_and_takes_appends_again_once_spa
         assert metric(broker, "timestone_broker_log_shortage", cause="disk_full") == 1
         assert metric(broker, "timestone_broker_log_shortages_total", cause="disk_full") == 1
         assert metric(broker, "timestone_broker_messages_dropped_total", reason="disk_full") >= 3
-        assert health(broker)["commitlog"] == "ok"  # not failed: it waits for space
+        report = health(broker)  # not failed: it waits for space, and says what it waits for
+        assert (report["status"], report["commitlog"], report["log_shortage"]) == ("ok", "ok", "disk_full")
 
         in_broker_namespace(broker, "rm", "-f", filler)
         assert wait_for(lambda: "disk space available again" in broker.log_path.read_text(), timeout=15)
@@ -112,6 +113,7 @@ def test_a_full_disk_refuses_qos1_keeps_serving_and_takes_appends_again_once_spa
         old_device.send_packet(Publish("site/gw-3/telemetry", b"after", 1, packet_id=2))
         assert old_device.recv() == PubAck(2)
         assert metric(broker, "timestone_broker_log_shortage", cause="disk_full") == 0
+        assert health(broker)["log_shortage"] is None
 
         with OffsetsClient(broker.offsets_url) as reader:
             rows = read_log(reader, TOPIC)
