@@ -5,7 +5,8 @@ QoS 1 command published to it meanwhile, once.
 
 A member saves the state of the persistent sessions it holds every ``session_save_interval_ms``; a fleet's
 sessions must all be saved within about that interval, not one etcd call after another (hundreds of
-sessions then took longer than a member lives between two faults, and most were lost with it).
+sessions then took longer than a member lives between two faults, and most were lost with it). A fleet
+resuming while some of its topics have no live copy is said in a few log lines, not one per device.
 """
 
 from __future__ import annotations
