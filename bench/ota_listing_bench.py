@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from bench.ota_bench import broker_limits  # noqa: E402
 from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS, REPORT_TOPICS, bucket_of, report_topic  # noqa: E402
-from pipelines.actions.publisher import MqttPublisher  # noqa: E402
+from pipelines.actions.publisher import MqttPublisher, Outgoing  # noqa: E402
 
 PER_DEVICE = "devices/+/actions"
 NONE_PER_DEVICE = "devices/+/absent"
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         with BrokerProcess(Path(workdir) / "broker", limits=broker_limits(0), logging=quiet) as broker:
             publisher = MqttPublisher([broker.address], client_id="reports")
             try:
-                publisher.publish_many([(f"devices/{d}/actions", b"{}") for d in ids])
-                publisher.publish_many([(report_topic(bucket_of(d, args.buckets)), b"{}") for d in ids])
+                publisher.publish_many([Outgoing(f"devices/{d}/actions", b"{}") for d in ids])
+                reports = [Outgoing(report_topic(bucket_of(d, args.buckets)), b"{}") for d in ids]
+                publisher.publish_many(reports)
             finally:
                 publisher.close()
             load = os.getloadavg()[0]
