@@ -72,6 +72,9 @@ async def serve(
         for line in startup_report(broker):
             log.info("%s", line)
         log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
+        if stop_signals.hangup_requested():  # came during the start: its files may have changed since read
+            log.info("SIGHUP during the start: acted on now")
+            _on_sighup(broker, source)
         if ready is not None:
             ready.set()
         try:
@@ -83,6 +86,7 @@ async def serve(
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
         stop_signals.catch_early_stops()  # noted, not a KeyboardInterrupt, until the process has exited
+        stop_signals.ignore_hangups()  # a reload now has nothing to read again, and must not end it
     log.info("broker stopped")
 
 

@@ -6,6 +6,11 @@ the background of a shell, which inherits SIGINT ignored, would never hear one s
 ``catch_early_stops`` makes both signals only noted here; ``serve`` stops at once when one was
 (``requested``), and the loop's own handlers take over from there. After the loop is gone they are
 noted again, so a second Ctrl-C during the last moments of a stop is not a traceback either.
+
+SIGHUP (``systemctl reload``, a certificate renewal hook) would end the process as its default action: it
+is noted the same way, and ``serve`` acts on one that came during the start once the broker serves
+(``hangup_requested``); one during the last moments of a stop changes nothing (``ignore_hangups``: ignored,
+as the interpreter's exit puts back the default action of the signals it handled, not of those ignored).
 """
 
 from __future__ import annotations
@@ -14,24 +19,45 @@ import signal
 import threading
 from types import FrameType
 
-__all__ = ["catch_early_stops", "requested"]
+__all__ = ["catch_early_stops", "hangup_requested", "ignore_hangups", "requested"]
 
 _noted: list[int] = []
+_hangups: list[int] = []
 
 
 def _note(signum: int, _frame: FrameType | None) -> None:
     _noted.append(signum)
 
 
+def _note_hangup(signum: int, _frame: FrameType | None) -> None:
+    _hangups.append(signum)
+
+
 def catch_early_stops() -> None:
-    """From now on SIGINT and SIGTERM are only noted (what ``requested`` answers); nothing changes off the
-    main thread, where Python runs no signal handler."""
+    """From now on SIGINT and SIGTERM are only noted (what ``requested`` answers), and SIGHUP too
+    (``hangup_requested``); nothing changes off the main thread, where Python runs no signal handler. A
+    SIGHUP the process ignores (a ``--workers`` member starting) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _note)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _note_hangup)
 
 
 def requested() -> bool:
     """Whether a SIGINT or SIGTERM came since ``catch_early_stops``."""
     return bool(_noted)
+
+
+def hangup_requested() -> bool:
+    """Whether a SIGHUP came since the last call (or since ``catch_early_stops``); forgets it."""
+    came = bool(_hangups)
+    _hangups.clear()
+    return came
+
+
+def ignore_hangups() -> None:
+    """From now on (a stop's last moments, the interpreter's exit) SIGHUP is ignored; main thread only."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
