@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 from broker_edge.engine.message import Message
 from broker_edge.engine.recent_messages import RecentMessages
 from broker_edge.engine.records import message_of_record
+from broker_edge.engine.routing.subscriptions import NoLocal, OwnTerms, merge_options
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
@@ -70,6 +71,9 @@ if TYPE_CHECKING:
     from broker_edge.storage.store import LogStore
 
 __all__ = ["ReplayManager", "start_offset"]
+
+Terms = tuple[int, NoLocal, bool, tuple[int, ...]]
+"""A session's subscriptions matching a topic, merged (``merge_options``)."""
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +383,7 @@ class ReplayManager:
         session: Session,
         conn: Outlet,
         topic: str,
-        entry: tuple[int, bool, bool, tuple[int, ...]],
+        entry: Terms,
         budget: int,
         remote: RemoteLogs,
     ) -> int:
@@ -427,15 +431,19 @@ class ReplayManager:
         conn: Outlet,
         topic: str,
         record: Record,
-        entry: tuple[int, bool, bool, tuple[int, ...]],
+        entry: Terms,
     ) -> None:
         """Send one logged record to a session catching up, under its subscription ``entry``: not when it
         expired, nor a record of the session's own client under No Local."""
         sub_qos, no_local, retain_as_published, subscription_ids = entry
         message = self._message(topic, record)
+        if no_local and record.client_id == session.client_id:
+            if not isinstance(no_local, OwnTerms):
+                return
+            sub_qos, retain_as_published, subscription_ids = no_local
         if message.expires_at is not None and message.expired():
             self.count_drop("expired")
-        elif not (no_local and record.client_id == session.client_id):
+        else:
             qos = sub_qos if sub_qos < record.qos else record.qos
             retain = retain_as_published and record.retain
             if qos == 0:
@@ -506,25 +514,14 @@ class ReplayManager:
         return message
 
     @staticmethod
-    def _subscription(session: Session, topic: str) -> tuple[int, bool, bool, tuple[int, ...]] | None:
+    def _subscription(session: Session, topic: str) -> Terms | None:
         """The session's own (non-shared) subscriptions matching ``topic``, merged like the trie does."""
-        matched = False
-        qos, no_local, retain_as_published = 0, True, False
-        subscription_ids: list[int] = []
-        for entry in (session.subscriptions or {}).values():
-            if entry.group is not None or not topic_matches(entry.topic_filter, topic):
-                continue
-            options = entry.options
-            matched = True
-            qos = max(qos, options.qos)
-            no_local = no_local and options.no_local
-            retain_as_published = retain_as_published or options.retain_as_published
-            sub_id = options.subscription_id
-            if sub_id is not None and sub_id not in subscription_ids:
-                subscription_ids.append(sub_id)
-        if not matched:
-            return None
-        return qos, no_local, retain_as_published, tuple(subscription_ids)
+        options = [
+            entry.options
+            for entry in (session.subscriptions or {}).values()
+            if entry.group is None and topic_matches(entry.topic_filter, topic)
+        ]
+        return merge_options(options) if options else None
 
     # -- cleanup ------------------------------------------------------------------------------------------
 

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.routing.retained import RetainedBounds, RetainedStore
-from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
+from broker_edge.engine.routing.subscriptions import (
+    OwnTerms,
+    SharedGroup,
+    SubscriptionOptions,
+    SubscriptionTrie,
+)
 from broker_edge.engine.sessions.session import NEVER_EXPIRES, Released, Session, SessionSubscription
 from broker_edge.protocol.topics import topic_matches
 
@@ -160,7 +165,9 @@ class Router:
         replays = self.replays
         for session, qos, no_local, retain_as_published, subscription_ids in match.subscribers:
             if no_local and session.client_id == origin:
-                continue
+                if not isinstance(no_local, OwnTerms):
+                    continue
+                qos, retain_as_published, subscription_ids = no_local  # its other subscriptions' terms
             if qos > message_qos:
                 qos = message_qos
             if (
@@ -200,7 +207,9 @@ class Router:
         logged = run.qos
         for session, qos, no_local, _retain_as_published, subscription_ids in match.subscribers:
             if no_local and session.client_id == origin:
-                continue
+                if not isinstance(no_local, OwnTerms):
+                    continue
+                qos, _, subscription_ids = no_local
             if not logged or (not qos and session._rare is None):
                 conn = session.connection
                 if conn is not None:

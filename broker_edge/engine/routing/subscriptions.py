@@ -22,11 +22,11 @@ except through ``SharedGroup.pick``'s ``is_online`` callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["Match", "SharedGroup", "SubscriptionOptions", "SubscriptionTrie"]
+__all__ = ["Match", "OwnTerms", "SharedGroup", "SubscriptionOptions", "SubscriptionTrie", "merge_options"]
 
 S = TypeVar("S", bound=Hashable)
 """The subscriber type (the router's ``Session``)."""
@@ -41,6 +41,47 @@ class SubscriptionOptions:
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_id: int | None = None
+
+
+class OwnTerms(NamedTuple):
+    """How a session takes its own client's messages when only some of its matching subscriptions asked for
+    No Local: as the others alone give them [MQTT-3.8.3-3], [MQTT-3.3.4-2], [MQTT-3.3.4-3]."""
+
+    qos: int
+    retain_as_published: bool
+    subscription_ids: tuple[int, ...]
+
+
+NoLocal = bool | OwnTerms
+"""A merged entry's No Local: False (no matching subscription asked for it), True (every one did) or, when
+some did, the ``OwnTerms`` of the others. Truthy whenever a check against the publisher is needed."""
+
+
+def merge_options(options: Iterable[SubscriptionOptions]) -> tuple[int, NoLocal, bool, tuple[int, ...]]:
+    """One session's matching subscriptions merged: the highest QoS, its ``NoLocal``, Retain As Published
+    when any asked, every Subscription Identifier once (in the order given)."""
+    qos, retain_as_published, ids = 0, False, []
+    own: list | None = None  # qos, retain as published, identifiers of those without No Local
+    some_no_local = False
+    for option in options:
+        qos = max(qos, option.qos)
+        retain_as_published = retain_as_published or option.retain_as_published
+        sub_id = option.subscription_id
+        if sub_id is not None and sub_id not in ids:
+            ids.append(sub_id)
+        if option.no_local:
+            some_no_local = True
+        elif own is None:
+            own = [option.qos, option.retain_as_published, [] if sub_id is None else [sub_id]]
+        else:
+            own[0] = max(own[0], option.qos)
+            own[1] = own[1] or option.retain_as_published
+            if sub_id is not None and sub_id not in own[2]:
+                own[2].append(sub_id)
+    no_local: NoLocal = own is None
+    if own is not None and some_no_local:
+        no_local = OwnTerms(own[0], own[1], tuple(own[2]))
+    return qos, no_local, retain_as_published, tuple(ids)
 
 
 class SharedGroup(Generic[S]):
@@ -91,17 +132,18 @@ class SharedGroup(Generic[S]):
 class Match(Generic[S]):
     """A topic's subscribers, merged per session; the cached unit of the trie.
 
-    ``subscribers`` holds ``(session, qos, no_local, retain_as_published, subscription_ids)`` tuples:
-    ``qos`` is the highest granted QoS among the session's matching subscriptions, ``no_local`` is true only
-    when every matching subscription asked for it, ``retain_as_published`` when any did, and
-    ``subscription_ids`` is a tuple of every matching subscription identifier (v5), usually empty.
+    ``subscribers`` holds ``(session, qos, no_local, retain_as_published, subscription_ids)`` tuples
+    (``merge_options``): ``qos`` is the highest granted QoS among the session's matching subscriptions,
+    ``no_local`` True when every matching subscription asked for No Local, False when none did, and the
+    ``OwnTerms`` of the others when some did; ``retain_as_published`` when any asked, and ``subscription_ids``
+    is a tuple of every matching subscription identifier (v5), usually empty.
     """
 
     __slots__ = ("groups", "subscribers")
 
     def __init__(
         self,
-        subscribers: list[tuple[S, int, bool, bool, tuple[int, ...]]],
+        subscribers: list[tuple[S, int, NoLocal, bool, tuple[int, ...]]],
         groups: list[SharedGroup[S]],
     ) -> None:
         self.subscribers = subscribers
@@ -347,14 +389,12 @@ class SubscriptionTrie(Generic[S]):
         key = tuple(found)
         result = self._merged.get(key)
         if result is None:
-            merged: dict[S, list] = {}
+            merged: dict[S, list[SubscriptionOptions]] = {}
             groups: list[SharedGroup[S]] = []
             for node in found:
                 _merge(node, merged, groups)
             if merged or groups:
-                result = Match(
-                    [(s, m[0], m[1], m[2], tuple(m[3]) if m[3] else ()) for s, m in merged.items()], groups
-                )
+                result = Match([(s, *merge_options(options)) for s, options in merged.items()], groups)
             else:
                 result = _EMPTY_MATCH
         cache = self._cache
@@ -419,28 +459,14 @@ class SubscriptionTrie(Generic[S]):
         return len(self._cache)
 
 
-def _merge(node: _Node[S], merged: dict[S, list], groups: list[SharedGroup[S]]) -> None:
+def _merge(node: _Node[S], merged: dict[S, list[SubscriptionOptions]], groups: list[SharedGroup[S]]) -> None:
     subscribers = node.subscribers
     if subscribers:
         for subscriber, options in subscribers.items():
             entry = merged.get(subscriber)
-            sub_id = options.subscription_id
             if entry is None:
-                merged[subscriber] = [
-                    options.qos,
-                    options.no_local,
-                    options.retain_as_published,
-                    [sub_id] if sub_id is not None else None,
-                ]
-                continue
-            if options.qos > entry[0]:
-                entry[0] = options.qos
-            entry[1] = entry[1] and options.no_local
-            entry[2] = entry[2] or options.retain_as_published
-            if sub_id is not None:
-                if entry[3] is None:
-                    entry[3] = [sub_id]
-                elif sub_id not in entry[3]:
-                    entry[3].append(sub_id)
+                merged[subscriber] = [options]
+            else:
+                entry.append(options)
     if node.shared:
         groups.extend(node.shared.values())

@@ -128,6 +128,50 @@ def test_no_local(broker):
     assert sorted(m.payload for m in other.expect(2)) == [b"mine", b"theirs"]
 
 
+@pytest.mark.mqtt5("MQTT-3.8.3-3", "MQTT-3.3.4-2", "MQTT-3.3.4-3")
+def test_a_no_local_subscription_gives_nothing_to_the_clients_own_message_through_an_overlapping_one(broker):
+    """Of a session's overlapping subscriptions, a No Local one does not match the client's own messages: an
+    own message that another of its subscriptions still delivers comes at that one's QoS and with its
+    Subscription Identifier only [MQTT-3.8.3-3], [MQTT-3.3.4-2], [MQTT-3.3.4-3]. (It came at the No Local
+    subscription's QoS 2, carrying its identifier too.) Someone else's message gets both, as before."""
+    raw = RawClient(broker.port, 5)
+    raw.connect("self")
+    raw.send_packet(Subscribe(1, [Subscription("chat/#", 0)], Properties(subscription_identifiers=[3])))
+    raw.send_packet(
+        Subscribe(2, [Subscription("chat/+", 2, no_local=True)], Properties(subscription_identifiers=[4]))
+    )
+    assert [raw.recv().reason_codes, raw.recv().reason_codes] == [[0], [2]]
+    raw.send_packet(Publish("chat/room", b"mine", 2, packet_id=1))
+    own = next(p for p in (raw.recv(), raw.recv()) if isinstance(p, Publish))
+    assert (own.payload, own.qos, own.properties.subscription_identifiers) == (b"mine", 0, [3])
+    PahoClient(broker.port, "other").publish("chat/room", b"theirs", 2)
+    theirs = raw.recv()
+    assert (theirs.payload, theirs.qos, sorted(theirs.properties.subscription_identifiers)) == (
+        b"theirs",
+        2,
+        [3, 4],
+    )
+
+
+@pytest.mark.mqtt5("MQTT-3.8.3-3", "MQTT-3.3.4-2", "MQTT-3.3.4-3")
+def test_a_no_local_subscription_gives_nothing_to_the_clients_own_message_read_from_the_log(brokers):
+    """The same rule for a message read back from the log (a subscription from an offset): the client's own
+    message comes at the QoS and with the identifier of its subscription without No Local only."""
+    broker = brokers()
+    raw = RawClient(broker.port, 5)
+    raw.connect("self")
+    raw.send_packet(Publish("chat/room", b"mine", 1, packet_id=1))
+    assert isinstance(raw.recv(), PubAck)
+    raw.send_packet(
+        Subscribe(1, [Subscription("chat/+", 1, no_local=True)], Properties(subscription_identifiers=[4]))
+    )
+    earliest = Properties(subscription_identifiers=[3], user_properties=[("offset", "earliest")])
+    raw.send_packet(Subscribe(2, [Subscription("chat/#", 0)], earliest))
+    packets = [raw.recv(), raw.recv(), raw.recv()]
+    [own] = [p for p in packets if isinstance(p, Publish)]
+    assert (own.payload, own.qos, own.properties.subscription_identifiers) == (b"mine", 0, [3])
+
+
 APPLICATION_PROPERTIES: dict[str, Any] = {
     "response_topic": "resp/1",
     "correlation_data": b"\x01\x02",
