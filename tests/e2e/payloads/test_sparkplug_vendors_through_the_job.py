@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from broker_edge.runtime.launcher import BrokerProcess
-from pipelines.payloads.sparkplug.schema import DATATYPE_NUMBERS, payload_class
+from pipelines.payloads.sparkplug.schema import DATATYPE_NUMBERS
 from pipelines.telemetry.config import load_telemetry_config_file
 from pipelines.telemetry.job import open_store
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.payloads.test_fleets_through_the_job import run_job, wait_for_log
+from tests.sparkplug_messages import metric, payload
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -42,25 +43,6 @@ telemetry:
 """
 NODE = "spBv1.0/plant3/{}/gw1"
 PUMP = "spBv1.0/plant3/{}/gw1/pump"
-
-
-def payload(at_ms: int, seq: int | None) -> Any:
-    message: Any = payload_class()()
-    message.timestamp = at_ms
-    if seq:  # a proto3 encoder leaves a 0 out
-        message.seq = seq
-    return message
-
-
-def metric(message: Any, name: str | None, alias: int | None, datatype: str | None = None) -> Any:
-    added = message.metrics.add()
-    if name is not None:
-        added.name = name
-    if alias is not None:
-        added.alias = alias
-    if datatype is not None:
-        added.datatype = DATATYPE_NUMBERS[datatype]
-    return added
 
 
 def first_birth() -> Any:

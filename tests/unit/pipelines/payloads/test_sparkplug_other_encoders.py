@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipelines.payloads.sparkplug.schema import DATATYPE_NUMBERS, payload_class
+from pipelines.payloads.sparkplug.schema import DATATYPE_NUMBERS
 from pipelines.payloads.sparkplug.session import METRIC, REASON_MALFORMED, REJECTED, EdgeNodeSession, Record
+from tests.sparkplug_messages import metric, payload
 
 NODE = "spBv1.0/plant1/{}/gw1"
 _offsets = itertools.count()
@@ -23,26 +24,6 @@ _offsets = itertools.count()
 
 def record(kind: str, payload: Any, at_ms: int) -> Record:
     return Record("edge1", NODE.format(kind), next(_offsets), at_ms, payload.SerializeToString())
-
-
-def payload(timestamp_ms: int, seq: int | None) -> Any:
-    """A payload as a proto3 encoder writes it: a ``seq`` of 0 is left out (no presence in proto3)."""
-    message: Any = payload_class()()
-    message.timestamp = timestamp_ms
-    if seq:
-        message.seq = seq
-    return message
-
-
-def metric(message: Any, name: str | None, alias: int | None, datatype: str | None = None) -> Any:
-    added = message.metrics.add()
-    if name is not None:
-        added.name = name
-    if alias is not None:
-        added.alias = alias
-    if datatype is not None:
-        added.datatype = DATATYPE_NUMBERS[datatype]
-    return added
 
 
 def birth(at_ms: int = 1000, *more: tuple[str, int, str]) -> Record:
