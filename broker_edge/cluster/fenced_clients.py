@@ -190,8 +190,9 @@ class FencedClients:
             elif not referrals and not self._moved and not told:
                 told = True
                 log.warning(
-                    "fenced (%s): no other member answers that it is a member; clients stay here and"
-                    " new CONNECTs are refused (server unavailable) until one does or the fence lifts",
+                    "fenced (%s): no other member answers that it is a member and no longer counts this"
+                    " one among the members; clients stay here and new CONNECTs are refused (server"
+                    " unavailable) until one does or the fence lifts",
                     why,
                 )
             await asyncio.sleep(ASK_EVERY_S)

@@ -16,6 +16,7 @@ def test_every_image_the_readme_shows_is_in_the_repository():
         "device.png",
         "fleet.png",
         "quality.png",
+        "fleet_metric.png",
     }
     for image in images:
         data = (REPO / image).read_bytes()

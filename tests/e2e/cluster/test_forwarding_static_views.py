@@ -97,6 +97,16 @@ class Cluster:
 
             running.call(apply)
 
+    def forget(self, node: str) -> None:
+        """The other members no longer count ``node`` among the members, as when etcd deleted its member key
+        (its lease ran out): a fenced member sends its clients only to members that no longer list it (one
+        still listed has a live lease and is only slow to prove it)."""
+
+        def drop(view: ClusterView) -> None:
+            view.members.pop(node, None)
+
+        self.change(drop, nodes=tuple(n for n in NODES if n != node))
+
     def log_end(self, node: str, topic: str) -> int:
         store = self.brokers[node].broker.store
         assert store is not None
@@ -240,6 +250,7 @@ def test_a_fenced_node_moves_its_v5_clients_to_the_live_members_with_0x9c(cluste
         view.fenced = True
         view.changed()
 
+    cluster.forget("a")
     running.call(fence)
     references: list[str] = []
     for client in clients:
@@ -261,6 +272,7 @@ def test_a_simulated_device_follows_the_server_reference_of_a_fenced_member(clus
     with FleetHarness(address["b"], spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
         harness.wait_until(lambda: harness.fleet.connected() == 1)
         device = harness.fleet.devices[0]
+        cluster.forget("a")
         cluster.change(lambda view: setattr(view, "fenced", True), nodes=("a",))
         harness.wait_until(lambda: harness.fleet.stats["connects"] == 2, timeout_s=10)
         stats = harness.call(lambda: dict(harness.fleet.stats))
