@@ -70,6 +70,7 @@ from broker_edge.settings.broker import (
     load_broker_config,
     load_broker_document,
 )
+from broker_edge.settings.named_files import check_directory
 
 __all__ = ["check_workers", "run_workers", "supervise"]
 
@@ -166,8 +167,9 @@ def _naming_running_members(error: ConfigError, base: Path) -> ConfigError:
 
 def check_workers(document: dict[str, Any], config: BrokerConfig, workers: int) -> None:
     """``ConfigError`` for what ``workers`` members refuse in ``document`` (loaded as ``config``): a listener
-    on port 0, the log off, an uplink hub (``--check`` too)."""
+    on port 0, the log off, an uplink hub, a ``storage.directory`` that cannot be made (``--check`` too)."""
     member_documents(document, config, workers, "http://127.0.0.1:2379")
+    check_directory("storage.directory", config.storage.directory)
 
 
 def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:

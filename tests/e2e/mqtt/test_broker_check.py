@@ -145,3 +145,33 @@ def test_a_data_directory_that_is_a_file_is_status_2_naming_storage_directory_fr
         assert started.returncode == 2, started.stderr
         assert done.stderr.strip() in started.stderr and "Traceback" not in started.stderr
     assert (tmp_path / "data").read_text() == "not a directory\n"
+
+
+def test_a_data_directory_that_is_a_file_is_status_2_naming_storage_directory_from_a_workers_start(
+    tmp_path: Path,
+):
+    """``--workers`` makes its members' files under ``storage.directory``: one that names a file failed the
+    command with a bare ``[Errno 17] File exists`` (status 1, no key named) where the check refused it."""
+    (tmp_path / "data").write_text("not a directory\n")
+    config = tmp_path / "edge.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listeners": [{"name": "devices", "host": "127.0.0.1", "port": free_port()}],
+                "storage": {"directory": str(tmp_path / "data")},
+            }
+        )
+    )
+    started = subprocess.run(
+        [*TIMESTONE, "broker", "--workers", "2", "--config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 2, started.stderr
+    said = started.stderr
+    assert said.startswith("timestone broker: configuration error: storage.directory: "), said
+    assert f"{tmp_path / 'data'} is a file, not a directory" in started.stderr
+    assert "Errno" not in started.stderr and "Traceback" not in started.stderr
+    assert (tmp_path / "data").read_text() == "not a directory\n"
