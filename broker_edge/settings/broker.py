@@ -47,6 +47,7 @@ __all__ = [
     "check_files_of",
     "load_broker_config",
     "load_broker_document",
+    "read_broker_settings",
     "workers_cluster",
 ]
 
@@ -563,6 +564,13 @@ def load_broker_config(path: str | Path | None = None) -> BrokerConfig:
     """The configuration in ``path`` (YAML), or the defaults when ``path`` is None; every file it names has
     been read once (``check_files_of``)."""
     return load_broker_document(path)[1]
+
+
+def read_broker_settings(path: str | Path) -> BrokerConfig:
+    """The configuration in ``path`` (YAML) without reading the files it names: for a tool that uses a few
+    of a broker's settings on another machine (``cluster status``: the cluster's etcd), where the broker's
+    password file, ACL and certificates are not."""
+    return load_dataclass(BrokerConfig, load_yaml_file(path))
 
 
 def load_broker_document(path: str | Path | None) -> tuple[dict[str, Any], BrokerConfig]:

@@ -278,9 +278,9 @@ def _workers_hint(args: argparse.Namespace) -> str:
     which runs only while the command does (on a port free at its start)."""
     if not args.config or args.etcd:
         return ""
-    from broker_edge.settings.broker import load_broker_config
+    from broker_edge.settings.broker import read_broker_settings
 
-    if load_broker_config(args.config).cluster is not None:
+    if read_broker_settings(args.config).cluster is not None:
         return ""
     return (
         f" (the etcd of timestone broker --workers --config {args.config}, which runs only with it: "
@@ -298,9 +298,9 @@ def _etcd_settings(
     tls: EtcdTlsConfig | None = None
     auth: EtcdAuthConfig | None = None
     if args.config:
-        from broker_edge.settings.broker import load_broker_config, workers_cluster
+        from broker_edge.settings.broker import read_broker_settings, workers_cluster
 
-        config = load_broker_config(args.config)
+        config = read_broker_settings(args.config)  # its etcd's settings: the broker's own files may be away
         cluster = config.cluster or workers_cluster(config)  # timestone broker --workers: its own etcd
         if cluster is None:
             raise ValueError(

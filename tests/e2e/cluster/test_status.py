@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
@@ -190,3 +191,30 @@ def test_status_over_tls_says_what_is_missing_in_one_line(etcd: EtcdTarget) -> N
     assert line.endswith(
         "(over TLS: does etcd ask for a client certificate? give --etcd-cert and --etcd-key)"
     )
+
+
+def test_status_from_a_broker_config_needs_only_its_etcd_settings(etcd: EtcdTarget, tmp_path: Path) -> None:
+    """``cluster status --config`` on an operator's machine, where the broker's password file, ACL and
+    listener certificate are not (they live on the broker): only the cluster's etcd settings are read."""
+    import yaml
+
+    from tests.harness.local_cluster import cluster_section
+
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "auth": {"password_file": str(tmp_path / "absent" / "passwd")},
+                "acl": {"file": str(tmp_path / "absent" / "acl")},
+                "cluster": cluster_section(etcd, "b1"),
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stderr == "", done.stderr  # etcd read: no member there (status 1)
+    assert json.loads(done.stdout)["prefix"] == etcd.prefix
