@@ -23,6 +23,7 @@ from sources.options import SourceOptionError, parse_options
 from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, plain, telemetry
+from tests.e2e.sources.spark_runs import run_to_end
 
 
 def reader(brokers: str, **options: str) -> TimestoneStreamReader:
@@ -111,19 +112,7 @@ def test_under_spark_an_offset_log_edited_by_hand_fails_the_restarted_query_nami
 
     def run() -> None:
         frame = timestone_spark.readStream.format("timestone").options(**options).load()
-        query = (
-            frame.writeStream.format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            query.awaitTermination(120)
-            error = query.exception()
-            if error is not None:
-                raise error
-        finally:
-            query.stop()
+        run_to_end(frame.writeStream.format("noop"), checkpoint)
 
     options["startingOffsets"] = "earliest"
     run()
@@ -308,19 +297,7 @@ def test_under_spark_a_topic_per_device_lands_once_in_delta_across_a_crash_and_r
 
     def run() -> None:
         frame = timestone_spark.readStream.format("timestone").options(**options).load()
-        query = (
-            frame.writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            query.awaitTermination(180)
-            error = query.exception()
-            if error is not None:
-                raise error
-        finally:
-            query.stop()
+        run_to_end(frame.writeStream.foreachBatch(sink), checkpoint, timeout_s=180)
 
     with pytest.raises(StreamingQueryException, match="driver lost after the write"):
         run()

@@ -24,6 +24,7 @@ from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
+from tests.e2e.sources.spark_runs import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -110,20 +111,7 @@ def run(
         .options(**options)
         .load()
     )
-    query = (
-        frame.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(120)
-        assert not query.isActive
-        error = query.exception()
-        if error is not None:
-            raise error
-    finally:
-        query.stop()
+    run_to_end(frame.writeStream.foreachBatch(sink), checkpoint)
 
 
 def records(topic: str, numbers: range) -> list[tuple[str, int, str]]:
