@@ -257,21 +257,25 @@ def _structured(value: Any, datatype: str) -> dict[str, Any]:
                 _sign(cell, cell_data, cell_type)
         return data
     for inner, inner_data in zip(value.metrics, data.get("metrics", []), strict=True):
-        inner_type = DATATYPES.get(inner.datatype, "") if inner.HasField("datatype") else ""
-        problem = _cell_problem(inner_type, inner)
-        if problem is not None:
-            raise _Unfit(f"a Template's metric {inner.name!r}: {problem}")
-        _sign(inner, inner_data, inner_type)
+        inner_type = _template_member(inner, inner_data, "datatype", "metric")
         if inner_type in ("DataSet", "Template") and inner.WhichOneof("value") in _NESTED:
             key = _NESTED[inner.WhichOneof("value")]
             inner_data[key] = _structured(getattr(inner, inner.WhichOneof("value")), inner_type)
     for parameter, parameter_data in zip(value.parameters, data.get("parameters", []), strict=True):
-        parameter_type = DATATYPES.get(parameter.type, "") if parameter.HasField("type") else ""
-        problem = _cell_problem(parameter_type, parameter)
-        if problem is not None:
-            raise _Unfit(f"a Template's parameter {parameter.name!r}: {problem}")
-        _sign(parameter, parameter_data, parameter_type)
+        _template_member(parameter, parameter_data, "type", "parameter")
     return data
+
+
+def _template_member(member: Any, data: dict[str, Any], type_field: str, kind: str) -> str:
+    """A Template's metric or parameter checked against the datatype its ``type_field`` gives (``_Unfit``
+    naming it when its value cannot be one) and its signed integer signed; returns the datatype ("" when
+    none is given: kept as sent)."""
+    datatype = DATATYPES.get(getattr(member, type_field), "") if member.HasField(type_field) else ""
+    problem = _cell_problem(datatype, member)
+    if problem is not None:
+        raise _Unfit(f"a Template's {kind} {member.name!r}: {problem}")
+    _sign(member, data, datatype)
+    return datatype
 
 
 _NESTED = {"dataset_value": "datasetValue", "template_value": "templateValue"}
