@@ -158,6 +158,9 @@ class ClusterSessions:
         self.owned: dict[str, int] = {}
         """Client id → generation of the CONNECT this node registered (the records it keeps current)."""
         self._saved: dict[str, bytes] = {}
+        self._answering: dict[str, int] = {}
+        """Client ids whose CONNECT is claimed and not yet answered: the session of one claimed comes
+        into the router with its CONNACK, and a save pass meanwhile must not take it for one that ended."""
         self._saver: asyncio.Task[None] | None = None
         self.tasks = BackgroundTasks()
         self.observed_logs: Callable[[str], list[LogInfo]] | None = None
@@ -190,6 +193,7 @@ class ClusterSessions:
         elsewhere, is now in the router); ``use_another_server`` names a member that answered it is a member
         now to an MQTT 5 client, in turn (a 3.1.1 client, which cannot be told one, takes no turn)."""
         task = self.tasks.spawn(self._claim_or_refuse(claim), f"claiming session {claim.client_id}")
+        self._answering[claim.client_id] = self._answering.get(claim.client_id, 0) + 1
 
         def finished(task: asyncio.Task[str | None]) -> None:
             failed = task.cancelled() or task.exception() is not None  # a failure was logged by ``tasks``
@@ -201,9 +205,18 @@ class ClusterSessions:
                     refusal = "session_unavailable"  # the other members left meanwhile
                 elif claim.takes_reference:
                     reference = self._next_of(elsewhere)
-            done(refusal, reference)
+            try:
+                done(refusal, reference)
+            finally:
+                self._answered(claim.client_id)
 
         task.add_done_callback(finished)
+
+    def _answered(self, client_id: str) -> None:
+        """One CONNECT of ``client_id`` was answered (``_answering``)."""
+        left = self._answering.pop(client_id) - 1
+        if left:
+            self._answering[client_id] = left
 
     def _next_of(self, elsewhere: list[str]) -> str:
         """The MQTT address of one of the live members ``elsewhere`` (not empty), each in turn."""
@@ -557,6 +570,8 @@ class ClusterSessions:
         changed: list[tuple[str, int, Change, bytes]] = []
         for client_id, generation in list(self.owned.items()):
             session = router.sessions.get(client_id)
+            if session is None and client_id in self._answering:
+                continue  # claimed, and its CONNECT not yet answered
             if session is None:
                 await self._save_once(client_id, generation, _deleted)
                 if self.owned.get(client_id) == generation:

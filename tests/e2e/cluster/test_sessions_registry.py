@@ -217,3 +217,39 @@ def test_a_connect_over_the_persistent_sessions_quota_writes_nothing(
         assert (refusal, record) == ("session_quota", None)
     else:
         assert refusal == "session_owner" and record is not None and record.node == "z"
+
+
+def test_a_save_pass_while_a_connect_is_claimed_keeps_the_record_it_wrote(etcd: EtcdTarget) -> None:
+    """A member's periodic save removes the records of sessions it keeps that have ended; a CONNECT whose
+    claim has just written its record has no session in the router until its CONNACK is decided, so a
+    save pass in that moment took the new session for an ended one and removed the record, and the
+    session, kept without a record from then on, came back empty (Session Present 0) after the member
+    died. A save pass running at every turn of the loop while the claim goes on leaves the record."""
+
+    async def scenario() -> tuple[str | None, SessionRecord | None]:
+        client = etcd.client()
+        try:
+            sessions = member_b(SessionRegistry(client, etcd.prefix), TakeoverLinks())
+            answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            found: list[SessionRecord | None] = []
+
+            async def saving_throughout() -> None:
+                while not answer.done():
+                    await sessions.save()
+                    await asyncio.sleep(0)
+
+            async def read_when_answered() -> None:
+                await answer
+                found.append((await SessionRegistry(client, etcd.prefix).read("device-1"))[0])
+
+            saver = asyncio.create_task(saving_throughout())
+            claim = SessionClaim("device-1", None, False, 3600, None, 0, False)
+            sessions.claim(claim, lambda refusal, _reference: answer.set_result(refusal))
+            await asyncio.gather(saver, read_when_answered())
+            return answer.result(), found[0]
+        finally:
+            await client.close()
+
+    refusal, record = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert refusal is None
+    assert record is not None and (record.node, record.generation) == ("b", 1)
