@@ -26,7 +26,7 @@ from pipelines.actions.engine_summary import Summaries
 from pipelines.actions.engine_tables import ACTIONS, DEVICES, EXECUTIONS, SUMMARY, counts_after
 from pipelines.actions.feed_rows import latest_rows
 from pipelines.actions.model import Action
-from pipelines.actions.release import lost_gate
+from pipelines.actions.release import fired_rule, lost_gate
 from pipelines.actions.report_scope import in_scope, late_joiners
 from pipelines.actions.states import CANCELED, QUEUED, Execution, StatusReport, apply_reports, queued
 from pipelines.actions.summary import ACTION_SCHEDULED, FINAL_ACTION_STATES
@@ -223,7 +223,8 @@ class ActionsEngine(Summaries, Compliance):
                 lost[action_id] = gate
             before = previous.get(action_id, (None,))[0]
             starts = before == ACTION_SCHEDULED and action.schedule.started(now)
-            if moved or before is None or starts or action.schedule.ended(now) or gate is not None:
+            aborting = gate is not None or fired_rule(action, rows) is not None
+            if moved or before is None or starts or action.schedule.ended(now) or aborting:
                 summarised.add(action_id)
         if not summarised:
             return

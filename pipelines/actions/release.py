@@ -10,14 +10,16 @@ phase started; retries go out when due. Nothing new goes out before ``schedule.s
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pipelines.actions.abort import AbortRule, first_fired
 from pipelines.actions.model import Action
 from pipelines.actions.phases import Gate, gate_lost, phase_starts, rollout_key
 from pipelines.actions.states import QUEUED, SUCCEEDED, Execution
 
-__all__ = ["Release", "due", "gate_of", "lost_gate", "rollout_start"]
+__all__ = ["Release", "due", "fired_rule", "gate_of", "lost_gate", "rollout_start"]
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,24 @@ def lost_gate(action: Action, rows: Mapping[str, Execution], now_ms: int) -> tup
     return gate_lost(action.phases, rows.values(), rollout_start(action, rows), now_ms, gate_of(action))
 
 
+def fired_rule(action: Action, rows: Mapping[str, Execution]) -> AbortRule | None:
+    """The first abort rule of ``action`` that its rows fire (the action is being aborted), or None."""
+    if not action.abort_rules:
+        return None
+    return first_fired(action.abort_rules, Counter(row.state for row in rows.values()))
+
+
 def _waiting(row: Execution) -> bool:
     """Never sent the action, and not stopped meanwhile."""
     return row.state == QUEUED and row.published_at is None and row.retry_at is None
 
 
 def due(action: Action, rows: Mapping[str, Execution], now_ms: int) -> Release:
-    """The devices of ``action`` to send its message to at ``now_ms``."""
+    """The devices of ``action`` to send its message to at ``now_ms``: none once an abort rule fires on
+    ``rows`` (devices that timed out at this tick, rows written before a restart whose abort was not):
+    the abort is what comes next, and no device beyond the rows that fired it is sent the action."""
+    if fired_rule(action, rows) is not None:
+        return Release([], [], None)
     phase = current_phase(action, rows, now_ms)
     if not action.schedule.may_send(now_ms):
         return Release([], [], phase)

@@ -16,9 +16,10 @@ import pytest
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, report_topic
 from pipelines.actions.checks import MAX_DEVICE_IDS
+from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.phases import Phase, phase_of_devices
 from pipelines.actions.rollback import rollback_id
-from pipelines.actions.states import StatusReport
+from pipelines.actions.states import StatusReport, apply_reports
 from pipelines.actions.validation import problems
 from pipelines.views import queries
 from tests.e2e.broker_clients import PahoClient
@@ -30,6 +31,10 @@ BAD_BUILD = "2.1.0"
 PHASES: list[dict[str, Any]] = [
     {"percent": 25.0, "devices": None, "wait_s": 3600, "success_pct": None},
     {"percent": 25.0, "devices": None, "wait_s": 3600, "success_pct": None},
+    {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
+]
+TWO_PHASES: list[dict[str, Any]] = [
+    {"percent": None, "devices": 2, "wait_s": None, "success_pct": None},
     {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
 ]
 ROLLBACK = {"version": "1.0.0", "url": "https://example.invalid/fw-1.0.0.bin", "sha256": SHA256, "size": 1024}
@@ -255,3 +260,65 @@ def test_a_rollback_of_more_devices_than_one_action_lists_reaches_every_one_of_t
         listed = [d for r in rows.values() for d in r["target"]["device_ids"]]
         assert sorted(listed) == installed and all(problems(r) == [] for r in rows.values())
         assert queries.latest_action_id(run.store) == "huge"  # the notebook's action, not a rollback's part
+
+
+def test_devices_timing_out_at_a_tick_abort_the_rollout_before_that_tick_sends_the_next_phase(tmp_path):
+    """The first phase's two devices hang after IN_PROGRESS and the tick after their in-progress timeout
+    ends them TIMED_OUT, which fires the rule on timeouts. Before, that same tick then found the phase's
+    sample complete, opened the second phase and sent it the build, and only afterwards aborted the action:
+    four devices beyond the gate received the build (and a cancel right after). Now the tick sends nothing
+    once a rule fires on the rows it has just ended: the second phase never hears of the action."""
+    phases = TWO_PHASES
+    with rollout_run(tmp_path, quiet_devices(silent_attempts=99), count=6) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        phase = phase_of_devices("to-1", [Phase.from_row(p) for p in phases], devices)
+        first = {d for d in devices if phase[d] == 1}
+        rules = [rule("timed_out", 50.0, 2)]
+        run.create(action_row("to-1", group="g", phases=phases, abort_rules=rules, timeout_s=60))
+        run.feed(lambda reports: sum(r.state == "IN_PROGRESS" for r in reports) == 2)
+        run.tick_after_reports(61)
+        summary = run.summary("to-1")
+        assert (summary["action_state"], summary["aborted_by"], summary["phase"]) == (
+            "ABORTED",
+            "abort_rules[0]",
+            1,
+        )
+        executions = run.executions("to-1")
+        assert {d for d, r in executions.items() if r["published_at"] is not None} == first
+        assert {d: r["state"] for d, r in executions.items() if d not in first} == dict.fromkeys(
+            set(devices) - first, "CANCELED"
+        )
+        assert run.received("to-1") == first
+
+
+def test_a_job_killed_before_it_aborted_sends_no_further_phase_when_it_starts_again(tmp_path):
+    """Both devices of the first phase report FAILED and the job is killed after its report batch wrote
+    their rows, before it summarised them (where the abort happens). Before, the restarted job's first tick
+    found the phase's sample complete, sent the second phase the build and only then aborted; now that tick
+    aborts the action and no device beyond the first phase is sent anything."""
+    phases = TWO_PHASES
+    with rollout_run(tmp_path, quiet_devices(failure_rate=1.0), count=6) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        phase = phase_of_devices("kr-1", [Phase.from_row(p) for p in phases], devices)
+        first = {d for d in devices if phase[d] == 1}
+        run.create(action_row("kr-1", group="g", phases=phases, abort_rules=[rule("failed", 50.0, 2)]))
+        run.harness.wait_until(lambda: finals(list(run.harness.reports), "kr-1") == 2, 20)
+        reports = run.harness.take_reports()
+        known = run.engine.tables.executions(["kr-1"])["kr-1"]
+        failed = [apply_reports(known[d], [r for r in reports if r.device_id == d]) for d in sorted(first)]
+        written = [row for row in failed if row is not None]
+        run.engine.tables.write_executions(written, "reports/executions", 0)
+        assert run.summary("kr-1")["action_state"] == "IN_PROGRESS"  # killed here, before its summary
+
+        again = ActionsEngine(run.store, run.engine.publisher, clock=run.clock, compliance_interval_s=0)
+        run.clock.now += 1000
+        again.tick()
+        summary = run.summary("kr-1")
+        assert (summary["action_state"], summary["aborted_by"], summary["phase"]) == (
+            "ABORTED",
+            "abort_rules[0]",
+            1,
+        )
+        executions = run.executions("kr-1")
+        assert {d for d, r in executions.items() if r["published_at"] is not None} == first
+        assert run.received("kr-1") == first
