@@ -27,12 +27,14 @@ from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
+from broker_edge.runtime.revoked_peers import close_revoked
 from broker_edge.security.auth import PasswordFile, PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
 from broker_edge.settings.named_files import check_directory
 from broker_edge.storage.errors import StoreDamaged
 
 if TYPE_CHECKING:
+    from broker_edge.engine.connection.terms import ListenerRuntime
     from broker_edge.runtime.broker import Broker
 
 __all__ = ["check_config", "reload_files", "run_broker", "serve"]
@@ -224,6 +226,7 @@ def reload_files(broker: Broker) -> None:
             )
         else:
             log.info("listener %s: certificate and CAs reloaded", listener.name)
+            _close_revoked(broker, listener)
     if broker.offsets_tls is not None:
         try:
             broker.offsets_tls.reload()
@@ -240,6 +243,14 @@ def reload_files(broker: Broker) -> None:
             log.info("uplink hub certificate and sites' CAs reloaded")
     if broker.cluster_node is not None:
         broker.cluster_node.reload_credentials()
+
+
+def _close_revoked(broker: Broker, listener: ListenerRuntime) -> None:
+    """Close ``listener``'s connections whose client certificate its CRLs, just read, revoke."""
+    tls = listener.config.tls
+    if tls is None or tls.crlfile is None:
+        return
+    close_revoked(list(broker.connections), listener.name, tls.crlfile)
 
 
 Report = Callable[[str | None], None]

@@ -74,6 +74,7 @@ class ConnectionRare(RareSlots):
         "moved_claim",
         "named",
         "peer",
+        "peer_certificate",
         "peer_cn",
         "refused",
         "will",

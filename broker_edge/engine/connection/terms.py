@@ -178,6 +178,7 @@ class ListenerRuntime:
 
     __slots__ = (
         "allow_anonymous",
+        "checks_crl",
         "config",
         "metrics",
         "name",
@@ -197,6 +198,8 @@ class ListenerRuntime:
         self.stats = ListenerStats()
         self.tls = config.tls is not None
         tls = config.tls
+        self.checks_crl = tls is not None and tls.crlfile is not None
+        """Client certificates are checked against CRLs: connections note theirs (``peer_certificate``)."""
         self.tls_contexts = ServerContexts(lambda: server_ssl_context(tls)) if tls is not None else None
         """Its certificate, key and CAs, which SIGHUP reads again (``reload``: new connections get them)."""
         self.ssl_context: ssl.SSLContext | None = self.tls_contexts.context if self.tls_contexts else None

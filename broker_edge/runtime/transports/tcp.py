@@ -28,6 +28,7 @@ from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
+from broker_edge.runtime.revoked_peers import certificate_id
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.turns import ReadTurns
@@ -166,7 +167,10 @@ class TcpConnection(StreamConnection):
         limit = self.terms.host.config.limits.outgoing_buffer_bytes
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
         if self.terms.listener.tls:
-            self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
+            ssl_object = transport.get_extra_info("ssl_object")
+            self.peer_cn = peer_common_name(ssl_object)
+            if self.terms.listener.checks_crl:
+                self.peer_certificate = certificate_id(ssl_object)
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close
                 self.peer = f"{address[0]}:{address[1]}"

@@ -24,6 +24,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
 from broker_edge.protocol.errors import PacketTooLarge
+from broker_edge.runtime.revoked_peers import certificate_id
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
 from broker_edge.runtime.transports.turns import ReadTurns
@@ -305,7 +306,10 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         connection = StreamConnection(broker, listener)
         transport._connection = connection
         if listener.tls and request.transport is not None:
-            connection.peer_cn = peer_common_name(request.transport.get_extra_info("ssl_object"))
+            ssl_object = request.transport.get_extra_info("ssl_object")
+            connection.peer_cn = peer_common_name(ssl_object)
+            if listener.checks_crl:
+                connection.peer_certificate = certificate_id(ssl_object)
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         try:

@@ -121,3 +121,30 @@ def test_a_crlfile_that_holds_no_crl_or_without_a_cafile_is_a_configuration_erro
     del section["tls"]["cafile"], section["tls"]["require_client_cert"]
     with pytest.raises(ConfigError, match=r"cafile.*required with crlfile"):
         start_broker(listeners=[section])
+
+
+def test_a_device_connected_when_its_certificate_is_revoked_is_closed_by_the_reload_and_its_will_dropped(
+    start_broker, certificates: Certificates, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stolen key still connected when the operator revokes its certificate: the SIGHUP that reads the CRL
+    closes that connection (v5 DISCONNECT 0x87, Not authorized) without publishing its will; the CA's
+    other devices stay connected."""
+    broker = start_broker(listeners=[listener(certificates)])
+    thief = PahoClient(
+        broker.port, "m1", tls_context=device(certificates, "meter-1"), will=("wills/m1", b"gone", 1, False)
+    )
+    thief.subscribe("plant/#", qos=1)
+    owner = PahoClient(broker.port, "m2", tls_context=device(certificates, "meter-2"))
+    owner.subscribe("wills/#", qos=1)
+    ca = certificates["ca"]
+    assert pki(capsys, "revoke", str(ca / "client-meter-1.pem"), "--ca", str(ca))[0] == 0
+    owner.publish("plant/1/temp", b"before the reload", qos=1)
+    assert thief.expect()[0].payload == b"before the reload"  # the broker has not read the CRL yet
+
+    broker.call(lambda: reload_files(broker.broker))  # what SIGHUP does
+    assert thief.disconnects.get(timeout=TIMEOUT) == 0x87
+    owner.publish("plant/1/temp", b"after the reload", qos=1)
+    owner.expect_none(0.3)  # no will of the revoked connection
+    assert thief.messages.empty()
+    assert handshake_refused(broker.port, device(certificates, "meter-1"))
+    owner.disconnect()

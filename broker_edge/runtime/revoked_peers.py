@@ -1,0 +1,77 @@
+"""Connections whose client certificate a listener's new CRLs revoke (``tls.crlfile``, read again on SIGHUP).
+
+OpenSSL checks a certificate against the CRLs only at the handshake, so a device connected when its
+certificate is revoked (a stolen key) would stay connected for as long as it likes. A listener that checks
+CRLs notes each client certificate's issuer and serial number at connect (``certificate_id``); after a
+reload, ``close_revoked`` closes the connections the new CRLs list: v5 DISCONNECT 0x87 (Not authorized),
+their wills dropped (they are the holder's of the stolen key), one WARNING each.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from broker_edge.protocol.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from broker_edge.engine.connection.connection import Connection
+
+__all__ = ["CertificateId", "certificate_id", "close_revoked", "revoked_in"]
+
+CertificateId = tuple[bytes, int]
+"""A certificate's issuer (its DER encoding) and serial number: what a CRL lists it by."""
+
+_CRL = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
+
+
+def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> CertificateId | None:
+    """The issuer and serial number of the client's certificate (None: it sent none)."""
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    from cryptography import x509
+
+    certificate = x509.load_der_x509_certificate(der)
+    return certificate.issuer.public_bytes(), certificate.serial_number
+
+
+def revoked_in(crlfile: str) -> set[CertificateId]:
+    """Every certificate the CRLs in ``crlfile`` list (the file loaded already: its CRLs parse)."""
+    from cryptography import x509
+
+    revoked: set[CertificateId] = set()
+    for block in _CRL.findall(Path(crlfile).read_bytes()):
+        crl = x509.load_pem_x509_crl(block)
+        issuer = crl.issuer.public_bytes()
+        revoked.update((issuer, entry.serial_number) for entry in crl)
+    return revoked
+
+
+def close_revoked(connections: Iterable[Connection], listener: str, crlfile: str) -> int:
+    """Close the connections of ``listener`` whose certificate ``crlfile`` revokes; how many were."""
+    revoked = revoked_in(crlfile)
+    if not revoked:
+        return 0
+    closing = [
+        conn
+        for conn in connections
+        if conn.terms.listener.name == listener and conn.peer_certificate in revoked
+    ]
+    for conn in closing:
+        serial = conn.peer_certificate[1] if conn.peer_certificate else 0
+        conn.log().warning(
+            "closing the connection: its client certificate (CN=%s, serial %x) is revoked in %s",
+            conn.peer_cn,
+            serial,
+            crlfile,
+        )
+        conn.will = None
+        conn.close(ReasonCode.NOT_AUTHORIZED, "client certificate revoked")
+        conn.flush()
+    return len(closing)
