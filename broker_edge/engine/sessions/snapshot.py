@@ -78,6 +78,8 @@ class SavedSession:
     """The client asked for the ``offset`` user property on deliveries (``Session.log_offsets``)."""
     releases: tuple[int, ...] = ()
     """Outgoing QoS 2 packet ids past PUBREC (PUBREL sent, PUBCOMP awaited): resent when it reconnects."""
+    received: tuple[int, ...] = ()
+    """Incoming QoS 2 packet ids held until PUBREL: a PUBLISH resent with one is answered, not routed."""
 
 
 @dataclass(slots=True)
@@ -137,6 +139,8 @@ def session_document(session: Session, now: float) -> dict[str, Any]:
     releases = sorted(key for key, entry in (session.inflight or {}).items() if isinstance(entry, Released))
     if releases:
         document["releases"] = releases
+    if session.incoming_qos2:
+        document["received"] = sorted(session.incoming_qos2)
     return document
 
 
@@ -252,6 +256,7 @@ def _parse_session(entry: Any, index: int) -> SavedSession:
         cursors,
         _typed(fields, "log_offsets", bool, where, False),
         _packet_ids(fields.get("releases", []), f"{where}.releases"),
+        _packet_ids(fields.get("received", []), f"{where}.received"),
     )
 
 
@@ -362,6 +367,8 @@ def restore(
         session.log_offsets = saved.log_offsets
         if saved.releases:  # resent as PUBREL when it reconnects [MQTT-4.4.0-1]
             session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
+        if saved.received:  # a resent PUBLISH gets PUBREC, never routed twice [MQTT-4.3.3-10]
+            session.incoming_qos2 = set(saved.received)
         for sub in saved.subscriptions:
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):
                 router.subscribe(session, sub.key, sub.topic_filter, sub.group, sub.options)

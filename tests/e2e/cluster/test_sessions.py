@@ -12,7 +12,18 @@ from __future__ import annotations
 import pytest
 
 from broker_edge.engine.message import OFFSETS_OPT_IN
-from broker_edge.protocol.packets import Connect, Disconnect, PingReq, PingResp, PubAck, Will
+from broker_edge.protocol.packets import (
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Will,
+)
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
 from tests.e2e.broker_clients import PahoClient, RawClient
@@ -276,3 +287,40 @@ def test_a_connect_waiting_on_a_member_that_lost_its_lease_is_sent_to_a_live_mem
     assert waiting.closed()
     elsewhere = RawClient(others[connack.properties.server_reference].port, version=5)
     assert elsewhere.connect("waiting").reason_code == 0
+
+
+@pytest.mark.parametrize("ending", ["takeover", "SIGKILL"])
+@pytest.mark.mqtt5("MQTT-4.3.3-10", "MQTT-4.3.3-11", "MQTT-4.4.0-1")
+def test_an_incoming_qos2_id_moves_with_the_session_to_another_member(three_brokers, etcd, ending):
+    """[MQTT-4.3.3-10] [MQTT-4.3.3-11] A publisher past PUBREC of a QoS 2 PUBLISH that resumes its session
+    on another member (its connection to the first still open, or the first killed after saving the
+    session) and resends the PUBLISH with DUP [MQTT-4.4.0-1] gets PUBREC and PUBCOMP 0: the id came with
+    the session, and the message reaches its subscriber once."""
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    client_id, topic = f"q2-mover-{ending}", f"q2move/{ending}"
+    reader = PahoClient(c.port, f"read-{client_id}")
+    reader.subscribe(topic, 2)
+    old = persistent_raw(a.port, client_id, 5)
+    old.send_packet(Publish(topic, b"exactly once", 2, packet_id=9))
+    rec = old.recv(timeout=15)
+    assert isinstance(rec, PubRec) and rec.packet_id == 9
+    assert payloads(reader, 1) == [b"exactly once"]
+    if ending == "SIGKILL":
+
+        def saved_with_the_id() -> bool:
+            record = session_record(etcd, client_id)
+            return record is not None and (record.state or {}).get("received") == [9]
+
+        wait_until(saved_with_the_id, what="a saving the session's held QoS 2 id to etcd")
+        a.kill()
+        old.close()
+        wait_settled(etcd, {"b", "c"}, 2)
+
+    moved = persistent_raw(b.port, client_id, 5)
+    moved.send_packet(Publish(topic, b"exactly once", 2, dup=True, packet_id=9))
+    again = moved.recv(timeout=15)
+    assert isinstance(again, PubRec) and again.packet_id == 9
+    moved.send_packet(PubRel(9))
+    comp = moved.recv(timeout=15)
+    assert isinstance(comp, PubComp) and (comp.packet_id, comp.reason_code) == (9, 0)
+    reader.expect_none(1.0)

@@ -390,3 +390,63 @@ def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_after_the_restart(bro
     assert isinstance(resent, PubRel) and resent.packet_id == delivery.packet_id
     again.send_packet(PubComp(delivery.packet_id))
     again.recv_none()
+
+
+def _persistent_raw(port: int, version: int, client_id: str) -> tuple[RawClient, ConnAck]:
+    client = RawClient(port, version)
+    fields: dict[str, Any] = {"properties": Properties(session_expiry_interval=300)} if version == 5 else {}
+    return client, client.connect(client_id, clean_start=False, **fields)
+
+
+@pytest.mark.mqtt311("MQTT-4.3.3-2", "MQTT-4.4.0-1")
+@pytest.mark.mqtt5("MQTT-4.3.3-10", "MQTT-4.3.3-11", "MQTT-4.4.0-1")
+@pytest.mark.parametrize(
+    ("version", "ending", "resend"),
+    [
+        (5, "SIGTERM", "publish"),
+        (4, "SIGTERM", "pubrel"),
+        (5, "SIGKILL", "pubrel"),
+        (4, "SIGKILL", "publish"),
+    ],
+)
+def test_an_incoming_qos2_id_held_over_a_restart_is_never_routed_twice(tmp_path, version, ending, resend):
+    """[MQTT-4.3.3-10] [MQTT-4.3.3-11] An incoming QoS 2 packet id is held from PUBREC to PUBREL over a
+    restart too (SIGTERM, or SIGKILL after the periodic snapshot): a publisher that resumes its session and
+    resends the PUBLISH with DUP (or only its PUBREL) [MQTT-4.4.0-1] gets PUBREC, then PUBCOMP 0, and the
+    message is logged and delivered once, not twice."""
+    process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 0.1}, sys_topics={"enabled": False})
+    path = tmp_path / "data" / "meta" / SESSIONS_FILE
+    process.start()
+    try:
+        subscriber, _ = _persistent_raw(process.port, 5, "reader")
+        subscriber.subscribe("in/q2", 2)
+        subscriber.close()
+        publisher, _ = _persistent_raw(process.port, version, "q2-publisher")
+        publisher.send_packet(Publish("in/q2", b"exactly once", 2, packet_id=7))
+        assert isinstance(publisher.recv(), PubRec)
+        publisher.close()  # no PUBREL
+        if ending == "SIGKILL":
+            since = time.time()
+            assert wait_for(lambda: path.exists() and json.loads(path.read_text())["written_at"] > since)
+            process.kill()
+        else:
+            process.stop()
+        process.start()
+        again, ack = _persistent_raw(process.port, version, "q2-publisher")
+        assert ack.session_present
+        if resend == "publish":
+            again.send_packet(Publish("in/q2", b"exactly once", 2, dup=True, packet_id=7))
+            rec = again.recv()
+            assert isinstance(rec, PubRec) and rec.packet_id == 7
+        again.send_packet(PubRel(7))
+        comp = again.recv()
+        assert isinstance(comp, PubComp) and (comp.packet_id, comp.reason_code) == (7, 0)
+        reader, _ = _persistent_raw(process.port, 5, "reader")
+        delivery = reader.recv()
+        assert isinstance(delivery, Publish) and delivery.payload == b"exactly once"
+        assert delivery.packet_id is not None
+        reader.send_packet(PubRec(delivery.packet_id))
+        assert isinstance(reader.recv(), PubRel)
+        reader.recv_none(0.5)
+    finally:
+        process.stop()
