@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from pipelines.actions.arrow_rows import OutOfRange, out_of_range, python_rows
 from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
-from pipelines.actions.operator import read_actions
+from pipelines.actions.operator import action_content, differences, read_actions
 from pipelines.actions.schedule import Schedule
 from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
 from pipelines.actions.summary import FINAL_ACTION_STATES
@@ -45,6 +45,8 @@ class ActionStatus:
     open_count: int = 0
     rejects: list[str] = field(default_factory=list)
     """Why the actions job will reject its row, while it has not summarised it (a row written by hand)."""
+    other_rows: str | None = None
+    """Rows of other content appended under its id, which the job ignores: how many, and what differs."""
 
     @property
     def state(self) -> str:
@@ -56,8 +58,29 @@ class ActionStatus:
 
 
 def _latest_rows(table: pa.Table, key: str) -> dict[str, dict]:
-    """The last row per key, as the job reads it (a timestamp no ``datetime`` holds is an ``OutOfRange``)."""
+    """The last row per key (a timestamp no ``datetime`` holds is an ``OutOfRange``)."""
     return {row[key]: row for row in python_rows(table)}
+
+
+def _action_rows(table: pa.Table) -> tuple[dict[str, dict], dict[str, str]]:
+    """The row per action id that the job takes, and for the ids with rows of other content appended
+    under them (which the job ignores) how many there are and the fields that differ. Of several rows the
+    job takes the one it sent, the one created first (``EngineBase._first_created``); a ``cancel`` on any
+    of them counts."""
+    by_id: dict[str, list[dict]] = {}
+    for row in python_rows(table):
+        by_id.setdefault(row["id"], []).append(row)
+    taken: dict[str, dict] = {}
+    others: dict[str, str] = {}
+    for key, rows in by_id.items():
+        never = datetime.max.replace(tzinfo=UTC)
+        first = min(rows, key=lambda r: c if isinstance(c := r.get("created_at"), datetime) else never)
+        taken[key] = {**first, "cancel": any(bool(r.get("cancel")) for r in rows)}
+        content = action_content(first)
+        fields = {line.split(":")[0] for r in rows for line in differences(content, action_content(r))}
+        if fields:
+            others[key] = f"{len(rows)} rows with other content under this id ({', '.join(sorted(fields))})"
+    return taken, others
 
 
 def _shown(row: dict | None) -> dict | None:
@@ -73,10 +96,13 @@ def read_statuses(
 ) -> list[ActionStatus]:
     """The status of ``action_id`` (empty when no table knows it), or of every action, newest first; the
     not-finished devices are listed only for one action."""
-    rows = _read(store, "actions", "id", action_id)
+    rows, others = _read_actions(store, action_id)
     summaries = _read(store, "action_summary", "action_id", action_id)
     keys = dict.fromkeys([*rows, *summaries])
-    statuses = [ActionStatus(key, _shown(rows.get(key)), summaries.get(key)) for key in keys]
+    statuses = [
+        ActionStatus(key, _shown(rows.get(key)), summaries.get(key), other_rows=others.get(key))
+        for key in keys
+    ]
     for status in statuses:
         if status.summary is None and status.action_id in rows:  # read as the job will read it
             status.rejects = [str(problem) for problem in problems(rows[status.action_id])]
@@ -92,11 +118,20 @@ def read_statuses(
 def _read(store: TableStore, name: str, key: str, value: str | None) -> dict[str, dict]:
     if not store.exists(name):
         return {}
-    table = read_actions(store) if name == "actions" else store.read_arrow(name)
-    assert table is not None  # the table exists
+    table = store.read_arrow(name)
     if value is not None:
         table = table.filter(pc.equal(table[key], value))
     return _latest_rows(table, key)
+
+
+def _read_actions(store: TableStore, action_id: str | None) -> tuple[dict[str, dict], dict[str, str]]:
+    """``_action_rows`` of the ``actions`` table (of ``action_id`` only, when given)."""
+    table = read_actions(store)
+    if table is None:
+        return {}, {}
+    if action_id is not None:
+        table = table.filter(pc.equal(table["id"], action_id))
+    return _action_rows(table)
 
 
 def _open_executions(store: TableStore, action_id: str, limit: int) -> tuple[list[dict], int]:
@@ -280,6 +315,11 @@ def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
         when = _when(row)
         if when:
             lines.append(f"when      {when}")
+        if status.other_rows:
+            lines.append(
+                f"rows      {status.other_rows}: the actions job takes the one created first and ignores "
+                "the others (write a new action)"
+            )
     else:
         lines.append("row       not in the actions table (only its summary is)")
     summary = status.summary

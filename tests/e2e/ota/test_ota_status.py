@@ -6,9 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
 
 from pipelines.cli import main
-from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, action_row, actions_stack, summary, wait_for
+from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.fleet_harness import quiet_devices
 
 FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
@@ -50,3 +52,32 @@ def test_status_names_the_devices_not_done_and_watch_follows_the_action_to_its_e
     out = capsys.readouterr().out
     assert "s-1" in out and "CANCELED" in out and "7/7" in out
     assert "actions job: stopped on " in out
+
+
+def test_status_shows_the_row_the_job_took_when_another_was_appended_under_its_id(tmp_path, capsys):
+    """An operator reuses the id of an action that completed: a notebook appends a row under it with a new
+    version (``write_deltalake``), which the job ignores (one id is one action). Before, ``ota status``
+    showed that ignored row (firmware 3.0.0) beside the old action's COMPLETED, as if the new build had gone
+    out; now it shows the row the job took and says that another row under the id is ignored."""
+    with rollout_run(tmp_path, quiet_devices(), count=3) as run:
+        run.create(action_row("dup", group="g", version="2.0.0"))
+        run.feed(lambda reports: finals(reports, "dup") == 3)
+        assert run.summary("dup")["action_state"] == "COMPLETED"
+        location = run.store.location("actions")
+        schema = pa.schema(DeltaTable(location).schema().to_arrow())
+        write_deltalake(
+            location,
+            pa.Table.from_pylist([action_row("dup", group="g", version="3.0.0")], schema),
+            mode="append",
+        )
+        capsys.readouterr()
+        assert main(["ota", "--tables-root", str(tmp_path / "tables"), "status", "dup"]) == 0
+        out = capsys.readouterr().out
+        assert "what      firmware 2.0.0 from " in out and "3.0.0" not in out.split("rows      ")[0]
+        assert "state     COMPLETED" in out
+        assert (
+            "rows      2 rows with other content under this id (payload.url, payload.version): the actions "
+            "job takes the one created first and ignores the others (write a new action)"
+        ) in out
+        assert main(["ota", "--tables-root", str(tmp_path / "tables"), "status"]) == 0
+        assert "dup " in capsys.readouterr().out
