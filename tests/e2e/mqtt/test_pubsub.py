@@ -128,6 +128,23 @@ def test_no_local(broker):
     assert sorted(m.payload for m in other.expect(2)) == [b"mine", b"theirs"]
 
 
+@pytest.mark.mqtt5("MQTT-3.8.3-3", "MQTT-3.3.1-9")
+def test_a_no_local_subscription_gets_the_clients_own_retained_message_on_subscribe_but_not_live(broker):
+    """No Local [MQTT-3.8.3-3] keeps the client's own messages from being forwarded to it while the
+    subscription exists; a retained message sent because a subscription is made [MQTT-3.3.1-9] is not such a
+    forwarding and is sent whoever published it (as Mosquitto does; the statement leaves it open)."""
+    client = PahoClient(broker.port, "self-retained")
+    client.publish("state/self", b"before", 1, retain=True)
+    client.subscribe("state/#", 1, noLocal=True)
+    [stored] = client.expect(1)
+    assert (stored.payload, stored.retain) == (b"before", True)
+    client.publish("state/self", b"while subscribed", 1, retain=True)
+    client.expect_none(0.3)
+    late = PahoClient(broker.port, "late")
+    late.subscribe("state/#", 1)
+    assert [m.payload for m in late.expect(1)] == [b"while subscribed"]
+
+
 @pytest.mark.mqtt5("MQTT-3.8.3-3", "MQTT-3.3.4-2", "MQTT-3.3.4-3")
 def test_a_no_local_subscription_gives_nothing_to_the_clients_own_message_through_an_overlapping_one(broker):
     """Of a session's overlapping subscriptions, a No Local one does not match the client's own messages: an
