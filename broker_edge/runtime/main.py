@@ -29,6 +29,7 @@ from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
 from broker_edge.runtime.revoked_peers import close_revoked
 from broker_edge.security.auth import PasswordFile, PasswordFileError
+from broker_edge.security.tls import RENEW, certificate_not_valid_now
 from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
 from broker_edge.settings.named_files import check_directory
 from broker_edge.storage.errors import StoreDamaged
@@ -323,6 +324,10 @@ def read_security_files(config: BrokerConfig) -> None:
         AccessControl.from_config(config.acl)
     if config.offsets_api.enabled:
         config.offsets_api.reader_tokens()
+    for key, tls in config.server_tls():  # a start serves it (said at ERROR); a reload keeps the one in force
+        problem = certificate_not_valid_now(tls.certfile)
+        if problem:
+            raise ConfigError(f"{key}.certfile", f"{problem}: {RENEW}")
 
 
 def check_data_directory(config: BrokerConfig) -> None:

@@ -7,6 +7,8 @@ the username. TLS 1.2 is the floor by default because many device TLS stacks sto
 
 from __future__ import annotations
 
+import datetime
+import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +18,16 @@ from typing import Literal
 from broker_edge.config import ConfigError
 from broker_edge.config.loader import expand_home
 
-__all__ = ["ServerContexts", "TlsConfig", "client_ssl_context", "peer_common_name", "server_ssl_context"]
+__all__ = [
+    "ServerContexts",
+    "TlsConfig",
+    "certificate_not_valid_now",
+    "client_ssl_context",
+    "peer_common_name",
+    "server_ssl_context",
+]
+
+log = logging.getLogger("broker_edge.tls")
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -145,6 +156,25 @@ def client_ssl_context(certfile: str, keyfile: str, cafile: str, key: str) -> ss
     return context
 
 
+def certificate_not_valid_now(certfile: str, now: datetime.datetime | None = None) -> str | None:
+    """Why the first certificate of ``certfile`` is not valid at ``now`` (expired, not valid yet), or None."""
+    from cryptography import x509
+
+    try:
+        certificate = x509.load_pem_x509_certificate(Path(certfile).read_bytes())
+    except ValueError:
+        return None  # not PEM: loading it says so
+    now = now or datetime.datetime.now(datetime.UTC)
+    if certificate.not_valid_after_utc <= now:
+        return f"{certfile} expired at {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if certificate.not_valid_before_utc > now:
+        return f"{certfile} is not valid before {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+RENEW = "clients refuse it; renew it (timestone pki renew CERT --ca DIR)"
+
+
 class ServerContexts:
     """A server's TLS whose certificate, key and CAs can be replaced while it serves (SIGHUP).
 
@@ -152,11 +182,17 @@ class ServerContexts:
     ClientHello (with or without a server name), and it switches the handshake to ``current``. ``reload``
     builds a new ``current`` from the files; connections already open keep theirs, new ones get the new
     certificate and are checked against the new CAs (during a rotation, a CA file holding the old and the
-    new CA accepts both). A reload that fails raises and leaves ``current`` as it was."""
+    new CA accepts both). A reload that fails raises and leaves ``current`` as it was; so does one whose
+    ``certfile`` (the server's certificate) has expired or is not valid yet, which a start serves all the
+    same, said at ERROR."""
 
-    def __init__(self, build: Callable[[], ssl.SSLContext]) -> None:
+    def __init__(self, build: Callable[[], ssl.SSLContext], certfile: str | None = None) -> None:
         self._build = build
+        self._certfile = certfile
         self.current = build()
+        problem = certificate_not_valid_now(certfile) if certfile else None
+        if problem:
+            log.error("the certificate %s: %s", problem, RENEW)
         self.context = build()
         self.context.sni_callback = self._switch
         self.reloads = 0
@@ -165,6 +201,9 @@ class ServerContexts:
         ssl_object.context = self.current
 
     def reload(self) -> None:
+        problem = certificate_not_valid_now(self._certfile) if self._certfile else None
+        if problem:
+            raise ConfigError("certfile", f"{problem}: {RENEW}")
         self.current = self._build()
         self.reloads += 1
 

@@ -4,6 +4,7 @@ stay connected, and a devices' CA replaced with both CAs accepted during the swi
 
 from __future__ import annotations
 
+import datetime
 import signal
 import socket
 import ssl
@@ -153,3 +154,76 @@ def test_server_and_device_certificates_rotate_under_a_running_broker(tmp_path: 
         broker.terminate()
         assert broker.wait(timeout=20) == 0
     assert "Traceback" not in log.read_text()
+
+
+def expired_copy(cert: Path, ca: Path, out: Path) -> None:
+    """``cert`` as it was a year ago: the same names and key, signed by the CA in ``ca``, expired yesterday
+    (a backup restored over the renewed one)."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    issued = x509.load_pem_x509_certificate(cert.read_bytes())
+    ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(issued.subject)
+        .issuer_name(issued.issuer)
+        .public_key(issued.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=366))
+        .not_valid_after(now - datetime.timedelta(days=1))
+    )
+    for extension in issued.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    out.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def test_a_reload_keeps_the_certificate_in_force_when_the_new_one_has_expired_and_the_check_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """An expired certificate put in place of the served one (a backup restored): ``broker --check`` (what
+    ``systemctl reload`` runs first) exits 2 naming the key, and a SIGHUP keeps serving the one in force,
+    saying why; served, it would have turned every device away."""
+    pki(tmp_path, "ca", "server-ca")
+    server = ("issue", "server", "broker", "--ca", "server-ca", "--dns", "localhost", "--ip", "127.0.0.1")
+    pki(tmp_path, *server, "--out", "tls/server")
+    port = free_port()
+    tls = {"certfile": "tls/server.pem", "keyfile": "tls/server.key"}
+    config = {
+        "listeners": [{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": port, "tls": tls}],
+        "storage": {"directory": "data"},
+        "offsets_api": {"port": 0},
+        "admin_http": {"port": 0},
+    }
+    (tmp_path / "broker.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "broker.log"
+    with open(log, "wb") as output:
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", "broker.yaml"],
+            cwd=tmp_path,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_port(port, alive=broker.poll)
+        device = ssl.create_default_context(cafile=str(tmp_path / "server-ca" / "ca.pem"))
+        first = served_serial(port, device)
+        expired_copy(tmp_path / "tls" / "server.pem", tmp_path / "server-ca", tmp_path / "tls" / "server.pem")
+        check = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", "broker.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 2
+        assert "listeners[0].tls.certfile: tls/server.pem expired at " in check.stderr
+        broker.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "listener devices: certificate not reloaded" in log.read_text())
+        assert "certfile: tls/server.pem expired at " in log.read_text()
+        assert served_serial(port, device) == first
+    finally:
+        broker.terminate()
+        assert broker.wait(timeout=20) == 0
