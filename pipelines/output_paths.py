@@ -1,5 +1,5 @@
 """Where a pipeline writes (a tables root, a checkpoint) and with what (the table backend), checked before
-Spark starts.
+Spark starts; and that a checkpoint it resumes from reads as Spark wrote it.
 
 A local path that is a file, or lies under one, or under a directory this process cannot write, would
 otherwise fail inside the first micro-batch as a Java or delta-rs stack. Object-store URIs (``s3://``,
@@ -9,13 +9,20 @@ known by writing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 from broker_edge.config.loader import ConfigError
 
-__all__ = ["check_backend", "check_input_location", "check_output_location", "file_system_failure"]
+__all__ = [
+    "check_backend",
+    "check_checkpoint",
+    "check_input_location",
+    "check_output_location",
+    "file_system_failure",
+]
 
 _OS_ERROR = re.compile(r"([^:\n\u21b3]*\(os error \d+\))")
 """The file system's reason in a delta-rs error (``... Unable to copy data to file: No space left on device
@@ -46,6 +53,60 @@ def check_output_location(location: str, key: str) -> None:
         raise ConfigError(key, f"{location!r} cannot be created: {str(existing)!r} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
+
+
+def check_checkpoint(location: str, key: str) -> None:
+    """Raise ConfigError naming ``key`` and the file when a local streaming checkpoint holds a damaged file
+    that Spark reads to resume (its ``metadata``, the newest two ``offsets`` and the newest ``commits``):
+    Spark would fail the query on it with a parse error naming no file, and every restart the same way."""
+    path = _local_directory(location, key)
+    if path is None or not path.is_dir():
+        return
+    wanted = [path / "metadata", *_newest(path / "offsets", 2), *_newest(path / "commits", 1)]
+    for file in wanted:
+        why = _damage(file, offsets=file.parent.name == "offsets") if file.is_file() else None
+        if why is not None:
+            raise ConfigError(
+                key,
+                f"{file} is damaged ({why}): the query cannot resume from it; restore the file, or start a "
+                'new checkpoint (docs/telemetry-pipeline.md, "Exactly once")',
+            )
+
+
+def _newest(directory: Path, count: int) -> list[Path]:
+    """The ``count`` newest batch files of a checkpoint log (named by their batch id; ``.crc`` and temporary
+    files are not batches)."""
+    if not directory.is_dir():
+        return []
+    batches = [entry for entry in directory.iterdir() if entry.name.isdigit()]
+    return sorted(batches, key=lambda entry: int(entry.name))[-count:]
+
+
+def _damage(file: Path, *, offsets: bool) -> str | None:
+    """What makes a checkpoint file unreadable to Spark; None when it reads."""
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        return f"unreadable: {error}"
+    if not lines:
+        return "empty"
+    if file.name == "metadata":
+        try:
+            document = json.loads(lines[0])
+        except ValueError as error:
+            return f"line 1 is not JSON: {error}"
+        return None if isinstance(document, dict) and isinstance(document.get("id"), str) else "no query id"
+    if not re.fullmatch(r"v[1-9][0-9]*", lines[0]):
+        return f"line 1 is {lines[0][:40]!r}, not a version such as v1"
+    if len(lines) < (3 if offsets else 2):
+        return "no offsets after its metadata line" if offsets else "no line after its version"
+    for number, line in enumerate(lines[1:] if offsets else lines[1:2], start=2):
+        try:
+            if line != "-":  # a source without an offset yet
+                json.loads(line)
+        except ValueError as error:
+            return f"line {number} is not JSON: {error}"
+    return None
 
 
 def check_input_location(location: str, key: str) -> None:

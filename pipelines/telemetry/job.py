@@ -40,7 +40,7 @@ from pipelines import available_now as available_now_run
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
-from pipelines.output_paths import check_backend, check_output_location
+from pipelines.output_paths import check_backend, check_checkpoint, check_output_location
 from pipelines.payloads.sparkplug_tables import sparkplug_metrics
 from pipelines.preflight import require_brokers
 from pipelines.supervisor import Supervisor
@@ -449,11 +449,13 @@ def maintenance_target(spark: SparkSession | None, config: TelemetryConfig) -> M
 
 def validate(section: Any) -> TelemetryConfig:
     """Check the ``telemetry`` config section (raises ConfigError naming the field) before Spark starts:
-    every key, the source's options, the trigger, and the places it writes."""
+    every key, the source's options, the trigger, the places it writes and the checkpoint it resumes from."""
     config = load_telemetry_config(section)
     check_backend(config.tables.backend, "telemetry.tables.backend")
     check_output_location(config.tables.root, "telemetry.tables.root")
     check_output_location(config.stream.checkpoint, "telemetry.stream.checkpoint")
+    for checkpoint in (config.stream.checkpoint, sparkplug.checkpoint(config)):
+        check_checkpoint(checkpoint, "telemetry.stream.checkpoint")
     return config
 
 

@@ -223,3 +223,68 @@ def test_a_refused_value_names_the_set_or_the_file_line_it_came_from(tmp_path, c
         "timestone pipeline telemetry: telemetry.tables.root: expected a string, got list [1] (from --set "
         "telemetry.tables.root)\n"
     )
+
+
+#: A checkpoint of two batches as Spark writes it (the telemetry query's, less the state store).
+CHECKPOINT_FILES = {
+    "metadata": '{"id":"937622d0-e816-4971-8840-7d9caae90fa5"}\n',
+    "offsets/0": 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1796096343123,"conf":{}}\n{"e1": {"#p0": 6}}',
+    "offsets/1": 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1796096344123,"conf":{}}\n{"e1": {"#p0": 9}}',
+    "commits/0": 'v1\n{"nextBatchWatermarkMs":0}',
+    "commits/1": 'v1\n{"nextBatchWatermarkMs":0}',
+}
+
+
+@pytest.mark.parametrize(
+    ("damaged", "text", "why"),
+    [
+        ("offsets/1", "", "empty"),
+        ("offsets/1", 'v1\n{"batchWatermarkMs":0,"conf":{}\n{"edge1": {"#p0": 9}}', "line 2 is not JSON"),
+        ("offsets/1", 'v1\n{"batchWatermarkMs":0}\n{"edge1": garbage}', "line 3 is not JSON"),
+        ("offsets/1", 'v1\n{"batchWatermarkMs":0}', "no offsets after its metadata line"),
+        ("offsets/1", 'V 1\n{"batchWatermarkMs":0}\n{"edge1": {"#p0": 9}}', "line 1 is 'V 1', not a version"),
+        ("offsets/0", 'v1\n{"batchWatermarkMs":0}\n{"edge1": {', "line 3 is not JSON"),
+        ("commits/1", "", "empty"),
+        ("commits/1", "v1\n{nextBatchWatermarkMs:0}", "line 2 is not JSON"),
+        ("metadata", "{not json", "line 1 is not JSON"),
+        ("metadata", '{"name": "telemetry"}', "no query id"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_naming_its_file_before_spark_starts(
+    tmp_path, capsys, damaged, text, why
+):
+    """A checkpoint file edited by hand or cut short (a copy, a full disk) failed the query inside Spark
+    with Jackson's or Python's parse error, naming no file ('Unexpected end-of-input: expected close marker
+    for Object'), and the supervisor restarted it from the same file for ever (an --available-now run gave
+    up after 4 tries). The files Spark reads to resume are checked first: exit 2, one line naming the file."""
+    checkpoint = tmp_path / "checkpoint"
+    for name, content in {**CHECKPOINT_FILES, damaged: text}.items():
+        (checkpoint / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkpoint / name).write_text(content)
+    argv = ["telemetry", "--config", PIPELINE_YAML, "--available-now"]
+    argv += ["--set", f"telemetry.stream.checkpoint={checkpoint}"]
+    argv += ["--set", f"telemetry.tables.root={tmp_path}"]
+    argv += ["--set", f"telemetry.source.brokers=[edge1=http://127.0.0.1:{free_port()}]"]
+    status, err = run(capsys, *argv)
+    assert status == 2, err
+    assert err.startswith(
+        f"timestone pipeline telemetry: telemetry.stream.checkpoint: {checkpoint / damaged} is damaged ({why}"
+    ), err
+    assert "start a new checkpoint" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_intact_checkpoint_and_an_older_damaged_batch_spark_does_not_read_pass(tmp_path, capsys):
+    """Only what Spark reads to resume is checked: the newest two offsets, the newest commit, the metadata."""
+    checkpoint = tmp_path / "checkpoint"
+    files = {**CHECKPOINT_FILES, "offsets/2": CHECKPOINT_FILES["offsets/1"], "offsets/0": "{"}
+    for name, content in files.items():
+        (checkpoint / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkpoint / name).write_text(content)
+    (checkpoint / "offsets" / ".2.crc").write_bytes(b"\x00\x01")  # Spark's checksums: not batch files
+    dead = free_port()
+    argv = ["telemetry", "--config", PIPELINE_YAML, "--available-now"]
+    argv += ["--set", f"telemetry.stream.checkpoint={checkpoint}"]
+    argv += ["--set", f"telemetry.tables.root={tmp_path}"]
+    argv += ["--set", f"telemetry.source.brokers=[edge1=http://127.0.0.1:{dead}]"]
+    status, err = run(capsys, *argv)
+    assert status == 4 and "broker not answering" in err, err  # past the checks, at the brokers

@@ -80,3 +80,33 @@ def test_timestone_pipeline_telemetry_available_now_runs_the_pipeline(spark, tmp
     assert store.read("bronze_telemetry").count() == sent
     assert store.read("silver_telemetry").count() == sent
     assert store.read("devices").count() == 3
+
+
+@pytest.mark.spark
+def test_a_run_resumes_from_its_checkpoint_and_refuses_it_once_damaged(spark, tmp_path, capsys):
+    """What Spark wrote passes the checkpoint check and the second run resumes from it; the same checkpoint
+    with its newest offsets cut short is refused before Spark starts (exit 2, naming the file) instead of a
+    query failing on a parse error naming no file, restarted from it for ever."""
+    broker = EdgeBroker(tmp_path / "edge")
+    checkpoint = tmp_path / "checkpoint"
+    argv = ["pipeline", "telemetry", "--config", str(REPO / "conf" / "pipeline.yaml"), "--available-now"]
+    argv += ["--set", f"telemetry.source.brokers=[edge1={broker.url}]"]
+    argv += ["--set", f"telemetry.tables.root={tmp_path / 'tables'}"]
+    argv += ["--set", f"telemetry.stream.checkpoint={checkpoint}"]
+    try:
+        fleet = Fleet([LogAppendPublisher("edge1", broker)], devices=2)
+        fleet.send(rounds=2)
+        assert main(argv) == 0
+        fleet.send(rounds=1)
+        assert main(argv) == 0
+        newest = max((checkpoint / "offsets").glob("[0-9]*"), key=lambda f: int(f.name))
+        newest.write_text(newest.read_text()[:-5])
+        capsys.readouterr()
+        assert main(argv) == 2
+    finally:
+        broker.close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"timestone pipeline telemetry: telemetry.stream.checkpoint: {newest} is damaged")
+    document = load_config_document(str(REPO / "conf" / "pipeline.yaml"), "", argv[6::2])
+    store = open_store(spark, load_telemetry_config(document["telemetry"]))
+    assert store.read("silver_telemetry").count() == 6
