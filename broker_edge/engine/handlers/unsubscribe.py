@@ -1,7 +1,8 @@
 """UNSUBSCRIBE: remove each filter from the session and the trie, UNSUBACK with a code per filter (MQTT 3.10).
 
 A filter is matched exactly as it was subscribed (``$share/<group>/...`` included; the v3 replay form
-``$offset/<start>/<filter>`` names the plain filter). v5 answers 0x11 for a filter that was not subscribed.
+``$offset/<start>/<filter>`` names the plain filter). v5 answers 0x11 for a filter that was not subscribed,
+0x8F for one SUBSCRIBE refuses as invalid.
 The session's log cursors no remaining subscription matches are dropped a slice per loop turn
 (``ReplayManager.forget_filter``); when that takes more than this turn, the UNSUBACK waits for it and
 reading from the client pauses meanwhile, so its next packets find them gone.
@@ -15,7 +16,7 @@ from broker_edge.engine.connection.states import CLOSED, HELD_FOR_SUBACK
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.packets import UnsubAck, Unsubscribe
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.protocol.topics import parse_offset_filter
+from broker_edge.protocol.topics import parse_offset_filter, parse_shared, validate_topic_filter
 
 if TYPE_CHECKING:
     from broker_edge.engine.handlers.context import BrokerContext, Client
@@ -30,7 +31,9 @@ def handle_unsubscribe(ctx: BrokerContext, conn: Client, session: Session, packe
     for topic_filter in packet.topic_filters:
         try:
             _, key = parse_offset_filter(topic_filter)
-        except InvalidTopic:
+            _, inner = parse_shared(key)
+            validate_topic_filter(inner)
+        except InvalidTopic:  # one no SUBSCRIBE could have made: said so, not "no subscription existed"
             codes.append(ReasonCode.TOPIC_FILTER_INVALID)
             continue
         removed = router.unsubscribe(session, key)

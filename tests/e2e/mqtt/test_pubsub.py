@@ -278,6 +278,23 @@ def test_v5_unsuback_reason_codes(broker):
     assert raw.recv().reason_codes == [0x00, 0x11]
 
 
+@pytest.mark.mqtt5("MQTT-3.11.3-1", "MQTT-3.11.3-2")
+def test_v5_unsuback_says_0x8f_for_a_filter_no_subscribe_could_have_made(broker):
+    """[MQTT-3.11.3-1] [MQTT-3.11.3-2] A filter SUBSCRIBE refuses with 0x8F (a misplaced wildcard, an empty
+    filter, a shared one without a group or filter) is refused with 0x8F in UNSUBACK too, one code per filter
+    in order, rather than 0x11 "no subscription existed", which tells the client its filter was fine."""
+    from broker_edge.protocol.packets import Unsubscribe
+
+    raw = RawClient(broker.port, 5)
+    raw.connect("u-invalid")
+    raw.subscribe("x/y", 0)
+    invalid = ["a/#/b", "a+/b", "", "$share/g", "$share//x"]
+    raw.send_packet(Unsubscribe(3, ["x/y", *invalid, "never"]))
+    unsuback = raw.recv()
+    assert unsuback.packet_id == 3
+    assert unsuback.reason_codes == [0x00, *[0x8F] * len(invalid), 0x11]
+
+
 def test_shared_subscription_one_member_gets_each_message_round_robin(broker):
     members = [PahoClient(broker.port, f"m{i}") for i in range(3)]
     for member in members:
