@@ -90,7 +90,8 @@ class ActionsEngine(Summaries, Compliance):
                     changed += self._fan_out(action, now)
             self.tables.write_executions(changed, f"{app_id}/executions", batch_id)
             counted = counts_after(counts, known, changed)
-            self._summarise(list(latest), f"{app_id}/summary", batch_id, counted, rejected)
+            empty = {a: self._no_target.pop(a) for a in list(self._no_target) if a in latest}
+            self._summarise(list(latest), f"{app_id}/summary", batch_id, counted, rejected, completed=empty)
             log.info(
                 "actions batch %d: %d actions (%d rejected), %d executions written in %.2f s",
                 batch_id,

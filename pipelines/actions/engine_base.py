@@ -106,6 +106,8 @@ class EngineBase:
         """Actions whose ``schedule.end_at`` this engine has acted on (the cancel messages went out)."""
         self._other_rows: set[str] = set()
         """Actions with rows of other content under their id, warned about once."""
+        self._no_target: dict[str, str] = {}
+        """Actions fanned out to no device that none will ever join, with why: completed by their summary."""
         self._failing: dict[str, str] = {}
         """Actions whose last tick failed, with the error said about it."""
         self._unsent: set[str] | None = None

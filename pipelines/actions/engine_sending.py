@@ -46,6 +46,16 @@ class Sending(EngineBase):
             self.publisher.publish(topic, message, self._expires_in(action, now))  # for later joiners
             log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
             return []
+        if not rows and not action.continuous:  # targets the group as it was: nothing will ever go out
+            where = "no device" if action.all_devices else f"no device in group {action.group!r}"
+            self._no_target[action.id] = (
+                f"no device to send it to: the devices table had {where} when the job read the action, and "
+                "a device registered later is not queued (write a new action, or a continuous one)"
+            )
+            log.warning(
+                "action %s completed without sending anything: %s", action.id, self._no_target[action.id]
+            )
+            return []
         try:
             sent = {row.device_id: row for row in self._send(action, rows, now)}
         except Exception as error:  # refused (a topic quota): queued, unsent, for the ticker to send

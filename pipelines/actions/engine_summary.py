@@ -46,6 +46,7 @@ class Summaries(Sending):
         rejected: Mapping[str, str] | None = None,
         lost: Mapping[str, tuple[int, str]] | None = None,
         canceled: Mapping[str, str] | None = None,
+        completed: Mapping[str, str] | None = None,
     ) -> None:
         """Recompute the summary of ``action_ids``; an action crossing an abort threshold, or whose phase
         gate can no longer open (``lost``: the phase and why), is stopped (and rolled back when it says so).
@@ -53,9 +54,11 @@ class Summaries(Sending):
         ``counted``: the executions per state of each action as just written (from the batch's own read of
         the table and its changes), so that the table is not read again; counted from the table when None.
         ``rejected``: actions whose rows were refused, with the reason; ``canceled``: actions canceled
-        otherwise than by their row, with the reason. A final state and its reason, once written, stay.
+        otherwise than by their row, with the reason; ``completed``: actions that ended without a device to
+        send them to, with the reason. A final state and its reason, once written, stay.
         """
         rejected = rejected or {}
+        completed = completed or {}
         lost = lost or {}
         canceled = canceled or {}
         actions = {a.id: a for a in self._actions(action_ids)}
@@ -82,6 +85,8 @@ class Summaries(Sending):
                 summary.update(action_state=ACTION_REJECTED, reason=rejected[action_id])
             elif action_id in canceled:
                 summary.update(action_state=ACTION_CANCELED, reason=canceled[action_id])
+            elif action_id in completed:
+                summary.update(action_state=ACTION_COMPLETED, reason=completed[action_id])
             elif action is None:  # reports for an action this job has no valid row of
                 summary["action_state"] = ACTION_IN_PROGRESS
             else:

@@ -102,3 +102,36 @@ def test_a_retry_due_outside_the_weekly_window_waits_for_the_next_one(tmp_path):
             ("SUCCEEDED", 2, None)
         }
         assert run.summary("wk-1")["action_state"] == "COMPLETED"
+
+
+NO_DEVICE = (
+    "no device to send it to: the devices table had no device in group 'nobody' when the job read the "
+    "action, and a device registered later is not queued (write a new action, or a continuous one)"
+)
+
+
+def test_a_staged_or_scheduled_action_for_a_group_without_devices_completes_saying_so(tmp_path):
+    """Rows written by a notebook for a group no device is registered in (a typo): a phased rollout, a paced
+    one and a broadcast scheduled for later target the group as it was, so nothing will ever be sent. Before,
+    each stayed IN_PROGRESS (or SCHEDULED) for ever with 0 devices and no reason; now each completes at once,
+    its reason saying why. A continuous action, which devices joining the group will reach, stays open."""
+    phases = [
+        {"percent": 10.0, "devices": None, "wait_s": None, "success_pct": None},
+        {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
+    ]
+    with rollout_run(tmp_path, quiet_devices(), count=2) as run:
+        later = {"start_at": at(run.clock, DAY_S), "end_at": None, "end_behavior": None}
+        run.create(action_row("e-phased", group="nobody", phases=phases))
+        run.create(action_row("e-paced", group="nobody", max_per_minute=10))
+        run.create(action_row("e-later", group="nobody", schedule=later))
+        run.create(action_row("e-continuous", group="nobody", continuous=True, max_per_minute=10))
+        run.tick_at(2 * DAY_S)
+        for action_id in ("e-phased", "e-paced", "e-later"):
+            summary = run.summary(action_id)
+            assert (summary["action_state"], summary["reason"], summary["total_count"]) == (
+                "COMPLETED",
+                NO_DEVICE,
+                0,
+            ), action_id
+        assert run.summary("e-continuous")["action_state"] == "IN_PROGRESS"
+        assert run.logged() == {}
