@@ -13,6 +13,7 @@ those retries is the group commit's to ride out (``errors.passing_shortage``). T
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -29,6 +30,11 @@ _SHORTAGE_PATIENCE_S = 0.5
 
 log = logging.getLogger(__name__)
 
+
+DELETED_WHILE_RUNNING = (
+    "deleted while the broker ran (storage.directory removed, emptied or replaced?): what was written to it "
+    "is in no file a start reads; appends are refused"
+)
 
 MIN_OPEN = 2
 """The fewest descriptors the pool works with: a segment and its index."""
@@ -105,6 +111,21 @@ class FileHandlePool:
         """Make the data (and size) of `path` durable."""
         with self.open(path) as fd:
             os.fdatasync(fd)
+
+    def check_linked(self, path: str) -> None:
+        """Raise ``FileNotFoundError`` if `path` is no longer in its directory: deleted (its descriptor here
+        still writes into it, but no start will read it), or replaced by another file."""
+        try:
+            with self.open(path) as fd:
+                held = os.fstat(fd)
+            if held.st_nlink > 0:
+                return
+            named = os.stat(path)  # a filesystem that counts no links: the name still leads to this file
+            if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+                return
+        except FileNotFoundError:
+            pass
+        raise FileNotFoundError(errno.ENOENT, DELETED_WHILE_RUNNING, path)
 
     def forget(self, path: str) -> None:
         """Close the descriptor of a file about to be deleted or truncated (deferred while it is pinned)."""

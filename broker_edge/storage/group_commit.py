@@ -168,15 +168,14 @@ def sync_job(job: Job, pool: FileHandlePool, plan: SyncPlan) -> None:
     if plan.syncfs_fd is not None and len(writes) >= plan.syncfs_min_segments:
         sync_filesystem(plan.syncfs_fd)
         plan.syncfs_calls += 1
-        return
-    paths = list(dict.fromkeys(write.path for write in writes))
-    if len(paths) > 1:
-        plan.sync_all(pool, paths)
-        for write in writes:
-            write.make_durable(pool, True, data_synced=True)
-        return
-    for number, write in enumerate(writes):
-        write.make_durable(pool, True, data_synced=number > 0)
+    else:
+        paths = list(dict.fromkeys(write.path for write in writes))
+        if len(paths) > 1:
+            plan.sync_all(pool, paths)
+        for number, write in enumerate(writes):
+            write.make_durable(pool, True, data_synced=len(paths) > 1 or number > 0)
+    for path in dict.fromkeys(write.path for write in writes if write.holds_records):
+        pool.check_linked(path)  # not acknowledged into a file deleted under the store (an fstat each)
 
 
 @dataclass(slots=True, eq=False)

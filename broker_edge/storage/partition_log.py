@@ -483,7 +483,7 @@ class PartitionLog(Locating):
                     directories.append(os.path.dirname(self.directory))
                     self._directory_new = False
                 header = header_bytes(segment.number, segment.base, segment.capacity)
-                writes.append(FileWrite(segment.open_path, [header], 0))
+                writes.append(FileWrite(segment.open_path, [header], 0, holds_records=False))
             else:
                 directories = []
             position = segment.submitted_size

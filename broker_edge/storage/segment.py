@@ -56,6 +56,10 @@ class FileWrite:
     always_sync: bool = False
     """Synced whatever the policy (the catalog: a topic known to exist survives a power cut even under
     `none`, which only leaves records unsynced)."""
+    holds_records: bool = True
+    """Checked still linked after its sync (`sync_job`): records or catalog entries, never acknowledged into
+    a deleted file. False for an open index's header (the sealer deletes that file once the segment is
+    sealed)."""
 
     def write(self, pool: FileHandlePool) -> None:
         """Copy the data into the file (the page cache) in one call, creating the file if needed.

@@ -559,3 +559,35 @@ def test_a_pipeline_depth_below_one_is_refused(tmp_path: Path):
             store.committer.pipeline(0)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("durability", "settings"),
+    [
+        ("group", {}),  # the writer thread
+        ("group", {"inline_sync_max_bytes": 1 << 20}),  # a small window: fdatasynced on the loop
+        ("group", {"syncfs_min_segments": 1}),  # one syncfs
+        ("fsync", {}),
+    ],
+)
+def test_a_store_whose_directory_was_removed_acknowledges_nothing_more(
+    tmp_path: Path, durability: Durability, settings: dict
+):
+    """Its descriptors still write into the deleted files: a sync that passes there is no durability."""
+
+    async def scenario() -> LogStore:
+        store = _open(tmp_path, durability, **settings)
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+        shutil.rmtree(tmp_path)
+        store.append(TOPIC, make_record(1))
+        with pytest.raises(StorageFailed, match="deleted while the broker ran") as failed:
+            await store.wait_durable()
+        assert str(tmp_path / "log" / "00") in str(failed.value)
+        return store
+
+    store = asyncio.run(scenario())
+    with pytest.raises(StorageFailed):
+        store.append(TOPIC, make_record(2))
+    assert store.log_info(TOPIC).end_offset == 1  # record 1 never readable
+    store.close()
