@@ -471,7 +471,9 @@ class Broker(BrokerCore):
         api = self.config.offsets_api
         tls_config = api.tls
         if tls_config is not None:
-            self.offsets_tls = ServerContexts(lambda: server_ssl_context(tls_config), tls_config.certfile)
+            self.offsets_tls = ServerContexts(
+                lambda: server_ssl_context(tls_config), tls_config, "offsets API"
+            )
         ssl_context = self.offsets_tls.context if self.offsets_tls is not None else None
 
         async def serve(sock: socket.socket) -> GuardedRunner:

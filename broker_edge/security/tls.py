@@ -186,13 +186,18 @@ class ServerContexts:
     ``certfile`` (the server's certificate) has expired or is not valid yet, which a start serves all the
     same, said at ERROR."""
 
-    def __init__(self, build: Callable[[], ssl.SSLContext], certfile: str | None = None) -> None:
+    def __init__(
+        self, build: Callable[[], ssl.SSLContext], files: TlsConfig | None = None, name: str = "TLS server"
+    ) -> None:
         self._build = build
-        self._certfile = certfile
+        self._files = files
+        self.name = name
+        """What the log lines call it (``listener devices``, ``offsets API``)."""
         self.current = build()
-        problem = certificate_not_valid_now(certfile) if certfile else None
+        problem = certificate_not_valid_now(files.certfile) if files else None
         if problem:
-            log.error("the certificate %s: %s", problem, RENEW)
+            log.error("%s: the certificate %s: %s", name, problem, RENEW)
+        self._warn_if_key_readable()
         self.context = build()
         self.context.sni_callback = self._switch
         self.reloads = 0
@@ -201,11 +206,29 @@ class ServerContexts:
         ssl_object.context = self.current
 
     def reload(self) -> None:
-        problem = certificate_not_valid_now(self._certfile) if self._certfile else None
+        problem = certificate_not_valid_now(self._files.certfile) if self._files else None
         if problem:
             raise ConfigError("certfile", f"{problem}: {RENEW}")
         self.current = self._build()
         self.reloads += 1
+        self._warn_if_key_readable()
+
+    def _warn_if_key_readable(self) -> None:
+        """A WARNING when every user may read the key (as for a password file): it works, and leaks."""
+        if self._files is None:
+            return
+        try:
+            mode = Path(self._files.keyfile).stat().st_mode & 0o777
+        except OSError:
+            return
+        if mode & 0o004:
+            log.warning(
+                "%s: tls.keyfile %s is readable by every user (mode %o): use 0600, or 0640 with the group of "
+                "the broker's user",
+                self.name,
+                self._files.keyfile,
+                mode,
+            )
 
 
 def peer_common_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:

@@ -98,7 +98,7 @@ class UplinkHub:
         self.config = config
         self.status = SitesStatus(store, metrics)
         self.expired = ExpiredOnArrival(store)
-        self.tls = ServerContexts(lambda: server_ssl_context(config.tls), config.tls.certfile)
+        self.tls = ServerContexts(lambda: server_ssl_context(config.tls), config.tls, "uplink hub")
         self.port = 0
         self._runner: GuardedRunner | None = None
         self._sockets: dict[str, web.WebSocketResponse] = {}

@@ -201,7 +201,9 @@ class ListenerRuntime:
         self.checks_crl = tls is not None and tls.crlfile is not None
         """Client certificates are checked against CRLs: connections note theirs (``peer_certificate``)."""
         self.tls_contexts = (
-            ServerContexts(lambda: server_ssl_context(tls), tls.certfile) if tls is not None else None
+            ServerContexts(lambda: server_ssl_context(tls), tls, f"listener {config.name}")
+            if tls is not None
+            else None
         )
         """Its certificate, key and CAs, which SIGHUP reads again (``reload``: new connections get them)."""
         self.ssl_context: ssl.SSLContext | None = self.tls_contexts.context if self.tls_contexts else None

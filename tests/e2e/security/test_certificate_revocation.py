@@ -4,6 +4,7 @@ while the CA's other certificates go on working."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 from pathlib import Path
@@ -148,3 +149,25 @@ def test_a_device_connected_when_its_certificate_is_revoked_is_closed_by_the_rel
     assert thief.messages.empty()
     assert handshake_refused(broker.port, device(certificates, "meter-1"))
     owner.disconnect()
+
+
+def test_a_key_readable_by_every_user_is_said_at_start_and_at_each_reload(
+    start_broker, certificates: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listener's key left 0644 (copied with ``cp``, unpacked from an archive) works, and is a WARNING
+    naming the key and its mode, as for a password file: any local user could take the server's key."""
+    key = certificates["ca"] / "server-broker.key"
+    key.chmod(0o644)
+    caplog.set_level(logging.WARNING)
+    broker = start_broker(listeners=[listener(certificates)])
+    said = f"listener devices: tls.keyfile {key} is readable by every user (mode 644)"
+    assert [r.getMessage() for r in caplog.records].count(
+        said + ": use 0600, or 0640 with the group of the broker's user"
+    ) == 1
+    caplog.clear()
+    broker.call(lambda: reload_files(broker.broker))
+    assert any(r.getMessage().startswith(said) for r in caplog.records)
+    key.chmod(0o640)
+    caplog.clear()
+    broker.call(lambda: reload_files(broker.broker))
+    assert not any("readable by every user" in r.getMessage() for r in caplog.records)
