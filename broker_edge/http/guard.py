@@ -39,7 +39,9 @@ guard:
   that closed its connection first (nobody to answer: one DEBUG line).
 - **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
   callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
-  that way, whatever its frames declare.
+  that way, whatever its frames declare. ``read_gate`` diverts the reads themselves to a callable, which
+  passes them on to aiohttp when it likes, the socket's reading stopped meanwhile: a WebSocket listener has
+  every byte of its sockets, frames and all, parsed within the loop's turns that way.
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent (a share counted as its reader's when
@@ -56,6 +58,7 @@ import socket
 import ssl
 import struct
 import time
+import typing
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
@@ -72,12 +75,14 @@ __all__ = [
     "ByteWatch",
     "GuardedRunner",
     "Pace",
+    "ReadGate",
     "UnreadBody",
     "check_http_limits",
     "hold",
     "mark_authenticated",
     "over_budget_response",
     "read_body",
+    "read_gate",
     "settle",
     "start_guarded_site",
     "waiting",
@@ -230,8 +235,12 @@ class _GuardedProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.stall: asyncio.TimerHandle | None = None
         """Runs out while writing is paused (``send_timeout_s``)."""
+        self.reading_held = False
+        """Its intake stopped reading the socket (``hold_reading``)."""
         self.watch: ByteWatch | None = None
         """Told of every read's size (``watch_bytes``) until it answers None."""
+        self.intake: Callable[[bytes], None] | None = None
+        """Given every read instead of aiohttp (``divert``), which it hands on with ``feed``."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -252,7 +261,37 @@ class _GuardedProtocol(asyncio.Protocol):
                 self.watch = None
                 self.transport.abort()  # over its bound: nothing of this read is handed on
                 return
+        if self.intake is not None:
+            self.intake(data)
+            return
         self.inner.data_received(data)
+
+    def divert(self, intake: Callable[[bytes], None]) -> None:
+        """Give ``intake`` every read from now on, instead of aiohttp."""
+        self.intake = intake
+
+    def feed(self, data: bytes) -> None:
+        """Hand aiohttp ``data``, a read its intake took (``divert``), unless the socket is gone."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.inner.data_received(data)
+
+    def hold_reading(self) -> None:
+        """Stop reading the socket (for its intake), whatever aiohttp's own flow control does meanwhile."""
+        self.reading_held = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def release_reading(self) -> None:
+        """Read the socket again, unless aiohttp's own flow control holds it."""
+        self.reading_held = False
+        inner = self.inner
+        aiohttp_holds = getattr(inner, "_reading_paused", False) or getattr(inner, "_buffer_paused", False)
+        if not aiohttp_holds and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def is_open(self) -> bool:
+        """Whether the socket is still there (not closing)."""
+        return self.transport is not None and not self.transport.is_closing()
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -445,6 +484,31 @@ def watch_bytes(request: web.Request, watch: ByteWatch) -> None:
     guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
     if guarded is not None:
         guarded.watch = watch
+
+
+class ReadGate(typing.Protocol):
+    """An upgraded socket's reads (``read_gate``), diverted to a taker that passes them on to aiohttp."""
+
+    def divert(self, intake: Callable[[bytes], None]) -> None:
+        """Give ``intake`` every read from now on (after ``watch_bytes``'s watch), instead of aiohttp."""
+
+    def feed(self, data: bytes) -> None:
+        """Hand aiohttp ``data`` to parse."""
+
+    def hold_reading(self) -> None:
+        """Stop reading the socket."""
+
+    def release_reading(self) -> None:
+        """Read the socket again (unless aiohttp holds it itself)."""
+
+    def is_open(self) -> bool:
+        """Whether the socket is still there."""
+
+
+def read_gate(request: web.Request) -> ReadGate | None:
+    """The reads of the request's connection, to be diverted (``ReadGate.divert``) and handed on to aiohttp
+    when their taker likes (None: the site is not guarded)."""
+    return request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
 
 
 def hold(request: web.Request, size: int) -> None:

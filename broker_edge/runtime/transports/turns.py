@@ -28,7 +28,10 @@ more than ``MIN_SHARE``. In the line each connection gets an equal share of the 
 ``MIN_PACKET_SHARE``).
 
 It knows connections only as ``TurnReader`` (a ``TcpConnection``, which feeds its reads through ``take``). A
-WebSocket reader, which reads in a task, takes its bytes with ``spend`` and waits for ``next_turn``.
+WebSocket's socket is one too (``websocket.SocketTurns``): every byte it reads, frames and all, is taken
+before aiohttp parses it, so frames that carry no packet (empty fragments of a message that never ends)
+are bound as packets are. Its messages are handled in a task, which takes their packets with
+``spend_packets`` and waits for ``next_turn`` (their bytes were counted as the socket read them).
 """
 
 from __future__ import annotations
@@ -189,26 +192,20 @@ class ReadTurns:
         if len(data) > MIN_SHARE:
             reader.pause_for_turn()
 
-    def spend(self, size: int, packets: int = 0) -> bool:
-        """Take ``size`` bytes and ``packets`` packets from this turn (a reader in a task, whose
-        ``Connection.receive`` counts off the packets of the bytes it hands); False: none left, wait for
-        ``next_turn``."""
+    def spend_packets(self, packets: int) -> bool:
+        """Take ``packets`` packets from this turn, whatever its bytes (a reader in a task, whose bytes
+        ``take`` counted as its socket read them); False: none left, wait for ``next_turn``."""
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._next_turn)
-        if self.left > 0 and self.packets_left > 0:
-            self.left -= size
+        if self.packets_left > 0:
             self.packets_left -= packets
             return True
         return False
 
-    def unspend(self, size: int) -> None:
-        """``size`` bytes taken with ``spend`` were not handled (past this turn's packets): a later turn
-        takes them."""
-        self.left += size
-
     def next_turn(self) -> asyncio.Future[None]:
-        """A future done at the start of a later turn, once the connections with bytes kept had theirs."""
+        """A future done at the start of a later turn with packets left, once the connections with bytes
+        kept had their share."""
         future = asyncio.get_running_loop().create_future()
         if not self._kept and not self._waiters:
             self.turns_cut += 1
@@ -249,7 +246,7 @@ class ReadTurns:
         kept = self._kept
         if kept:
             self._hand_back(kept)
-        if self._waiters and self.left > 0 and self.packets_left > 0:
+        if self._waiters and self.packets_left > 0:
             waiters, self._waiters = self._waiters, []
             for future in waiters:
                 if not future.done():

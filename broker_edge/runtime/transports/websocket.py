@@ -2,8 +2,10 @@
 
 aiohttp gives each WebSocket a handler task, so a WebSocket client costs a task (plain TCP clients do not).
 The bytes of each binary message are fed to a connection exactly as TCP bytes are: MQTT packets may
-span messages or share one. A message is taken only while the loop's turn has bytes left to read
-(``turns.ReadTurns``), else in a later turn; so is a ping (answered here, not by aiohttp). Writes are
+span messages or share one. Every byte the socket reads, frames and all, is taken from the loop's turn
+before aiohttp parses it (``SocketTurns``, the rest kept for later turns as a TCP read's is), and a
+message's packets are handled only while the turn has packets left, else in a later turn; so is a ping
+(answered here, not by aiohttp, counted as ``PING_PACKETS``). Writes are
 batched into one binary message per loop iteration. A closed connection whose socket is still open
 ``CLOSE_GRACE_S`` later (a client that stopped reading: the last messages or the close frame wait for it)
 is aborted, and an abort ends the socket at once: a client that never reads cannot keep its socket, its
@@ -22,13 +24,13 @@ from typing import TYPE_CHECKING, Any, cast
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker_edge.engine.connection.states import NEW
-from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
+from broker_edge.http.guard import GuardedRunner, ReadGate, read_gate, start_guarded_site, watch_bytes
 from broker_edge.protocol.errors import PacketTooLarge
 from broker_edge.runtime.revoked_peers import certificate_id
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
 from broker_edge.runtime.transports.turns import ReadTurns
-from broker_edge.security.tls import peer_common_name
+from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -233,8 +235,43 @@ class PreConnectBytes:
         return True
 
 
-CONTROL_FRAME_MIN = 6
-"""The shortest frame a client sends (2 bytes of header, 4 of mask): what an empty ping costs of a turn."""
+class SocketTurns:
+    """A WebSocket's socket as ``ReadTurns`` sees it (a ``TurnReader``): every read, frames and all, is taken
+    from the turn's bytes before aiohttp parses it, the rest kept (the socket not read) for later turns, as
+    a TCP connection's reads are. Frames that hand on no packet (empty fragments of a message that never
+    ends) cost the loop as packets do: parsed as fast as the socket gave them, they held the loop from
+    every other client."""
+
+    __slots__ = ("connection", "gate", "turns")
+
+    def __init__(self, gate: ReadGate, connection: StreamConnection, turns: ReadTurns) -> None:
+        self.gate = gate
+        self.connection = connection
+        self.turns = turns
+
+    def __call__(self, data: bytes) -> None:
+        part = self.turns.take(self, data)
+        if part is not None:
+            self.gate.feed(part)
+
+    def handle_bytes(self, data: bytes) -> int:
+        self.gate.feed(data)  # aiohttp parses them; the task handles their packets (``spend_packets``)
+        return 0
+
+    def pause_for_turn(self) -> None:
+        self.gate.hold_reading()
+
+    def resume_after_turn(self) -> None:
+        self.gate.release_reading()
+
+    def may_read(self) -> bool:
+        return self.gate.is_open()
+
+    def awaits_acknowledgements(self) -> bool:
+        session = self.connection.session
+        return session is not None and bool(session.inflight)
+
+
 PING_PACKETS = 8
 """What a ping counts of a turn's packets: its pong is a write of its own, about eight PINGREQs' work (a
 flood of pings counted as one packet each held a turn about 10 ms)."""
@@ -248,7 +285,7 @@ async def _read(transport: WebSocketTransport, connection: StreamConnection, tur
     ws = transport._ws
     async for message in ws:
         if message.type in (WSMsgType.PING, WSMsgType.PONG):
-            while not turns.spend(len(message.data) + CONTROL_FRAME_MIN, PING_PACKETS):
+            while not turns.spend_packets(PING_PACKETS):
                 await turns.next_turn()
             if message.type == WSMsgType.PING:
                 await ws.pong(message.data)
@@ -270,12 +307,11 @@ async def _hand_message(
     while True:
         while connection.held and transport.open:
             await transport.until_readable()
-        while not turns.spend(len(data)):  # this turn's bytes are read: the next one
+        while not turns.spend_packets(0):  # this turn's packets are handled: the next one
             await turns.next_turn()
         unread = connection.handle_read(data, turns)
         if not unread:
             return
-        turns.unspend(unread)
         data = data[-unread:]
         await turns.next_turn()
 
@@ -308,15 +344,23 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         if listener.tls and request.transport is not None:
             ssl_object = request.transport.get_extra_info("ssl_object")
             connection.peer_cn = peer_common_name(ssl_object)
+            if connection.peer_cn is not None:
+                connection.peer_uri = peer_timestone_uri(ssl_object)
             if listener.checks_crl:
                 connection.peer_certificate = certificate_id(ssl_object)
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
+        gate = read_gate(request)
+        socket_turns = SocketTurns(gate, connection, turns) if gate is not None else None
+        if gate is not None and socket_turns is not None:
+            gate.divert(socket_turns)
         try:
             await _read(transport, connection, turns)
         except ConnectionError as exc:  # the client went while a pong or a close frame was being written
             log.debug("websocket of %s ended: %s", connection.peer_address(), exc)
         finally:
+            if socket_turns is not None:
+                turns.forget(socket_turns)
             connection.connection_lost(None)
         return ws
 

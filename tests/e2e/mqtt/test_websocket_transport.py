@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import socket
 import struct
+import threading
 import time
 from functools import partial
 
@@ -231,3 +233,47 @@ def test_a_held_websocket_connection_waits_without_polling_and_reads_again_once_
     assert sorted(m.topic for m in watcher.expect(4)) == [f"held/{n}" for n in range(4)]
     assert wait_for(lambda: broker.call(state) == (False, True))
     sock.close()
+
+
+def test_a_flood_of_empty_websocket_fragments_is_read_within_the_turns_budget(start_broker):
+    """A client sending a message that never ends, as empty continuation frames (six bytes each, no byte of
+    a packet), is read a turn's bytes at a time like any other flood: its frames used to be parsed as fast
+    as the socket gave them, and a PUBACK to another client took about a second meanwhile."""
+    broker = start_broker(
+        listeners=[
+            {"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0},
+            {"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0},
+        ],
+        limits={"messages_per_second_per_client": 0},
+    )
+    sock = stalled_websocket_subscriber(broker.port_of("ws"), "fragments")
+    assert wait_for(lambda: broker.connected("fragments"))
+    publisher = PahoClient(broker.port_of("tcp"), "publisher", version=5)
+    sock.sendall(bytes([0x02, 0x80]) + bytes(4))  # a binary message begun, its FIN never sent
+    empty_fragments = (bytes([0x00, 0x80]) + bytes(4)) * 40_000
+    sent: list[int] = []
+    flooding = threading.Event()
+    flooding.set()
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            while flooding.is_set():
+                sock.sendall(empty_fragments)
+                sent.append(len(empty_fragments))
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(0.3)
+        answered = []
+        for _ in range(20):
+            started = time.monotonic()
+            publisher.publish("t/x", b"x", 1)
+            answered.append(time.monotonic() - started)
+    finally:
+        flooding.clear()
+        sock.close()
+        flooder.join(timeout=5)
+    assert len(sent) > 10 and broker.connected("fragments")  # it flooded all along, and was read
+    assert sorted(answered)[10] < 0.05, f"PUBACKs took {sorted(answered)} s"
+    assert broker.metric("timestone_broker_read_turns_cut_total") > 0  # its bytes were read turn by turn

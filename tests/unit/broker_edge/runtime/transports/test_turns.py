@@ -240,12 +240,12 @@ def test_a_subscriber_owing_acknowledgements_is_served_first_in_the_next_turn_on
     assert "consumer" not in {name for name, _ in t.handled[-20:]}, "behind the devices now"
 
 
-def test_a_reader_in_a_task_waits_for_the_next_turn_once_the_budget_is_spent():
+def test_a_reader_in_a_task_waits_for_the_next_turn_once_the_packets_are_spent():
     async def scenario() -> list[str]:
-        turns = ReadTurns(10, asyncio.get_running_loop().call_soon)
+        turns = ReadTurns(10, asyncio.get_running_loop().call_soon, packets=2)
         events: list[str] = []
-        assert turns.spend(10)
-        assert not turns.spend(1)
+        assert turns.spend_packets(2)
+        assert not turns.spend_packets(1)
 
         async def later() -> None:
             await turns.next_turn()
@@ -255,7 +255,7 @@ def test_a_reader_in_a_task_waits_for_the_next_turn_once_the_budget_is_spent():
         await asyncio.sleep(0)
         events.append("this turn")
         await task
-        assert turns.spend(5)
+        assert turns.spend_packets(1)
         return events
 
     assert asyncio.run(scenario()) == ["this turn", "next turn"]
