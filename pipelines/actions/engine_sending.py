@@ -234,7 +234,7 @@ class Sending(EngineBase):
         limit = action.in_progress_timeout_s * 1000
         changed = []
         for row in rows.values():
-            if row.state == IN_PROGRESS and row.started_at is not None and now - row.started_at > limit:
+            if row.state == IN_PROGRESS and row.started_at is not None and now - row.started_at >= limit:
                 details = f"no final report within {action.in_progress_timeout_s} s"
                 updated = platform_transition(row, TIMED_OUT, details, now)
                 if updated is not None:

@@ -262,12 +262,17 @@ def test_a_rollback_of_more_devices_than_one_action_lists_reaches_every_one_of_t
         assert queries.latest_action_id(run.store) == "huge"  # the notebook's action, not a rollback's part
 
 
-def test_devices_timing_out_at_a_tick_abort_the_rollout_before_that_tick_sends_the_next_phase(tmp_path):
+@pytest.mark.parametrize("after_s", [61, 60])
+def test_devices_timing_out_at_a_tick_abort_the_rollout_before_that_tick_sends_the_next_phase(
+    tmp_path, after_s
+):
     """The first phase's two devices hang after IN_PROGRESS and the tick after their in-progress timeout
     ends them TIMED_OUT, which fires the rule on timeouts. Before, that same tick then found the phase's
     sample complete, opened the second phase and sent it the build, and only afterwards aborted the action:
     four devices beyond the gate received the build (and a cancel right after). Now the tick sends nothing
-    once a rule fires on the rows it has just ended: the second phase never hears of the action."""
+    once a rule fires on the rows it has just ended: the second phase never hears of the action. A tick
+    exactly ``in_progress_timeout_s`` after the last device started (60 s) times it out too: before, it
+    counted as silent there (out of the gate's sample) but not yet TIMED_OUT (for the rule)."""
     phases = TWO_PHASES
     with rollout_run(tmp_path, quiet_devices(silent_attempts=99), count=6) as run:
         devices = [d.device_id for d in run.fleet.devices]
@@ -276,7 +281,7 @@ def test_devices_timing_out_at_a_tick_abort_the_rollout_before_that_tick_sends_t
         rules = [rule("timed_out", 50.0, 2)]
         run.create(action_row("to-1", group="g", phases=phases, abort_rules=rules, timeout_s=60))
         run.feed(lambda reports: sum(r.state == "IN_PROGRESS" for r in reports) == 2)
-        run.tick_after_reports(61)
+        run.tick_after_reports(after_s)
         summary = run.summary("to-1")
         assert (summary["action_state"], summary["aborted_by"], summary["phase"]) == (
             "ABORTED",

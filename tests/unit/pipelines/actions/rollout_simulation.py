@@ -101,7 +101,7 @@ class RolloutSimulation:
         limit = (self.action.in_progress_timeout_s or 0) * 1000
         for device_id, row in list(self.rows.items()):
             started = row.started_at
-            if limit and row.state == IN_PROGRESS and started is not None and self.now - started > limit:
+            if limit and row.state == IN_PROGRESS and started is not None and self.now - started >= limit:
                 timed_out = platform_transition(row, TIMED_OUT, "no final report", self.now)
                 if timed_out is not None:
                     self.rows[device_id] = self._after_failure(timed_out)
