@@ -10,6 +10,7 @@ import os
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Protocol
 
 from .catalog import CatalogDamaged, TopicCatalog
@@ -173,28 +174,25 @@ def report_missing_segments(
             if end > first:
                 losses.setdefault((partition, number), []).append((topic_id, first, end))
     orphaned = {(partition, number) for partition, number, _path, _groups in evidence.orphans}
-    gone: dict[int, int] = {}  # a segment number gone from the middle or the end of a partition -> partition
+    gone: set[tuple[int, int]] = set()  # (partition, segment number) gone from the middle or the end
     for part, segments in zip(parts, found, strict=True):
-        numbers = {segment.number for segment, _index in segments}
+        numbers = sorted(segment.number for segment, _index in segments)
         if not numbers:
             continue
-        newest = max(numbers)
+        newest = numbers[-1]
         if snapshot is not None and part.number < len(snapshot.applied):
             newest = max(newest, snapshot.applied[part.number][0])
-        for number in range(min(numbers), newest + 1):
-            if number not in numbers and (part.number, number) not in orphaned:
-                gone[number] = part.number
-    if gone:
-        head_seg = table.head_seg
-        for number, partition in gone.items():
-            if not head_seg.count(number):
-                continue
-            for topic_id, head in enumerate(head_seg):
-                if head != number or table.partition[topic_id] != partition or topic_id in table.truncated:
-                    continue
-                first = max(table.head_first[topic_id], start_of(topic_id))
-                if table.next[topic_id] > first:
-                    losses.setdefault((partition, number), []).append((topic_id, first, table.next[topic_id]))
+        gone.update((part.number, number) for number in _missing(numbers, newest, table.head_seg))
+    gone -= orphaned
+    heads = set(table.head_seg) if gone else set()
+    hit = {(partition, number) for partition, number in gone if number in heads}
+    for topic_id, head in enumerate(table.head_seg if hit else ()):
+        partition = table.partition[topic_id]
+        if (partition, head) not in hit or topic_id in table.truncated:
+            continue
+        first = max(table.head_first[topic_id], start_of(topic_id))
+        if table.next[topic_id] > first:
+            losses.setdefault((partition, head), []).append((topic_id, first, table.next[topic_id]))
     for (partition, number), lost in sorted(losses.items()):
         repair = repairs[partition]
         repair.missing_segments.append(number)
@@ -216,6 +214,21 @@ def report_missing_segments(
 
 NAMED = 10
 """Logs named in one line about records lost (the count says how many more)."""
+
+ENUMERATED = 4096
+"""Most missing segment numbers of a partition listed one by one; past it, only topics' newest ones."""
+
+
+def _missing(numbers: list[int], newest: int, heads: array) -> list[int]:
+    """Segment numbers from the oldest of `numbers` (sorted) to `newest` that are not among them: each one
+    while they are few, else only those some topic's newest segment is (one stray file named far past the
+    store's segments is a gap of millions of numbers that no log needs)."""
+    bounds = [*numbers, newest + 1]
+    gaps = [(low + 1, high) for low, high in pairwise(bounds) if high > low + 1]
+    if sum(high - low for low, high in gaps) <= ENUMERATED:
+        return [number for low, high in gaps for number in range(low, high)]
+    present = set(numbers)
+    return sorted(head for head in set(heads) if numbers[0] < head <= newest and head not in present)
 
 
 def report_short_segments(

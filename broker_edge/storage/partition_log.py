@@ -57,6 +57,8 @@ __all__ = ["PartitionConfig", "PartitionLog", "PartitionPending", "Piece"]
 
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|open)$")
 MAX_SEGMENT_BYTES = 2**32 - 1
+MAX_SEGMENT_NUMBER = 2**31 - 1
+"""The largest segment number (an i32 in sealed indexes); a file named past it is not the store's."""
 _NO_FIELDS = (None, None, None, None, None)
 """(content type, payload format, expiry, response topic, correlation data) of a record that has none."""
 
@@ -671,7 +673,14 @@ class PartitionLog(Locating):
                 if name.endswith(".tmp"):
                     os.unlink(os.path.join(self.directory, name))
                 continue
-            found.setdefault(int(match.group(1)), set()).add(match.group(2))
+            number = int(match.group(1))
+            if number > MAX_SEGMENT_NUMBER:
+                log.warning(
+                    "%s: not a segment of this store (its numbers end at %d): left as it is, not read",
+                    os.path.join(self.directory, name), MAX_SEGMENT_NUMBER,
+                )  # fmt: skip
+                continue
+            found.setdefault(number, set()).add(match.group(2))
         segments: list[Segment] = []
         for number in sorted(found):
             kinds = found[number]
