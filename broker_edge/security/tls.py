@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from broker_edge.config import ConfigError
 from broker_edge.config.loader import expand_home
@@ -24,6 +24,7 @@ __all__ = [
     "certificate_not_valid_now",
     "client_ssl_context",
     "peer_common_name",
+    "peer_timestone_uri",
     "server_ssl_context",
 ]
 
@@ -247,3 +248,14 @@ def peer_common_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | 
             if attribute[0] == "commonName":
                 return str(attribute[1])
     return None
+
+
+def peer_timestone_uri(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str:
+    """The ``timestone://`` URI the client's certificate names (a cluster member's ``timestone://node/...``,
+    a site's ``timestone://site/...``), or "": such a certificate is never a device's login."""
+    certificate = ssl_object.getpeercert() if ssl_object is not None else None
+    names = certificate.get("subjectAltName", ()) if certificate else ()
+    for kind, value in cast("tuple[tuple[str, str], ...]", names):
+        if kind == "URI" and value.startswith("timestone://"):
+            return value
+    return ""

@@ -145,6 +145,8 @@ class Connection(Outgoing):
     """Why admission refused this connection (it is closed, or answered once its CONNECT arrives)."""
     peer_cn: RareField[str | None] = RareField(ConnectionRare, None)
     """The common name of the client's TLS certificate."""
+    peer_uri: RareField[str] = RareField(ConnectionRare, "")
+    """The ``timestone://`` URI (a cluster member's, a site's) its client certificate names: not a device."""
     peer_certificate: RareField[tuple[bytes, int] | None] = RareField(ConnectionRare, None)
     """The issuer (DER) and serial number of the client's TLS certificate, on a listener checking CRLs: a
     reload whose CRL lists it closes the connection (``runtime.revoked_peers``)."""

@@ -76,6 +76,7 @@ class ConnectionRare(RareSlots):
         "peer",
         "peer_certificate",
         "peer_cn",
+        "peer_uri",
         "refused",
         "will",
         "will_delay",

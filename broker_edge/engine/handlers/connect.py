@@ -83,6 +83,9 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         return
 
     username = packet.username
+    if conn.peer_uri:  # a cluster member's or a site's certificate, of a CA the listener trusts
+        _refuse(ctx, conn, "certificate_not_device", client_id, conn.peer_uri)
+        return
     if conn.peer_cn is not None and username in (None, conn.peer_cn):
         username = conn.peer_cn  # authenticated by its client certificate
         _accept(ctx, conn, packet, client_id, assigned, username)
@@ -156,6 +159,11 @@ def _after_password(
 
 
 _REFUSALS: dict[str, tuple[int, int, str]] = {
+    "certificate_not_device": (
+        _RC.NOT_AUTHORIZED,
+        _V3.NOT_AUTHORIZED,
+        "a cluster member's or a site's certificate is not a device's login",
+    ),
     "client_id_invalid": (
         _RC.CLIENT_IDENTIFIER_NOT_VALID,
         _V3.IDENTIFIER_REJECTED,

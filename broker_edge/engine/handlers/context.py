@@ -108,6 +108,8 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
     """Topic aliases the client set towards the broker."""
     peer_cn: str | None
     """The common name of the client's TLS certificate."""
+    peer_uri: str
+    """The ``timestone://`` URI its TLS certificate names (a member's, a site's), or ""."""
     handed_in: str
     """The member that moved this connection here ("": it connected here; ``connection.handover``)."""
     moved_claim: MovedClaim | None

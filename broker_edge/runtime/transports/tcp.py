@@ -32,7 +32,7 @@ from broker_edge.runtime.revoked_peers import certificate_id
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.turns import ReadTurns
-from broker_edge.security.tls import peer_common_name
+from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
@@ -169,6 +169,8 @@ class TcpConnection(StreamConnection):
         if self.terms.listener.tls:
             ssl_object = transport.get_extra_info("ssl_object")
             self.peer_cn = peer_common_name(ssl_object)
+            if self.peer_cn is not None:
+                self.peer_uri = peer_timestone_uri(ssl_object)
             if self.terms.listener.checks_crl:
                 self.peer_certificate = certificate_id(ssl_object)
             address = transport.get_extra_info("peername")

@@ -25,6 +25,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, ReadGate, read_gate, start_guarded_site, watch_bytes
+from broker_edge.http.json_errors import refuse
 from broker_edge.protocol.errors import PacketTooLarge
 from broker_edge.runtime.revoked_peers import certificate_id
 from broker_edge.runtime.transports.stream import StreamConnection
@@ -316,6 +317,29 @@ async def _hand_message(
         await turns.next_turn()
 
 
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+"""The WebSocket subprotocols a listener selects (``mqttv3.1``: MQTT 3.1's clients)."""
+
+
+def _other_subprotocols(request: web.Request) -> web.Response | None:
+    """The 400 to an upgrade offering subprotocols none of which is MQTT's (a client of something else), in
+    JSON and logged at a bounded rate (upgraded without one, it spoke nothing the broker reads); None when it
+    offers one of ``SUBPROTOCOLS``, or none at all (upgraded, as other brokers do)."""
+    offered = [
+        name.strip()
+        for header in request.headers.getall("Sec-WebSocket-Protocol", ())
+        for name in header.split(",")
+        if name.strip()
+    ]
+    if not offered or any(name in SUBPROTOCOLS for name in offered):
+        return None
+    shown = ", ".join(offered)
+    shown = shown if len(shown) <= 60 else shown[:60] + "..."
+    return refuse(
+        request, f"the upgrade offers no subprotocol mqtt ({shown!r}): MQTT over WebSocket is 'mqtt'"
+    )
+
+
 async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> GuardedRunner:
     """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it.
 
@@ -330,8 +354,11 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
     turns = cast(TurnsHost, broker).read_turns
 
     async def serve(request: web.Request) -> web.StreamResponse:
+        refusal = _other_subprotocols(request)
+        if refusal is not None:
+            return refusal
         ws = MqttWebSocket(
-            protocols=("mqtt", "mqttv3.1"),
+            protocols=SUBPROTOCOLS,
             max_msg_size=limits.max_packet_size + 16,
             autoping=False,
             compress=False,  # no permessage-deflate: a zlib state per connection, every message compressed

@@ -233,3 +233,26 @@ def test_a_member_is_proven_by_a_link_until_its_record_changes_and_taken_for_dea
     assert proofs.alive() == {"a", "b", "evil"}  # a proves nothing of anyone now: it takes nobody for dead
     proofs.link_up("b")
     assert proofs.alive() == {"a", "b"}
+
+
+def test_a_devices_certificate_of_the_cluster_ca_is_not_a_members(tmp_path: Path) -> None:
+    """A device's certificate (``timestone pki issue client``: a CN, no ``timestone://node/`` URI) that the
+    cluster's CA issued, presented on the members' endpoint, with a member's name in the header: refused
+    (403, naming no node), and no request reaches a route."""
+    pki = LocalPki(tmp_path / "pki")
+    device = pki.client("b2")  # CN=b2, as a member's node id
+
+    async def scenario() -> None:
+        async with Endpoint(tmp_path, tls_of(pki, "b1"), members=("b1", "b2")) as endpoint:
+            context = ssl.create_default_context(cafile=str(pki.ca.cert))
+            context.check_hostname = False
+            context.load_cert_chain(str(device.cert), str(device.key))
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(endpoint.url + "/who", ssl=context, headers={NODE_HEADER: "b2"}) as answer,
+            ):
+                status, body = answer.status, await answer.text()
+            assert status == 403 and "b2" not in endpoint.seen, body
+            assert endpoint.seen == []
+
+    asyncio.run(scenario())
