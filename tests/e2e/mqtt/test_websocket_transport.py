@@ -15,6 +15,7 @@ import time
 from functools import partial
 
 import aiohttp
+import pytest
 
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
@@ -277,3 +278,37 @@ def test_a_flood_of_empty_websocket_fragments_is_read_within_the_turns_budget(st
     assert len(sent) > 10 and broker.connected("fragments")  # it flooded all along, and was read
     assert sorted(answered)[10] < 0.05, f"PUBACKs took {sorted(answered)} s"
     assert broker.metric("timestone_broker_read_turns_cut_total") > 0  # its bytes were read turn by turn
+
+
+def upgrade_with(port: int, protocols: str | None) -> bytes:
+    """What the broker answers to a WebSocket upgrade offering ``protocols`` (None: no such header)."""
+    request = UPGRADE.format(key=base64.b64encode(os.urandom(16)).decode())
+    offered = "" if protocols is None else f"Sec-WebSocket-Protocol: {protocols}\r\n"
+    request = request.replace("Sec-WebSocket-Protocol: mqtt\r\n", offered)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request.encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (data := sock.recv(4096)):
+            answer += data
+        return answer
+
+
+@pytest.mark.mqtt5("MQTT-6.0.0-4")
+@pytest.mark.mqtt311("MQTT-6.0.0-4")
+def test_an_upgrade_offering_subprotocols_but_not_mqtt_is_refused_400_naming_it(start_broker, caplog):
+    """[MQTT-6.0.0-4] The subprotocol the broker selects is ``mqtt``: an upgrade offering others only (a
+    chat client, a browser tab on the wrong URL) gets 400 in JSON naming what it offered, one WARNING at a
+    bounded rate, and no upgrade; one offering none is still upgraded, as other brokers do."""
+    broker = start_broker(listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0}])
+    port = broker.port_of("ws")
+    for offered in ("chat", "chat, superchat", "MQTT5"):
+        answer = upgrade_with(port, offered)
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b"application/json" in answer.split(b"\r\n\r\n", 1)[0]
+    answer = upgrade_with(port, "chat")
+    assert b'"error": "bad_request"' in answer and b"offers no subprotocol mqtt" in answer, answer
+    assert b"Sec-WebSocket-Protocol: mqtt" in upgrade_with(port, "chat, mqtt")
+    assert upgrade_with(port, None).startswith(b"HTTP/1.1 101")
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [m for m in logged if "offers no subprotocol mqtt" in m], logged
+    assert not [m for m in logged if "overlap" in m], logged  # aiohttp's own line, once an attempt
