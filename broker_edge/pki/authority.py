@@ -470,9 +470,36 @@ def _describe_crl(crl: x509.CertificateRevocationList, now: datetime.datetime) -
     ]
     lines.append(f"updated:  {crl.last_update_utc:%Y-%m-%d %H:%M} UTC")
     if crl.next_update_utc is not None:
-        left = (crl.next_update_utc - now).days
-        lines.append(f"valid:    until {crl.next_update_utc:%Y-%m-%d %H:%M} UTC ({left} days left)")
+        end = crl.next_update_utc
+        left = (
+            f"expired {_span(now - end)} ago: listeners refuse its CA's certificates"
+            if end <= now
+            else (f"{_span(end - now)} left")
+        )
+        lines.append(f"valid:    until {end:%Y-%m-%d %H:%M} UTC ({left})")
     return lines
+
+
+def _span(delta: datetime.timedelta) -> str:
+    """``delta`` in whole days, else hours: ``3 days``, ``1 hour``, ``less than an hour``."""
+    for unit, size in (("day", delta.days), ("hour", delta.seconds // 3600)):
+        if size:
+            return f"{size} {unit}{'s' if size > 1 else ''}"
+    return "less than an hour"
+
+
+def _validity(certificate: x509.Certificate, now: datetime.datetime) -> str:
+    """``timestone pki show``'s line of when ``certificate`` holds, as seen at ``now``."""
+    start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    until = f"until {end:%Y-%m-%d %H:%M} UTC"
+    if now < start:
+        return (
+            f"valid:    from {start:%Y-%m-%d %H:%M} UTC {until} (not valid yet: the clock is behind, or it "
+            "was issued for later)"
+        )
+    if end <= now:
+        return f"valid:    {until} (expired {_span(now - end)} ago)"
+    return f"valid:    {until} ({_span(end - now)} left)"
 
 
 def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str]:
@@ -486,12 +513,9 @@ def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str
     certificates = read_certificates(path)
     lines: list[str] = []
     for certificate in certificates:
-        left = (certificate.not_valid_after_utc - now).days
         lines.append(f"subject:  {certificate.subject.rfc4514_string()}")
         lines.append(f"issuer:   {certificate.issuer.rfc4514_string()}")
-        lines.append(
-            f"valid:    until {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC ({left} days left)"
-        )
+        lines.append(_validity(certificate, now))
         constraints = _extension(certificate, x509.BasicConstraints)
         if isinstance(constraints, x509.BasicConstraints) and constraints.ca:
             lines.append("is:       a CA")

@@ -4,6 +4,7 @@ command's lines and exit statuses. The certificates are read back by what the br
 
 from __future__ import annotations
 
+import datetime
 import ssl
 import stat
 from pathlib import Path
@@ -13,7 +14,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker_edge.cluster.links.member_identity import node_of_certificate, node_of_certificate_file
-from broker_edge.pki.authority import Authority, PemPair, PkiError
+from broker_edge.pki.authority import Authority, PemPair, PkiError, describe
 from broker_edge.uplink.site_identity import site_of_certificate
 from pipelines.cli import main
 
@@ -225,3 +226,38 @@ def test_show_reads_a_crl_and_says_what_a_file_that_is_no_certificate_is(
     ]:
         assert main(["pki", "show", str(tmp_path / name)]) == 1
         assert capsys.readouterr().err == f"timestone pki show: {tmp_path / name}: {what}\n"
+
+
+def test_show_says_a_certificate_has_expired_is_not_valid_yet_or_has_hours_left(tmp_path: Path) -> None:
+    """``timestone pki show`` is what an operator asks whether a certificate still holds: an expired one
+    said "(-2 days left)" a day after it expired, one expiring within the day "(0 days left)"."""
+    authority = Authority.create(tmp_path / "ca", "plant")
+    cert = authority.issue("client", "meter-1", days=30).cert
+    issued = load(cert)
+    after = issued.not_valid_after_utc
+
+    def valid_line(now: datetime.datetime) -> str:
+        (line,) = [line for line in describe(cert, now) if line.startswith("valid:")]
+        return line
+
+    stamp = f"{after:%Y-%m-%d %H:%M} UTC"
+    assert (
+        valid_line(after - datetime.timedelta(days=10, hours=1)) == f"valid:    until {stamp} (10 days left)"
+    )
+    assert (
+        valid_line(after - datetime.timedelta(hours=5, minutes=10))
+        == f"valid:    until {stamp} (5 hours left)"
+    )
+    assert (
+        valid_line(after + datetime.timedelta(days=1, hours=2))
+        == f"valid:    until {stamp} (expired 1 day ago)"
+    )
+    assert (
+        valid_line(after + datetime.timedelta(minutes=20))
+        == f"valid:    until {stamp} (expired less than an hour ago)"
+    )
+    before = issued.not_valid_before_utc
+    assert valid_line(before - datetime.timedelta(hours=3)) == (
+        f"valid:    from {before:%Y-%m-%d %H:%M} UTC until {stamp} (not valid yet: the clock is behind, or it"
+        " was issued for later)"
+    )
