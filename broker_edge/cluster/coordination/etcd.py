@@ -57,8 +57,10 @@ _CHANNEL_OPTIONS = {
     "grpc.keepalive_timeout_ms": 5_000,
     # come back soon after etcd does (gRPC's default backoff grows to two minutes)
     "grpc.initial_reconnect_backoff_ms": 200,
-    "grpc.min_reconnect_backoff_ms": 200,
     "grpc.max_reconnect_backoff_ms": 1_000,
+    # the time a connection attempt may take (TCP, TLS, HTTP/2), gRPC's "min connect timeout": at the
+    # 0.2 s it was (the same option) an etcd 0.25 s away could never be reached, its handshake cut short
+    "grpc.min_reconnect_backoff_ms": 5_000,
 }
 
 
