@@ -9,13 +9,12 @@ their wills dropped (they are the holder's of the stolen key), one WARNING each.
 
 from __future__ import annotations
 
-import re
 import ssl
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.security.tls import crls_in
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
@@ -24,8 +23,6 @@ __all__ = ["CertificateId", "certificate_id", "close_revoked", "revoked_in"]
 
 CertificateId = tuple[bytes, int]
 """A certificate's issuer (its DER encoding) and serial number: what a CRL lists it by."""
-
-_CRL = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
 
 
 def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> CertificateId | None:
@@ -43,11 +40,8 @@ def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> Certific
 
 def revoked_in(crlfile: str) -> set[CertificateId]:
     """Every certificate the CRLs in ``crlfile`` list (the file loaded already: its CRLs parse)."""
-    from cryptography import x509
-
     revoked: set[CertificateId] = set()
-    for block in _CRL.findall(Path(crlfile).read_bytes()):
-        crl = x509.load_pem_x509_crl(block)
+    for crl in crls_in(crlfile):
         issuer = crl.issuer.public_bytes()
         revoked.update((issuer, entry.serial_number) for entry in crl)
     return revoked

@@ -9,26 +9,34 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from broker_edge.config import ConfigError
+
+if TYPE_CHECKING:
+    from cryptography import x509
 from broker_edge.config.loader import expand_home
 
 __all__ = [
     "ServerContexts",
     "TlsConfig",
     "certificate_not_valid_now",
+    "check_crls_cover",
     "client_ssl_context",
+    "crls_in",
     "peer_common_name",
     "peer_timestone_uri",
     "server_ssl_context",
 ]
 
 log = logging.getLogger("broker_edge.tls")
+
+_CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -121,6 +129,7 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
         context.verify_mode = ssl.CERT_REQUIRED if config.require_client_cert else ssl.CERT_OPTIONAL
         if config.crlfile:
             _load_crls(context, config.crlfile)
+            check_crls_cover(config.cafile, config.crlfile)
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
@@ -139,6 +148,45 @@ def _load_crls(context: ssl.SSLContext, crlfile: str) -> None:
     except ssl.SSLError as exc:
         raise ConfigError("crlfile", f"cannot load the CRLs in {crlfile}: {exc}") from exc
     context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+
+
+def crls_in(crlfile: str) -> list[x509.CertificateRevocationList]:
+    """The CRLs of a PEM file (one that OpenSSL loaded: each parses)."""
+    from cryptography import x509
+
+    return [x509.load_pem_x509_crl(block) for block in _CRL_BLOCK.findall(Path(crlfile).read_bytes())]
+
+
+def check_crls_cover(cafile: str, crlfile: str, now: datetime.datetime | None = None) -> None:
+    """``ConfigError`` naming ``crlfile`` when it holds no CRL of a CA of ``cafile`` that issues only end
+    certificates (path length 0, as ``timestone pki ca`` makes them), or an expired one: OpenSSL would
+    refuse every certificate of that CA ('unable to get certificate CRL', 'CRL has expired')."""
+    from cryptography import x509
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    crls = crls_in(crlfile)
+    for ca in x509.load_pem_x509_certificates(Path(cafile).read_bytes()):
+        try:
+            constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            continue
+        if not constraints.ca or constraints.path_length != 0:
+            continue  # it may sign intermediate CAs, whose CRLs are the ones checked
+        subject = ca.subject.rfc4514_string()
+        key = cast("Any", ca.public_key())  # a CA's key signs: never an X25519 or X448 one
+        own = [crl for crl in crls if crl.issuer == ca.subject and crl.is_signature_valid(key)]
+        if not own:
+            raise ConfigError(
+                "crlfile",
+                f"{crlfile} holds no CRL of the CA {subject} in {cafile}: every certificate it issued would "
+                f"be refused; add its CRL (timestone pki crl --ca DIR, then cat the CRLs into {crlfile})",
+            )
+        if all(crl.next_update_utc is not None and crl.next_update_utc <= now for crl in own):
+            raise ConfigError(
+                "crlfile",
+                f"the CRL of the CA {subject} in {crlfile} has expired: every certificate it issued would be "
+                "refused; write it again (timestone pki crl --ca DIR)",
+            )
 
 
 def client_ssl_context(certfile: str, keyfile: str, cafile: str, key: str) -> ssl.SSLContext:

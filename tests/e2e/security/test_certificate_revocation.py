@@ -171,3 +171,36 @@ def test_a_key_readable_by_every_user_is_said_at_start_and_at_each_reload(
     caplog.clear()
     broker.call(lambda: reload_files(broker.broker))
     assert not any("readable by every user" in r.getMessage() for r in caplog.records)
+
+
+def test_a_ca_added_to_the_cafile_without_its_crl_is_refused_naming_it_and_a_reload_keeps_the_files_in_force(
+    start_broker, tmp_path: Path, certificates: Certificates, capsys: pytest.CaptureFixture[str], caplog
+) -> None:
+    """A devices' CA rotation on a listener checking CRLs: the new CA put beside the old one in ``cafile``
+    but its CRL not in ``crlfile`` would have every device of the new CA refused ('unable to get certificate
+    CRL', the device told 'unknown CA'). The start and ``broker --check`` refuse it naming ``crlfile`` and
+    the CA; a SIGHUP keeps the files in force, and the old CA's devices go on connecting."""
+    ca = certificates["ca"]
+    new_ca = tmp_path / "ca-2"
+    assert pki(capsys, "ca", str(new_ca), "--name", "devices 2")[0] == 0
+    trusted = tmp_path / "cas.pem"
+    trusted.write_bytes((ca / "ca.pem").read_bytes())
+    section = listener(certificates)
+    section["tls"]["cafile"] = str(trusted)
+    broker = start_broker(listeners=[section])
+
+    trusted.write_bytes((ca / "ca.pem").read_bytes() + (new_ca / "ca.pem").read_bytes())
+    caplog.set_level(logging.INFO)
+    broker.call(lambda: reload_files(broker.broker))
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(said) == 1 and "listener devices: certificate not reloaded" in said[0], said
+    assert f"crlfile: {certificates['crl']} holds no CRL of the CA CN=devices 2 CA,O=devices 2" in said[0]
+    assert PahoClient(broker.port, "m2", tls_context=device(certificates, "meter-2")).connack_result[1] == 0
+
+    with pytest.raises(ConfigError, match=r"crlfile: .* holds no CRL of the CA CN=devices 2 CA"):
+        start_broker(listeners=[section])
+    assert pki(capsys, "crl", "--ca", str(new_ca))[0] == 0
+    certificates["crl"].write_bytes(certificates["crl"].read_bytes() + (new_ca / "crl.pem").read_bytes())
+    caplog.clear()
+    broker.call(lambda: reload_files(broker.broker))
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]
