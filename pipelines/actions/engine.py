@@ -73,7 +73,7 @@ class ActionsEngine(Summaries, Compliance):
                     self._refuse(action_id, conflicts[action_id], bool(rows_of_action), ended, rejected)
                     continue
                 invalid = problems(row)
-                kept = self._last_valid.get(action_id) if rows_of_action else None
+                kept = self._kept(action_id) if rows_of_action else None
                 if invalid and not (kept is not None and row.get("cancel")):
                     self._refuse(action_id, str(invalid[0]), bool(rows_of_action), ended, rejected)
                     continue
@@ -100,6 +100,15 @@ class ActionsEngine(Summaries, Compliance):
                 len(changed),
                 (self.clock() - now) / 1000,
             )
+
+    def _kept(self, action_id: str) -> Action | None:
+        """The action as sent, of an action with executions: as this engine last took it, or else (a job
+        started since) as the table has it, the row created first of several (``_actions``)."""
+        kept = self._last_valid.get(action_id)
+        if kept is None:
+            found = self._actions([action_id])
+            kept = found[0] if found else None
+        return kept
 
     def _another_row(self, kept: Action, action: Action) -> Action:
         """A row appended under the id of an action already sent (a second row, not an update in place):

@@ -18,6 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 from broker_edge.offsets_api.client import OffsetsClient
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher
+from pipelines.actions.states import StatusReport
 from pipelines.cli import main
 from tests.e2e.ota.conftest import (
     action_row,
@@ -271,4 +272,40 @@ def test_a_job_started_after_a_row_was_appended_takes_the_row_created_first(tabl
         "action paced: 2 rows with other content under its id; the one created first is taken, "
         "the others are ignored"
     ]
+    engine.publisher.close()
+
+
+def test_a_row_appended_under_the_id_of_an_ended_action_is_warned_about_by_a_job_started_since(
+    table_store, mosquitto, caplog
+):
+    """An action completed; while no job ran, a notebook appended a row with a new version under its id.
+    Before, the job started afterwards (from its checkpoint: the appended row is all its feed reads) took
+    that row for the action's own, said so only at DEBUG, and held the action as the new version from then
+    on: the new version was never sent, and nothing said why. Now it compares the row with the one created
+    first and logs one WARNING naming the action; the action's own row read again says nothing."""
+    caplog.set_level(logging.DEBUG, logger="pipelines.actions.engine")
+    register_devices(table_store, {"d0": "g"})
+    first = action_row("ended", device_ids=["d0"])
+    write_actions(table_store, [first], 0)
+    before = ActionsEngine(table_store, MqttPublisher([mosquitto], client_id="actions-test"))
+    before.on_action_rows([first], "fanout", 0)
+    before.on_reports([StatusReport("ended", "d0", "SUCCEEDED", 1, 1)], "reports", 0)
+    before.publisher.close()
+    assert (summary(table_store, "ended") or {}).get("action_state") == "COMPLETED"
+
+    later = dict(action_row("ended", device_ids=["d0"], version="3.0.0"))
+    later["created_at"] = first["created_at"] + timedelta(minutes=1)
+    _append(table_store, [later])
+    engine = ActionsEngine(table_store, MqttPublisher([mosquitto], client_id="actions-test"))
+    for batch in (1, 2):  # the appended row, then the feed replayed: one WARNING
+        engine.on_action_rows([{**later, "_change_type": "insert", "_commit_version": 2}], "fanout", batch)
+    engine.on_action_rows([{**first, "_change_type": "insert", "_commit_version": 1}], "fanout", 3)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [
+        "action ended: another row with other content was appended under its id and is ignored, the action "
+        "goes on as it was sent (write a new action, or update its row in place)"
+    ]
+    (ended,) = engine._actions(["ended"])
+    assert ended.payload["version"] == "2.0.0"
+    assert (summary(table_store, "ended") or {}).get("action_state") == "COMPLETED"
     engine.publisher.close()
