@@ -28,6 +28,7 @@ from tests.e2e.ota.conftest import (
     wait_for,
     write_actions,
 )
+from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 
@@ -309,3 +310,24 @@ def test_a_row_appended_under_the_id_of_an_ended_action_is_warned_about_by_a_job
     assert ended.payload["version"] == "2.0.0"
     assert (summary(table_store, "ended") or {}).get("action_state") == "COMPLETED"
     engine.publisher.close()
+
+
+def test_a_running_action_keeps_its_own_row_when_a_job_started_since_reads_a_row_appended_under_its_id(
+    tmp_path,
+):
+    """A paced action runs; while no job ran, a row with another version was appended under its id, and the
+    job started afterwards reads it from its change feed before its first tick. Before, it took that row
+    for the action's own and its ticks sent the next devices the appended version; now they get the one
+    the action was sent with."""
+    with rollout_run(tmp_path, quiet_devices(), count=3) as run:
+        first = action_row("paced-2", group="g", max_per_minute=1)
+        run.create(first)  # sent to its first device; runs
+        later = dict(action_row("paced-2", group="g", max_per_minute=1, version="9.9.9"))
+        later["created_at"] = first["created_at"] + timedelta(minutes=1)
+        _append(run.store, [later])
+        engine = ActionsEngine(run.store, run.engine.publisher, clock=run.clock, compliance_interval_s=0)
+        engine.on_action_rows([{**later, "_change_type": "insert", "_commit_version": 2}], "fanout", 1)
+        run.clock.now = run.clock.at(300)
+        engine.tick()
+        run.harness.wait_until(lambda: finals(list(run.harness.reports), "paced-2") == 3, 20)
+        assert {d.firmware for d in run.fleet.devices} == {"2.0.0"}
