@@ -29,7 +29,7 @@ from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
 from broker_edge.runtime.revoked_peers import close_revoked
 from broker_edge.security.auth import PasswordFile, PasswordFileError
-from broker_edge.security.tls import RENEW, certificate_not_valid_now
+from broker_edge.security.tls import files_not_valid_now
 from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
 from broker_edge.settings.named_files import check_directory
 from broker_edge.storage.errors import StoreDamaged
@@ -325,9 +325,9 @@ def read_security_files(config: BrokerConfig) -> None:
     if config.offsets_api.enabled:
         config.offsets_api.reader_tokens()
     for key, tls in config.server_tls():  # a start serves it (said at ERROR); a reload keeps the one in force
-        problem = certificate_not_valid_now(tls.certfile)
+        problem = files_not_valid_now(tls)
         if problem:
-            raise ConfigError(f"{key}.certfile", f"{problem}: {RENEW}")
+            raise ConfigError(f"{key}.{problem[0]}", problem[1])
 
 
 def check_data_directory(config: BrokerConfig) -> None:

@@ -11,7 +11,7 @@ import datetime
 import logging
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -29,6 +29,7 @@ __all__ = [
     "check_crls_cover",
     "client_ssl_context",
     "crls_in",
+    "files_not_valid_now",
     "peer_common_name",
     "peer_timestone_uri",
     "server_ssl_context",
@@ -157,13 +158,13 @@ def crls_in(crlfile: str) -> list[x509.CertificateRevocationList]:
     return [x509.load_pem_x509_crl(block) for block in _CRL_BLOCK.findall(Path(crlfile).read_bytes())]
 
 
-def check_crls_cover(cafile: str, crlfile: str, now: datetime.datetime | None = None) -> None:
-    """``ConfigError`` naming ``crlfile`` when it holds no CRL of a CA of ``cafile`` that issues only end
-    certificates (path length 0, as ``timestone pki ca`` makes them), or an expired one: OpenSSL would
-    refuse every certificate of that CA ('unable to get certificate CRL', 'CRL has expired')."""
+def _leaf_cas_and_crls(
+    cafile: str, crlfile: str
+) -> Iterator[tuple[str, list[x509.CertificateRevocationList]]]:
+    """Each CA of ``cafile`` that signs end certificates only (path length 0, as ``timestone pki ca`` makes
+    them), by its name, with its CRLs in ``crlfile`` (signed by it)."""
     from cryptography import x509
 
-    now = now or datetime.datetime.now(datetime.UTC)
     crls = crls_in(crlfile)
     for ca in x509.load_pem_x509_certificates(Path(cafile).read_bytes()):
         try:
@@ -172,21 +173,32 @@ def check_crls_cover(cafile: str, crlfile: str, now: datetime.datetime | None = 
             continue
         if not constraints.ca or constraints.path_length != 0:
             continue  # it may sign intermediate CAs, whose CRLs are the ones checked
-        subject = ca.subject.rfc4514_string()
         key = cast("Any", ca.public_key())  # a CA's key signs: never an X25519 or X448 one
         own = [crl for crl in crls if crl.issuer == ca.subject and crl.is_signature_valid(key)]
+        yield ca.subject.rfc4514_string(), own
+
+
+def check_crls_cover(cafile: str, crlfile: str) -> None:
+    """``ConfigError`` naming ``crlfile`` when it holds no CRL of a CA of ``cafile`` that signs end
+    certificates only: OpenSSL would refuse every certificate of that CA ('unable to get certificate CRL')."""
+    for subject, own in _leaf_cas_and_crls(cafile, crlfile):
         if not own:
             raise ConfigError(
                 "crlfile",
                 f"{crlfile} holds no CRL of the CA {subject} in {cafile}: every certificate it issued would "
                 f"be refused; add its CRL (timestone pki crl --ca DIR, then cat the CRLs into {crlfile})",
             )
-        if all(crl.next_update_utc is not None and crl.next_update_utc <= now for crl in own):
-            raise ConfigError(
-                "crlfile",
-                f"the CRL of the CA {subject} in {crlfile} has expired: every certificate it issued would be "
-                "refused; write it again (timestone pki crl --ca DIR)",
+
+
+def _crl_expired(cafile: str, crlfile: str, now: datetime.datetime) -> str | None:
+    """Why a CA of ``cafile`` has only expired CRLs in ``crlfile`` (every certificate it issued refused)."""
+    for subject, own in _leaf_cas_and_crls(cafile, crlfile):
+        if own and all(crl.next_update_utc is not None and crl.next_update_utc <= now for crl in own):
+            return (
+                f"the CRL of the CA {subject} in {crlfile} has expired: every certificate it issued is "
+                "refused; write it again (timestone pki crl --ca DIR)"
             )
+    return None
 
 
 def client_ssl_context(certfile: str, keyfile: str, cafile: str, key: str) -> ssl.SSLContext:
@@ -224,6 +236,21 @@ def certificate_not_valid_now(certfile: str, now: datetime.datetime | None = Non
 RENEW = "clients refuse it; renew it (timestone pki renew CERT --ca DIR)"
 
 
+def files_not_valid_now(files: TlsConfig, now: datetime.datetime | None = None) -> tuple[str, str] | None:
+    """The key of a file of ``files`` that does not hold now, and why: a server certificate expired or not
+    valid yet, a CA's CRL expired. A start serves them (said at ERROR); ``broker --check`` and a reload
+    refuse them."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    problem = certificate_not_valid_now(files.certfile, now)
+    if problem:
+        return "certfile", f"{problem}: {RENEW}"
+    if files.cafile and files.crlfile:
+        problem = _crl_expired(files.cafile, files.crlfile, now)
+        if problem:
+            return "crlfile", problem
+    return None
+
+
 class ServerContexts:
     """A server's TLS whose certificate, key and CAs can be replaced while it serves (SIGHUP).
 
@@ -243,9 +270,9 @@ class ServerContexts:
         self.name = name
         """What the log lines call it (``listener devices``, ``offsets API``)."""
         self.current = build()
-        problem = certificate_not_valid_now(files.certfile) if files else None
+        problem = files_not_valid_now(files) if files else None
         if problem:
-            log.error("%s: the certificate %s: %s", name, problem, RENEW)
+            log.error("%s: %s: %s", name, *problem)
         self._warn_if_key_readable()
         self.context = build()
         self.context.sni_callback = self._switch
@@ -255,9 +282,9 @@ class ServerContexts:
         ssl_object.context = self.current
 
     def reload(self) -> None:
-        problem = certificate_not_valid_now(self._files.certfile) if self._files else None
+        problem = files_not_valid_now(self._files) if self._files else None
         if problem:
-            raise ConfigError("certfile", f"{problem}: {RENEW}")
+            raise ConfigError(*problem)
         self.current = self._build()
         self.reloads += 1
         self._warn_if_key_readable()
