@@ -13,7 +13,7 @@ from typing import Literal
 from .cbor import read_cbor
 from .descriptors import message_class
 from .fields import Reader
-from .json_payloads import read_json
+from .json_payloads import json_reader
 from .protobuf import ProtobufReader
 
 FieldFormatName = Literal["json", "cbor", "protobuf"]
@@ -37,7 +37,7 @@ class FieldFormat:
         if self.name == "cbor":
             return read_cbor
         if self.name == "json":
-            return read_json
+            return json_reader(fields)
         if self.descriptor_set is None or self.message is None:
             raise ValueError("the protobuf format needs a descriptor set and a message name")
         return ProtobufReader(message_class(self.descriptor_set, self.message), fields)

@@ -10,28 +10,56 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Collection
+from functools import partial
 from typing import Any
 
-from .fields import HugeInteger, PayloadError
+from .fields import HugeInteger, PayloadError, Reader
 
 #: The most digits Python reads into an integer (``sys.get_int_max_str_digits``'s default).
 _MOST_DIGITS = 4300
 
 
-def read_json(payload: bytes) -> dict[str, Any]:
-    """The object a JSON payload holds (a ``fields.Reader``)."""
+def json_reader(fields: Collection[str]) -> Reader:
+    """The reader of JSON payloads into ``fields``: :func:`read_json`, refusing a field given twice."""
+    return partial(read_json, declared=frozenset(fields))
+
+
+def read_json(payload: bytes, declared: Collection[str] = ()) -> dict[str, Any]:
+    """The object a JSON payload holds (a ``fields.Reader``); a ``declared`` field's name given twice in it
+    is refused (JSON readers keep the last value: which one the sender meant is unknown)."""
     if payload.startswith(codecs.BOM_UTF8):  # json.loads skips it, Spark's from_json does not
         raise PayloadError("json: byte 0: a UTF-8 byte order mark before the JSON text")
     try:
         # UTF-8 only, as from_json (no UTF-16 or -32 guessed)
-        value = json.loads(payload.decode("utf-8"), parse_int=_integer)
+        counted = _NamesCounted()
+        value = json.loads(payload.decode("utf-8"), parse_int=_integer, object_pairs_hook=counted)
     except UnicodeDecodeError as exc:
         raise PayloadError(f"json: byte {exc.start}: not UTF-8") from None
     except json.JSONDecodeError as exc:
         raise PayloadError(f"json: character {exc.pos}: {exc.msg}") from None
     if not isinstance(value, dict):
         raise PayloadError(f"json: byte 0: the payload is a {type(value).__name__}, not an object")
+    for name in declared:  # the payload's object is the last one read: its names are counted
+        if counted.given.get(name, 1) > 1:
+            raise PayloadError(f"field {name}: given {counted.given[name]} times in the object")
     return value
+
+
+class _NamesCounted:
+    """A JSON object hook: the object as a dict, and of the last object read, the names it gave twice or
+    more with their counts."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, int] = {}
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        value = dict(pairs)
+        self.given = {}
+        if len(value) < len(pairs):
+            for name, _ in pairs:
+                self.given[name] = self.given.get(name, 0) + 1
+        return value
 
 
 def _integer(text: str) -> int | HugeInteger:

@@ -12,6 +12,8 @@ refused again with the Python JSON reader, for the quarantined rows only.
 
 from __future__ import annotations
 
+import re
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -182,6 +184,7 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         # U+FFFD inside a string value: such a payload is refused as the Python reader refuses it
         utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
         error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | F.col(_trailing(number)) | ~utf8
+        error = error | _declared_twice(F.col("payload").cast("string"), fields)
         for name, kind in _time_fields(payload).items():
             values[name] = F.col(_times(number)).getField(name)
             error = error | (parsed.getField(name).isNotNull() & ~_a_time(values[name], kind))
@@ -200,6 +203,20 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         error.alias(ERROR),
         detail.alias(DETAIL),
     )
+
+
+def _declared_twice(text: Column, fields: list[str]) -> Column:
+    """Whether the JSON object ``text`` gives a declared field's name twice, of which ``from_json`` keeps the
+    last value. Only a payload holding one of the names twice as ``"name":`` may (one regular expression),
+    and only such a payload's top-level names are listed (``json_object_keys``) and counted."""
+    if not fields:
+        return F.lit(False)
+    names = "|".join(re.escape(name) for name in fields)
+    candidate = text.rlike(f'(?s)"({names})"\\s*:.*"\\1"\\s*:')
+    keys = F.json_object_keys(text)
+    declared = F.array(*[F.lit(name) for name in fields])
+    twice = F.exists(declared, lambda name: F.size(F.filter(keys, lambda key: key == name)) > 1)
+    return F.when(candidate, F.coalesce(twice, F.lit(False))).otherwise(F.lit(False))
 
 
 def _past_floats(value: Column) -> Column:

@@ -303,6 +303,31 @@ def test_a_json_number_past_a_tinyint_fields_range_is_unparseable_not_wrapped(sp
     assert passed == {"low": -128, "high": 127, "none": None}
 
 
+def test_a_declared_field_given_twice_in_a_json_object_is_unparseable_not_its_last_value(spark):
+    """``{"seq": 1, "temperature": 20.5, "temperature": 99.0}`` landed in silver as 99.0, the 20.5 gone
+    without a word (Spark's parser, like Python's, keeps the last value of a name). Which value the device
+    meant is unknown: such a payload is unparseable, saying the field. A name twice inside a nested value,
+    an undeclared name twice, or a declared name inside a string are not that."""
+    sent = {
+        "twice": b'{"seq": 1, "temperature": 20.5, "temperature": 99.0}',
+        "same": b'{"seq": 7, "seq": 7}',
+        "pretty": b'{\n  "seq": 1,\n  "battery": 50.0,\n  "seq" : 2\n}',
+        "nested": b'{"seq": 1, "extra": {"seq": 2, "seq": 3}}',
+        "undeclared": b'{"seq": 2, "x": 1, "x": 2}',
+        "in-string": b'{"seq": 3, "firmware": "\\"seq\\": 2"}',
+    }
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
+    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+        "twice": "field temperature: given 2 times in the object",
+        "same": "field seq: given 2 times in the object",
+        "pretty": "field seq: given 2 times in the object",
+    }
+    passed = {r["device_id"]: (r["seq"], r["firmware"]) for r in T.passed_rows(flagged).collect()}
+    assert passed == {"nested": (1, None), "undeclared": (2, None), "in-string": (3, '"seq": 2')}
+
+
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
     """The check for more after the object, added to from_json's struct, had Spark take each declared
     field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
