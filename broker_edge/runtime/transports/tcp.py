@@ -213,14 +213,28 @@ class HandedInConnection(TcpConnection):
             self.flush()
 
 
-def report_tls_failures(broker: ConnectionHost, listener: str) -> HandshakeFailure:
+_REFUSED_BY_THE_CLIENT = frozenset(
+    f"{version}_alert_{alert}"
+    for version in ("sslv3", "tlsv1")
+    for alert in ("bad_certificate", "unknown_ca", "certificate_unknown", "certificate_expired")
+)
+"""OpenSSL's reasons for an alert the client sent about the broker's certificate."""
+
+
+def report_tls_failures(broker: ConnectionHost, listener: str, certfile: str = "") -> HandshakeFailure:
     """What a TLS listener does with a failed handshake (a bad or missing client certificate, not TLS at
     all, none within ``limits.connect_timeout_s``): count it by reason and write a refusal line naming the
-    listener, the peer and why."""
+    listener, the peer and why; when the client refused the broker's certificate (``certfile``), it says so
+    (``refused_by``)."""
+    refused_by = (
+        f"the client: the broker's certificate ({certfile}) does not name the host it dialled, is not of a "
+        "CA it trusts, or has expired (timestone pki show)"
+    )
 
     def failed(peer: str, reason: str, error: BaseException) -> None:
         counters = broker.counters
         counters.tls_failed(listener, reason)
+        fields = {"refused_by": refused_by} if reason in _REFUSED_BY_THE_CLIENT else {}
         counters.refusal_log.write(
             _log,
             broker.now(),
@@ -230,6 +244,7 @@ def report_tls_failures(broker: ConnectionHost, listener: str) -> HandshakeFailu
             peer=peer,
             tls_reason=reason,
             error=str(error) or type(error).__name__,
+            **fields,
         )
 
     return failed
@@ -273,7 +288,7 @@ async def start_tcp_listener(
             config.port,
             ssl_context,
             broker.config.limits.connect_timeout_s,
-            report_tls_failures(broker, listener.name),
+            report_tls_failures(broker, listener.name, config.tls.certfile if config.tls else ""),
             BACKLOG,
             reuse_port=config.reuse_port,
             serving=serving,

@@ -400,6 +400,6 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         listener.ssl_context,
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
-        on_tls_failure=report_tls_failures(broker, listener.name),
+        on_tls_failure=report_tls_failures(broker, listener.name, config.tls.certfile if config.tls else ""),
         reuse_port=config.reuse_port,
     )

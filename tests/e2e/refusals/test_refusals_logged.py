@@ -196,3 +196,29 @@ def test_a_websocket_client_is_logged_with_its_address_to_the_end(start_broker, 
     lines = [r for r in caplog.records if getattr(r, "client_id", None) == "meter-ws"]
     assert {r.getMessage().split(" ")[0] for r in lines} >= {"connected", "disconnected"}
     assert all(r.peer.startswith("127.0.0.1:") for r in lines), [(r.getMessage(), r.peer) for r in lines]
+
+
+def test_a_client_refusing_the_brokers_certificate_is_told_apart_from_a_refused_client(
+    start_broker, tmp_path, caplog
+):
+    """A device dialling a host name the broker's certificate does not name refuses it, with TLS's 'bad
+    certificate' alert; the broker's line said only ``sslv3_alert_bad_certificate``, which reads as the
+    device's certificate being bad. It says whose certificate was refused, and what to look at."""
+    caplog.set_level(logging.INFO)
+    pki = make_test_pki(tmp_path / "pki")
+    tls = {"certfile": str(pki.server_cert), "keyfile": str(pki.server_key)}
+    broker = start_broker(
+        listeners=[{"name": "tls", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}]
+    )
+    with (
+        socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock,
+        pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"),
+    ):
+        client_ssl_context(pki, certificate=False).wrap_socket(sock, server_hostname="edge-7.plant.example")
+    assert wait_for(lambda: bool(refusals(caplog, "tls_error")))
+    (line,) = refusals(caplog, "tls_error")
+    assert line.tls_reason == "sslv3_alert_bad_certificate"
+    assert line.refused_by == (
+        f"the client: the broker's certificate ({pki.server_cert}) does not name the host it dialled, "
+        "is not of a CA it trusts, or has expired (timestone pki show)"
+    )
