@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .config import LogConfig
 from .entry import HEAD_SIZE
 from .partition_log import PartitionLog
-from .sealed_index import MISSING, Group, SealedIndex
+from .sealed_index import MISSING, Group, GroupCheck, SealedIndex
 from .segment import SEALED, Segment
 from .topic_table import TopicTable
 
@@ -62,6 +62,7 @@ def retention_pass(
     past it: none of them can be past retention by age (a sealed segment's groups never change)."""
     report = RetentionReport()
     touched: dict[int, set[Segment]] = {}
+    unusable: set[Segment] = set()  # segments whose groups cannot be read whole, or are impossible
     young_from = None if shortest_ms is None else now_ms - shortest_ms
     for part in partitions:
         for segment in [s for s in part.segments if s.state == SEALED]:
@@ -70,26 +71,29 @@ def retention_pass(
                 continue
             alive, whole = False, True
             oldest = _NO_GROUP
-            for groups in _group_slices(part, segment):
+            moves: list[tuple[Group, int]] = []  # made once every group is read and possible
+            for groups in _group_slices(part, segment, len(table)):
                 if groups is None:
                     alive = True  # groups it cannot read are not past retention
                     whole = False
+                    unusable.add(segment)
                     break
                 for group in groups:
                     if group.newest_time < oldest:
                         oldest = group.newest_time
                     topic_id = group.topic_id
-                    if topic_id >= len(table):
-                        continue
                     end = part.live_end(topic_id, segment, group)
                     if table.start[topic_id] >= end or group.first_offset >= end:
                         continue  # nothing of it is above the start, or a truncation cut all of it
                     retention_ms = log_config(topic_id).retention_ms
                     if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
-                        _move_start(table, segment, group, end, report)
+                        moves.append((group, end))
                     else:
                         alive = True
                 yield report
+            if whole:
+                for group, end in moves:
+                    _move_start(table, segment, group, end, report)
             segment.oldest_group_ms = oldest if whole else None
             if not alive and _sealed_of(segment).groups:
                 touched.setdefault(part.number, set()).add(segment)
@@ -101,7 +105,7 @@ def retention_pass(
             if limit is None or table.total[topic_id] - table.dropped[topic_id] <= limit:
                 continue
             part = partitions[table.partition[topic_id]]
-            for segment, group in _oldest_groups(part, topic_id, table.start[topic_id]):
+            for segment, group in _oldest_groups(part, topic_id, table.start[topic_id], unusable):
                 if table.total[topic_id] - table.dropped[topic_id] <= limit:
                     break
                 _move_start(table, segment, group, part.live_end(topic_id, segment, group), report)
@@ -112,7 +116,7 @@ def retention_pass(
             continue
         dead: list[Segment] = []
         for segment in [s for s in part.segments if s in candidates and s.state == SEALED]:
-            for groups in _group_slices(part, segment):
+            for groups in _group_slices(part, segment, len(table)):
                 if groups is None or not _all_dead(part, segment, groups, table):
                     break
                 yield report
@@ -126,10 +130,16 @@ def retention_pass(
     yield report
 
 
-def _oldest_groups(part: PartitionLog, topic_id: int, start: int) -> list[tuple[Segment, Group]]:
-    """The topic's sealed groups from the one holding `start` on, oldest first (in-memory ones left out)."""
-    steps = part._steps(topic_id, start)
-    return [(step[0], step[1]) for step in reversed(steps) if len(step) == 2]
+def _oldest_groups(
+    part: PartitionLog, topic_id: int, start: int, unusable: set[Segment]
+) -> list[tuple[Segment, Group]]:
+    """The topic's sealed groups from the one holding `start` on, oldest first (in-memory ones left out),
+    up to a segment whose groups are `unusable` (its records are not known: none after it is past)."""
+    steps = [(step[0], step[1]) for step in reversed(part._steps(topic_id, start)) if len(step) == 2]
+    for number, (segment, _group) in enumerate(steps):
+        if segment in unusable:
+            return steps[:number]
+    return steps
 
 
 def _move_start(table: TopicTable, segment: Segment, group: Group, end: int, report: RetentionReport) -> None:
@@ -159,10 +169,13 @@ def _sealed_of(segment: Segment) -> SealedIndex:
     return sealed
 
 
-def _group_slices(part: PartitionLog, segment: Segment) -> Iterator[list[Group] | None]:
+def _group_slices(part: PartitionLog, segment: Segment, topics: int) -> Iterator[list[Group] | None]:
     """A sealed segment's groups, `SLICE_GROUPS` at a time (one pread each); then None if its index holds
-    fewer groups than its header says (cut or damaged since it was sealed): the segment is to be kept."""
+    fewer groups than its header says (cut or damaged since it was sealed) or groups that are impossible
+    (`GroupCheck`, `topics` the catalog's count: damaged, no checksum covers them): the segment is to be
+    kept, and every start where it is."""
     sealed = _sealed_of(segment)
+    check = GroupCheck(sealed, topics)
     for first in range(0, sealed.groups, SLICE_GROUPS):
         groups = sealed.groups_from(first, SLICE_GROUPS)
         if len(groups) < min(SLICE_GROUPS, sealed.groups - first):
@@ -175,6 +188,18 @@ def _group_slices(part: PartitionLog, segment: Segment) -> Iterator[list[Group] 
                 first + len(groups),
                 sealed.groups,
             )
+            yield None
+            return
+        damage = check.slice(first, groups)
+        if damage is None and first + len(groups) >= sealed.groups:
+            damage = check.end()
+        if damage is not None:
+            log.error(
+                "retention keeps segment %d of partition %d and the records of its topics: its sealed index "
+                "%s is damaged (%s); with the broker stopped, delete that file to have it made again from "
+                "the data at the next start",
+                segment.number, part.number, sealed.path, damage,
+            )  # fmt: skip
             yield None
             return
         yield groups

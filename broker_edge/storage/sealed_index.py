@@ -500,28 +500,8 @@ class SealedIndex:
         groups out of topic id order or naming a topic the catalog does not, entries that are not laid
         group after group, a previous segment that is not older, bytes past the segment's, unknown flags.
         A flipped bit in the groups (no checksum covers them) is found before it is applied at open."""
-        if groups is None:
-            groups = self.all_groups()
-        entry = 0
-        last_topic = -1
-        for group in groups:
-            if not last_topic < group.topic_id < topics:
-                return f"a group of topic id {group.topic_id} after {last_topic} (the catalog has {topics})"
-            if group.first_entry != entry or group.flags & ~(FLAG_RESTART | FLAG_TRUNCATED):
-                return f"the group of topic id {group.topic_id} does not follow the one before it"
-            if not -1 <= group.previous_segment < self.number or group.bytes > self.data_size:
-                return (
-                    f"the group of topic id {group.topic_id} names another segment or more bytes than it has"
-                )
-            if group.dropped >= _MOST_DROPPED:
-                return f"the group of topic id {group.topic_id} dropped {group.dropped} bytes"
-            entry += group.count
-            last_topic = group.topic_id
-        if entry != self.entries:
-            return f"its groups hold {entry} entries, its header says {self.entries}"
-        if self.summary.tolist() != [group.topic_id for group in groups[::SUMMARY_EVERY]]:
-            return "its summary does not name its groups' topic ids"
-        return None
+        check = GroupCheck(self, topics)
+        return check.slice(0, self.all_groups() if groups is None else groups) or check.end()
 
     def entries_of(self, group: Group, first: int, stop: int) -> array:
         """Entries `first .. stop - 1` of a group (numbers within it): (position | size << 32, time) pairs."""
@@ -539,3 +519,50 @@ class SealedIndex:
         result = array("q")
         result.frombytes(self.pool.pread(self.path, self.sparse * ENTRY_SIZE, at))
         return result
+
+
+class GroupCheck:
+    """`SealedIndex.damage` a slice of groups at a time, in order (retention reads them by slices)."""
+
+    __slots__ = ("entry", "index", "last_topic", "seen", "topics")
+
+    def __init__(self, index: SealedIndex, topics: int) -> None:
+        self.index = index
+        self.topics = topics
+        self.entry = 0
+        self.last_topic = -1
+        self.seen = 0
+
+    def slice(self, first: int, groups: list[Group]) -> str | None:
+        """What makes groups `first ..` impossible after the ones before them (None: nothing)."""
+        index = self.index
+        for group in groups:
+            if not self.last_topic < group.topic_id < self.topics:
+                return (
+                    f"a group of topic id {group.topic_id} after {self.last_topic} "
+                    f"(the catalog has {self.topics})"
+                )
+            if group.first_entry != self.entry or group.flags & ~(FLAG_RESTART | FLAG_TRUNCATED):
+                return f"the group of topic id {group.topic_id} does not follow the one before it"
+            if not -1 <= group.previous_segment < index.number or group.bytes > index.data_size:
+                return (
+                    f"the group of topic id {group.topic_id} names another segment or more bytes than it has"
+                )
+            if group.dropped >= _MOST_DROPPED:
+                return f"the group of topic id {group.topic_id} dropped {group.dropped} bytes"
+            self.entry += group.count
+            self.last_topic = group.topic_id
+        self.seen = first + len(groups)
+        skip = -first % SUMMARY_EVERY
+        named = index.summary[(first + skip) // SUMMARY_EVERY :][: len(groups[skip::SUMMARY_EVERY])].tolist()
+        if named != [group.topic_id for group in groups[skip::SUMMARY_EVERY]]:
+            return "its summary does not name its groups' topic ids"
+        return None
+
+    def end(self) -> str | None:
+        """What the groups seen, all of them, contradict in the header (None: nothing)."""
+        if self.entry != self.index.entries:
+            return f"its groups hold {self.entry} entries, its header says {self.index.entries}"
+        if len(self.index.summary) != -(-self.seen // SUMMARY_EVERY):
+            return "its summary does not name its groups' topic ids"
+        return None

@@ -299,3 +299,46 @@ def test_a_pass_reads_no_groups_of_segments_too_young_to_hold_expired_records(tm
         store.close()
 
     assert costs["young"] < costs["judged"] / 3, costs
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "flipped"])
+def test_a_segment_whose_sealed_index_is_damaged_is_neither_deleted_nor_moved_past(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+):
+    """A sealed index whose groups a bad disk damaged after a clean close (no checksum covers them, and a
+    clean open does not read them): until 2026-12-01 retention took its zeroed groups (each "topic id 0, no
+    record") for the truth, moved topic 0's start past all its records and deleted the segment with the
+    records of the other topics, kept without limit. Groups that are impossible now keep the segment and
+    every start where it was, and the pass says which index is damaged."""
+    rules = [PersistRule("sized", retention_bytes=2000), PersistRule("#")]
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
+    store.open()
+    for number in range(60):
+        store.append("sized", make_record(number))
+        store.append("kept", make_record(number + 100))
+    store.close()
+    index = partition_segments(tmp_path, suffix=".index")[0]
+    data = bytearray(index.read_bytes())
+    header = HEADER.unpack_from(data)
+    groups_at = HEADER.size + 4 * -(-header[7] // 64)  # the summary: a topic id per 64 groups
+    if damage == "zeroed":
+        data[groups_at:] = bytes(len(data) - groups_at)
+    else:  # topic id of the second group ("kept", id 1) made 0
+        data[groups_at + GROUP.size] = 0
+    index.write_bytes(bytes(data))
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None, persist=rules))
+    store.open()
+
+    store.apply_retention()
+
+    assert index.with_suffix(".log").exists()
+    assert store.start_offset("sized") == 0
+    assert f"its sealed index {index} is damaged" in caplog.text
+    store.close()
+    index.unlink()  # what the line says to do: the index is made again from the data
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
+    store.open()
+    kept = store.read("kept", 0, max_records=1000, max_bytes=10**9)
+    assert [record.offset for record in kept] == list(range(60))
+    assert store.start_offset("sized") == 0
+    store.close()
