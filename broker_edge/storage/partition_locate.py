@@ -152,14 +152,7 @@ class Locating:
         once per segment."""
         if offset >= self.table.start[topic_id] and missing not in self.lost_segments:
             self.lost_segments.add(missing)
-            log.error(
-                "%s %s, and the log of %r needs it (read from offset %d): its records are lost "
-                "(reads of them answer that they are missing); the other segments are served",
-                segment_paths(self.directory, missing)[0],
-                "holds none of the records its index chain names it for" if present else "is missing",
-                self.names[topic_id] if topic_id < len(self.names) else topic_id,
-                offset,
-            )
+            self._say_lost(topic_id, missing, offset, present)
         for segment in reversed(self.segments):
             if segment.number >= missing:
                 continue
@@ -169,6 +162,30 @@ class Locating:
             if sealed is not None and sealed.find(topic_id) is not None:
                 return segment
         return None
+
+    def _say_lost(self, topic_id: int, missing: int, offset: int, present: bool) -> None:
+        """The ERROR line of a segment a read needs and cannot use: gone, without the topic's records, or
+        with a sealed index whose groups are impossible (its records are on disk: the index is wrong)."""
+        name = self.names[topic_id] if topic_id < len(self.names) else topic_id
+        segment = self.by_number.get(missing) if present else None
+        sealed = segment.sealed if segment is not None else None
+        damage = sealed.damage(len(self.names)) if sealed is not None else None
+        if sealed is not None and damage is not None:
+            log.error(
+                "%s: its sealed index %s is damaged (%s), and the log of %r needs it (read from offset %d): "
+                "its records there are not served (reads answer that they are missing); with the broker "
+                "stopped, delete that file to have it made again from the data, which holds them",
+                segment_paths(self.directory, missing)[0], sealed.path, damage, name, offset,
+            )  # fmt: skip
+            return
+        log.error(
+            "%s %s, and the log of %r needs it (read from offset %d): its records are lost "
+            "(reads of them answer that they are missing); the other segments are served",
+            segment_paths(self.directory, missing)[0],
+            "holds none of the records its index chain names it for" if present else "is missing",
+            name,
+            offset,
+        )
 
     def live_end(self, topic_id: int, segment: Segment, group) -> int:
         """The end of a sealed group's records that are still the topic's (a truncated topic's group may run

@@ -155,3 +155,32 @@ def test_groups_damaged_after_a_clean_close_are_found_at_read_without_a_hang_or_
     for topic in ("u", "v"):
         assert _served(store, topic) == list(range(COUNT))
     store.close()
+
+
+def test_a_read_over_groups_zeroed_after_a_clean_close_says_the_index_is_damaged_not_the_records_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The records are in the segment, only its index is wrong: the ERROR line named the segment as holding
+    none of them and the records as lost; it now says which index is damaged and how to have it made again,
+    which serves them all."""
+    _filled(tmp_path).close()
+    index = partition_segments(tmp_path, suffix=".index")[0]
+    groups_at = _groups_at(index)[0]
+    data = index.read_bytes()
+    index.write_bytes(data[:groups_at] + bytes(len(data) - groups_at))
+    store = LogStore(tmp_path, CONFIG)
+    store.open()
+
+    with caplog.at_level(logging.ERROR):
+        served = _served(store, "u")
+
+    assert set(served) < set(range(COUNT))
+    assert f"its sealed index {index} is damaged" in caplog.text
+    assert "its records are lost" not in caplog.text
+    store.close()
+    index.unlink()  # as the line says, with the store closed
+    store = LogStore(tmp_path, CONFIG)
+    store.open()
+    for topic in TOPICS:
+        assert _served(store, topic) == list(range(COUNT))
+    store.close()
