@@ -127,6 +127,11 @@ class ReaderTokens:
             mode = path.stat().st_mode
         except OSError as error:
             raise ConfigError("tokens_file", f"cannot read {path}: {error}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO) and os.name == "posix":
-            log.warning("reader tokens file %s is readable by group or others: keep it at mode 0600", path)
+        if mode & stat.S_IRWXO and os.name == "posix":  # the service's group may read it (0640)
+            log.warning(
+                "reader tokens file %s is readable by every user (mode %o): use 0600, or 0640 with the group "
+                "of the broker's user",
+                path,
+                stat.S_IMODE(mode),
+            )
         return load_dataclass(TokensFile, load_yaml_file(path), str(path)).tokens

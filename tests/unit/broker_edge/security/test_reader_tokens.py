@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,24 @@ def test_a_tokens_file_that_does_not_load_keeps_the_tokens_in_force(tmp_path: Pa
     path.write_text(yaml.safe_dump({"tokens": [{"name": "job-2", "token": "t2"}]}))
     assert tokens.reload() == 2
     assert tokens.access("Bearer t1") is None and tokens.access("Bearer t2") is not None
+
+
+def test_a_tokens_file_given_to_the_services_group_is_quiet_and_one_every_user_reads_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/operations.md gives the tokens file to the service's group, 0640, as the broker runs as
+    ``timestone``: that drew 'readable by group or others: keep it at mode 0600', which the service could
+    then not read. Only a file every user may read is said, as for a password file or a key."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"tokens": [{"name": "job", "token": "t1"}]}))
+    caplog.set_level(logging.WARNING)
+    path.chmod(0o640)
+    ReaderTokens([], str(path))
+    assert caplog.records == []
+    path.chmod(0o644)
+    ReaderTokens([], str(path))
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"reader tokens file {path} is readable by every user (mode 644): use 0600, or 0640 with the group "
+        "of the broker's user"
+    )
