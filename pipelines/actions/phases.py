@@ -29,6 +29,7 @@ __all__ = [
     "Gate",
     "Phase",
     "gate_lost",
+    "phase_number",
     "phase_of_devices",
     "phase_sizes",
     "phase_starts",
@@ -171,10 +172,17 @@ def gate_lost(
     )
 
 
+def phase_number(row: Execution, count: int) -> int:
+    """The phase (from 1) of ``row`` in a rollout of ``count`` phases: the last for a row without one (the
+    row had no phases when it was queued) or of a phase the row no longer has (its ``phases`` were cut
+    short in place while it ran), so no device is left in a phase that never comes."""
+    return min(row.phase or count, count)
+
+
 def _by_phase(phases: Sequence[Phase], rows: Iterable[Execution]) -> dict[int, list[Execution]]:
     by_phase: dict[int, list[Execution]] = {}
     for row in rows:
-        by_phase.setdefault(row.phase or len(phases), []).append(row)
+        by_phase.setdefault(phase_number(row, len(phases)), []).append(row)
     return by_phase
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pipelines.actions.abort import AbortRule, first_fired
 from pipelines.actions.model import Action
-from pipelines.actions.phases import Gate, gate_lost, phase_starts, rollout_key
+from pipelines.actions.phases import Gate, gate_lost, phase_number, phase_starts, rollout_key
 from pipelines.actions.states import QUEUED, SUCCEEDED, Execution
 
 __all__ = ["Release", "due", "fired_rule", "gate_of", "lost_gate", "rollout_start"]
@@ -105,12 +105,12 @@ def _first_sends(action: Action, rows: Mapping[str, Execution], now_ms: int, pha
     sent_before = 0
     if phase is not None:
         start = phase_starts(action.phases, rows.values(), start, now_ms, gate_of(action))[-1]
-        waiting = [d for d in waiting if (rows[d].phase or last) <= phase]
+        waiting = [d for d in waiting if phase_number(rows[d], last) <= phase]
         sent_before = sum(
-            1 for row in rows.values() if row.published_at is not None and (row.phase or last) < phase
+            1 for row in rows.values() if row.published_at is not None and phase_number(row, last) < phase
         )
         sent = sum(
-            1 for row in rows.values() if row.published_at is not None and (row.phase or last) == phase
+            1 for row in rows.values() if row.published_at is not None and phase_number(row, last) == phase
         )
     else:
         sent = sum(1 for row in rows.values() if row.published_at is not None)

@@ -6,7 +6,10 @@ engine's clock is moved by the test, so a rollout over days takes seconds."""
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
+
+import pyarrow as pa
 
 from pipelines.actions.phases import Phase, phase_of_devices
 from tests.e2e.ota.conftest import action_row
@@ -128,3 +131,32 @@ def test_a_phase_whose_devices_can_no_longer_succeed_enough_loses_its_gate_and_s
             "phases[0].success_pct 100 % cannot be reached: 0 of its 2 devices succeeded and 0 may still, "
             "2 needed"
         )
+
+
+def test_phases_cut_short_in_place_while_the_rollout_runs_still_reach_every_device(tmp_path):
+    """Three phases a day apart; in the first, the operator updates the row in place (SQL ``UPDATE actions
+    SET phases = ...``) to two phases, the second taking the rest. Before, the devices the job had put in
+    the third phase were never sent anything (no third phase any more), and the action stayed IN_PROGRESS
+    for ever; now a device of a phase the row no longer has is in its last, and all of them are reached."""
+    phases: list[dict[str, Any]] = [
+        {"percent": None, "devices": 1, "wait_s": DAY_S, "success_pct": None},
+        {"percent": None, "devices": 1, "wait_s": DAY_S, "success_pct": None},
+        {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
+    ]
+    with rollout_run(tmp_path, quiet_devices(), count=4) as run:
+        row = action_row("p-cut", group="g", phases=phases)
+        run.create(row)
+        assert Counter(r["phase"] for r in run.executions("p-cut").values()) == {1: 1, 2: 1, 3: 2}
+        run.feed(lambda reports: finals(reports, "p-cut") == 1)
+        updated = {**row, "phases": [phases[0], phases[2]], "updated_at": datetime.now(UTC)}
+        run.store.merge(
+            "actions",
+            pa.Table.from_pylist([updated], schema=run.store.spec("actions").arrow_schema),
+            "tests/update",
+            0,
+        )
+        run.engine.on_action_rows([{**updated, "_change_type": "update_postimage"}], "fanout", 50)
+        run.tick_at(DAY_S)
+        run.feed(lambda reports: finals(reports, "p-cut") == 4)
+        assert run.summary("p-cut")["action_state"] == "COMPLETED"
+        assert set(run.published("p-cut").values()) == {0, DAY_S}
