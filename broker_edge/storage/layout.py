@@ -90,10 +90,11 @@ def layout_of(root: str | os.PathLike[str]) -> DataLayout:
 
 
 def layout_version(root: str | os.PathLike[str]) -> str | None:
-    """The version ``meta/LAYOUT`` names (None: no such file)."""
+    """The version ``meta/LAYOUT`` names (None: no such file); a damaged file's text, bytes that are not
+    ASCII escaped, names none (not decimal)."""
     try:
-        with open(os.path.join(os.fspath(root), META, LAYOUT_FILE), encoding="ascii") as file:
-            return file.read().strip()
+        with open(os.path.join(os.fspath(root), META, LAYOUT_FILE), "rb") as file:
+            return file.read().decode("ascii", errors="backslashreplace").strip()
     except FileNotFoundError:
         return None
 
@@ -113,10 +114,16 @@ def open_layout(root: str | os.PathLike[str]) -> DataLayout:
             return layout
         _migrate(layout)
         version = layout_version(layout.root)
+    elif not version.isdecimal() and _holds_partition_logs(layout.log) and not os.path.isdir(layout.topics):
+        _restore_layout_file(layout, damaged=version)  # emptied or overwritten: as if it were gone
+        return layout
     else:
         _remove_empty_staging(layout.root)
     if version not in ("2", LAYOUT_VERSION):
-        raise OSError(f"{layout.root}: unknown data directory layout {version!r} (this version reads 1 to 3)")
+        raise OSError(
+            f"{os.path.join(layout.meta, LAYOUT_FILE)}: unknown data directory layout {version!r} "
+            "(this version reads 1 to 3)"
+        )
     return layout
 
 
@@ -156,13 +163,21 @@ def _holds_partition_logs(log_directory: str) -> bool:
         return False
 
 
-def _restore_layout_file(layout: DataLayout) -> None:
-    """A layout-3 directory whose ``meta/LAYOUT`` is gone (deleted, or ``meta/`` with it): the file is
-    written again. Taking it for layout 1 would move ``log/`` and ``meta/`` as if they were topics' logs and
-    delete them after the upgrade, every record of the store with them."""
+def _restore_layout_file(layout: DataLayout, damaged: str | None = None) -> None:
+    """A layout-3 directory whose ``meta/LAYOUT`` is gone (deleted, or ``meta/`` with it) or `damaged` (what
+    it holds names no version): the file is written again. Taking it for layout 1 would move ``log/`` and
+    ``meta/`` as if they were topics' logs and delete them after the upgrade, every record of the store with
+    them."""
     os.makedirs(layout.meta, exist_ok=True)
     fsync_directory(layout.root)
     write_layout_file(layout.meta, LAYOUT_VERSION)
+    if damaged is not None:
+        log.warning(
+            "%s is damaged (%r names no layout version) and the data directory %s holds partition logs (%s): "
+            "written again (layout %s)",
+            os.path.join(layout.meta, LAYOUT_FILE), damaged, layout.root, layout.log, LAYOUT_VERSION,
+        )  # fmt: skip
+        return
     log.warning(
         "data directory %s holds partition logs (%s) but no %s: written again (layout %s)",
         layout.root,

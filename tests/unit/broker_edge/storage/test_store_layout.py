@@ -170,3 +170,52 @@ def test_a_log_or_meta_directory_of_someone_elses_is_not_taken_over(tmp_path: Pa
     with pytest.raises(OSError, match=rf"{name} is not the broker's \(it holds app\.log\)"):
         LogStore(tmp_path).open()
     assert sorted(path.name for path in tmp_path.rglob("*")) == sorted([name, "app.log"])
+
+
+@pytest.mark.parametrize(
+    "damaged", [b"", b"\x00\x00\x00\x00", b"\xff\xfe3\n", b"3\x00\n"], ids=["empty", "zeroed", "bytes", "nul"]
+)
+def test_a_damaged_layout_file_beside_partition_logs_is_written_again_and_every_record_kept(
+    tmp_path: Path, damaged: bytes, caplog
+):
+    """``meta/LAYOUT`` emptied or overwritten by a bad disk: until 2026-12-01 the start stopped (`unknown
+    data directory layout ''`, naming no file) or failed with a ``UnicodeDecodeError`` traceback, where a
+    missing one is written again. A file that names no version is now damaged and written again as a
+    missing one is (with partition logs beside it), said at WARNING."""
+    store = LogStore(tmp_path)
+    store.open()
+    for number in range(10):
+        store.append("a/b", make_record(number))
+    store.close()
+    (tmp_path / "meta" / "LAYOUT").write_bytes(damaged)
+
+    reopened = LogStore(tmp_path)
+    reopened.open()
+
+    assert f"{tmp_path / 'meta' / 'LAYOUT'} is damaged" in caplog.text and "written again" in caplog.text
+    assert (tmp_path / "meta" / "LAYOUT").read_text() == "3\n"
+    assert [record.offset for record in reopened.read("a/b", 0, max_records=100)] == list(range(10))
+    reopened.close()
+
+
+@pytest.mark.parametrize("content", [b"9\n", b"\xff\xfe"], ids=["a later version", "damaged"])
+def test_a_layout_file_this_version_cannot_read_stops_the_start_naming_it(tmp_path: Path, content: bytes):
+    """A later version's layout is not this version's to touch; nor is a damaged file beside no partition
+    log (what else the directory holds is not known): the start stops with an `OSError` naming the file."""
+    store = LogStore(tmp_path)
+    store.open()
+    store.append("a/b", make_record(0))
+    store.close()
+    layout = tmp_path / "meta" / "LAYOUT"
+    layout.write_bytes(content)
+    if content != b"9\n":
+        for path in (tmp_path / "log").rglob("*"):
+            if path.is_file():
+                path.unlink()
+        for path in sorted((tmp_path / "log").rglob("*"), reverse=True):
+            path.rmdir()
+        (tmp_path / "log").rmdir()
+
+    with pytest.raises(OSError, match=f"^{layout}: "):
+        LogStore(tmp_path).open()
+    assert layout.read_bytes() == content
