@@ -32,6 +32,7 @@ from broker_edge.engine.sessions.snapshot import (
     parse,
     restore,
 )
+from broker_edge.runtime.qos2_journal import Qos2Journal
 from broker_edge.storage.segment import fsync_directory
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class SessionStore:
         self.can_subscribe = can_subscribe
         self._next_write = loop.time() + config.persist_interval_s
         self._writing: asyncio.Future[None] | None = None
+        self.journal = Qos2Journal(directory)
+        router.qos2_journal = self.journal.record
 
     # -- start ----------------------------------------------------------------------------------------------
 
@@ -89,6 +92,9 @@ class SessionStore:
             self.config.max_persistent,
             self.log_store.store_id,
         )
+        held = self.journal.replay(self.router, snapshot.journal_from)
+        if held:
+            log.info("%d incoming QoS 2 ids held since the last snapshot restored from the journal", held)
         if snapshot.damaged:
             log.error(
                 "%s: %d persistent sessions failed their check (the file is damaged): not restored, the"
@@ -174,12 +180,15 @@ class SessionStore:
         if self._writing is not None:
             await self._writing
         self._write(self._capture())
+        self.journal.close()
 
     def _capture(self) -> dict[str, Any]:
         """The document, built on the loop (the router is not thread-safe); plain data from here on."""
         sessions = self.router.sessions
         log_ends = self._log_ends() if any(s.expiry_interval > 0 for s in sessions.values()) else {}
-        return capture(self.router, log_ends, self.loop.time(), time.time(), self.log_store.store_id)
+        document = capture(self.router, log_ends, self.loop.time(), time.time(), self.log_store.store_id)
+        document["journal_from"] = self.journal.rotate()  # what the sessions hold after this is there
+        return document
 
     def _log_ends(self) -> dict[str, int]:
         return self.log_store.end_offsets()
@@ -197,6 +206,7 @@ class SessionStore:
                 os.fsync(file.fileno())
             os.replace(temporary, self.path)
             fsync_directory(str(self.path.parent))
+            self.journal.forget_before(document["journal_from"])
         except (OSError, ValueError) as exc:
             log.error("writing persistent sessions to %s failed: %s", self.path, exc)
             with contextlib.suppress(OSError):  # a full disk: give back what part of it took

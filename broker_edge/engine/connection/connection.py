@@ -463,11 +463,9 @@ class Connection(Outgoing):
     def release_qos2(self, packet_id: int) -> None:
         """Forget a held incoming QoS 2 id (its publish was refused): a resend is a new publish."""
         session = self.session
-        held = session.incoming_qos2 if session is not None else None
-        if held and packet_id in held:
-            held.discard(packet_id)
-            if self.v5 and self.incoming_pending > 0:  # counted until PUBCOMP, and no PUBREL will come
-                self.incoming_pending -= 1
+        released = session is not None and session.release_incoming(packet_id)
+        if released and self.v5 and self.incoming_pending > 0:  # counted until PUBCOMP; no PUBREL will come
+            self.incoming_pending -= 1
 
     # -- reading ------------------------------------------------------------------------------------------
 

@@ -36,11 +36,7 @@ def handle_pubrec(ctx: BrokerContext, conn: Client, session: Session, packet: Pu
 
 
 def handle_pubrel(ctx: BrokerContext, conn: Client, session: Session, packet: PubRel) -> None:
-    held = session.incoming_qos2
-    if held is not None and packet.packet_id in held:
-        held.discard(packet.packet_id)
-        if not held:
-            session.incoming_qos2 = None
+    if session.release_incoming(packet.packet_id):
         if conn.terms.v5 and conn.incoming_pending > 0:  # an older client's count ended with its PUBREC
             conn.incoming_pending -= 1
         conn.send_pubcomp(packet.packet_id)

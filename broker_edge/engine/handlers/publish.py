@@ -63,7 +63,7 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
     if qos == 2:
         assert packet_id is not None, "the decoder gives every QoS 1/2 PUBLISH a packet id"
         held = session.incoming_qos2
-        if held is not None and packet_id in held:
+        if held is not None and packet_id in held and not session.reused(packet_id, packet.dup):
             path.acknowledge_in_turn(conn, packet_id, 2, 0)  # duplicate: PUBREC again, never routed twice
             return
     if qos and conn.terms.v5 and conn.incoming_pending >= limits.receive_maximum:
@@ -216,10 +216,7 @@ def _hold_qos2(conn: Client, session: Session, packet_id: int) -> None:
     """Remember an incoming QoS 2 id until PUBREL (exactly once, MQTT 4.3.3); an MQTT 5 client's publish
     counts towards its Receive Maximum until then (an older client's only until its PUBREC: the PUBLISH
     path counts those)."""
-    held = session.incoming_qos2
-    if held is None:
-        held = session.incoming_qos2 = set()
-    held.add(packet_id)
+    session.hold_incoming(packet_id)
     if conn.terms.v5:
         conn.incoming_pending += 1
 

@@ -102,6 +102,8 @@ class Router:
         """Monotonic seconds, for the expiry deadline of wills (the broker's clock)."""
         self.replays: ReplayManager | None = None
         """``broker_edge.engine.cursors.ReplayManager`` when the broker has a commitlog."""
+        self.qos2_journal: Callable[[str, int, bool], None] | None = None
+        """Told of incoming QoS 2 ids persistent sessions hold or release (``runtime.qos2_journal``)."""
         self._delayed_wills: set[Session] = set()
         self._expiring: set[Session] = set()
         self.publish_through: Callable[[Message], None] | None = None

@@ -23,7 +23,7 @@ from broker_edge.engine.message import Message
 from broker_edge.engine.rare_fields import RareField, RareSlots
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from broker_edge.engine.publish_run import LoggedRun, PublishRun
     from broker_edge.engine.routing.subscriptions import SubscriptionOptions
@@ -132,6 +132,10 @@ class SessionOwner(Protocol):
 
     def pump_replays(self, session: Session) -> None: ...
 
+    qos2_journal: Callable[[str, int, bool], None] | None
+    """Told of every incoming QoS 2 id a persistent session holds or releases (client id, packet id, held),
+    before its PUBREC or PUBCOMP leaves (``runtime.qos2_journal``); None: not kept between snapshots."""
+
 
 class SessionSubscription:
     """One subscription as its session remembers it: where it sits in the trie and with which options."""
@@ -194,6 +198,7 @@ class _SessionRare(RareSlots):
         "incoming_qos2",
         "log_offsets",
         "resends",
+        "restored_qos2",
         "retained_due",
         "username",
         "will",
@@ -230,6 +235,8 @@ class Session:
     """When an offline session is discarded (loop time; None: online, or it never expires)."""
     incoming_qos2: RareField[set[int] | None] = RareField(_SessionRare, None)
     """Ids of incoming QoS 2 messages received and not yet released by PUBREL."""
+    restored_qos2: RareField[set[int] | None] = RareField(_SessionRare, None)
+    """Those of ``incoming_qos2`` read back from disk or another member (``restore_incoming``)."""
     will: RareField[Will | None] = RareField(_SessionRare, None)
     """A will waiting for its v5 Will Delay Interval after the connection ended."""
     will_at: RareField[float | None] = RareField(_SessionRare, None)
@@ -283,6 +290,52 @@ class Session:
     @property
     def online(self) -> bool:
         return self.connection is not None
+
+    def hold_incoming(self, packet_id: int) -> None:
+        """An incoming QoS 2 id is held until its PUBREL (exactly once, MQTT 4.3.3)."""
+        held = self.incoming_qos2
+        if held is None:
+            held = self.incoming_qos2 = set()
+        held.add(packet_id)
+        journal = self.router.qos2_journal
+        if journal is not None and self._expiry_interval > 0:
+            journal(self.client_id, packet_id, True)
+
+    def restore_incoming(self, packet_ids: Iterable[int]) -> None:
+        """Hold ids the session held before a restart or a move: a PUBLISH with one and DUP 1 is the client's
+        resend; one without DUP is a new message (``reused``), as the client may reuse an id whose PUBREL the
+        saved state missed (a power cut)."""
+        ids = set(packet_ids)
+        if ids:
+            self.incoming_qos2 = (self.incoming_qos2 or set()) | ids
+            self.restored_qos2 = (self.restored_qos2 or set()) | ids
+
+    def reused(self, packet_id: int, dup: bool) -> bool:
+        """Whether a PUBLISH with a held ``packet_id`` is a new message: one without DUP whose id was only
+        restored (``restore_incoming``); the id is released then."""
+        restored = self.restored_qos2
+        if dup or restored is None or packet_id not in restored:
+            return False
+        return self.release_incoming(packet_id)
+
+    def release_incoming(self, packet_id: int) -> bool:
+        """Forget a held incoming QoS 2 id (its PUBREL came, or its publish was refused); False when it was
+        not held."""
+        held = self.incoming_qos2
+        if held is None or packet_id not in held:
+            return False
+        held.discard(packet_id)
+        if not held:
+            self.incoming_qos2 = None
+        restored = self.restored_qos2
+        if restored is not None:
+            restored.discard(packet_id)
+            if not restored:
+                self.restored_qos2 = None
+        journal = self.router.qos2_journal
+        if journal is not None and self._expiry_interval > 0:
+            journal(self.client_id, packet_id, False)
+        return True
 
     def inflight_count(self) -> int:
         return len(self.inflight) if self.inflight else 0
@@ -571,6 +624,7 @@ class Session:
         self.queue = None
         if self._rare is not None:
             self.incoming_qos2 = None
+            self.restored_qos2 = None
             self.cursors = None
             self.resends = None
             self.retained_due = None

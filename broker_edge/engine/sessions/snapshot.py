@@ -93,6 +93,9 @@ class Snapshot:
     """The store whose logs ``log_ends`` and the cursors are offsets of (None: not recorded)."""
     damaged: int = 0
     """Sessions left out because their entry failed its check (a damaged file that is still JSON)."""
+    journal_from: int | None = None
+    """The first generation of the incoming QoS 2 ids' journal written after it (``runtime.qos2_journal``;
+    None: not recorded)."""
 
 
 # -- capture ----------------------------------------------------------------------------------------------
@@ -230,6 +233,7 @@ def parse(document: Any) -> Snapshot:
         [_parse_session(entry, index) for index, entry in enumerate(intact)],
         _typed(top, "store_id", (str, type(None)), "document", None),
         len(sessions) - len(intact),
+        _typed(top, "journal_from", (int, type(None)), "document", None),
     )
 
 
@@ -367,8 +371,7 @@ def restore(
         session.log_offsets = saved.log_offsets
         if saved.releases:  # resent as PUBREL when it reconnects [MQTT-4.4.0-1]
             session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
-        if saved.received:  # a resent PUBLISH gets PUBREC, never routed twice [MQTT-4.3.3-10]
-            session.incoming_qos2 = set(saved.received)
+        session.restore_incoming(saved.received)  # a resent PUBLISH: PUBREC, never routed twice
         for sub in saved.subscriptions:
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):
                 router.subscribe(session, sub.key, sub.topic_filter, sub.group, sub.options)

@@ -405,48 +405,72 @@ def _persistent_raw(port: int, version: int, client_id: str) -> tuple[RawClient,
     [
         (5, "SIGTERM", "publish"),
         (4, "SIGTERM", "pubrel"),
-        (5, "SIGKILL", "pubrel"),
         (4, "SIGKILL", "publish"),
+        (5, "SIGKILL", "pubrel"),
+        (5, "SIGKILL", "reused"),
+        (5, "SIGKILL", "reused, its PUBREL's line lost"),
     ],
 )
 def test_an_incoming_qos2_id_held_over_a_restart_is_never_routed_twice(tmp_path, version, ending, resend):
     """[MQTT-4.3.3-10] [MQTT-4.3.3-11] An incoming QoS 2 packet id is held from PUBREC to PUBREL over a
-    restart too (SIGTERM, or SIGKILL after the periodic snapshot): a publisher that resumes its session and
-    resends the PUBLISH with DUP (or only its PUBREL) [MQTT-4.4.0-1] gets PUBREC, then PUBCOMP 0, and the
-    message is logged and delivered once, not twice."""
-    process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 0.1}, sys_topics={"enabled": False})
-    path = tmp_path / "data" / "meta" / SESSIONS_FILE
+    restart too, a SIGKILL right after the PUBREC included (long after the last snapshot): a publisher that
+    resumes its session and resends the PUBLISH with DUP (or only its PUBREL) [MQTT-4.4.0-1] gets PUBREC,
+    then PUBCOMP 0, and the message is logged and delivered once, not twice. An id released before the
+    crash is free after it [MQTT-4.3.3-2]: a new PUBLISH with it is a new message, also when the line that
+    said so was lost (a power cut): a PUBLISH without DUP is not a resend [MQTT-3.3.1-1]."""
+    process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 3600}, sys_topics={"enabled": False})
     process.start()
     try:
         subscriber, _ = _persistent_raw(process.port, 5, "reader")
         subscriber.subscribe("in/q2", 2)
         subscriber.close()
+        _persistent_raw(process.port, version, "q2-publisher")[0].close()
+        process.stop()  # the snapshot has both sessions
+        process.start()
         publisher, _ = _persistent_raw(process.port, version, "q2-publisher")
         publisher.send_packet(Publish("in/q2", b"exactly once", 2, packet_id=7))
         assert isinstance(publisher.recv(), PubRec)
-        publisher.close()  # no PUBREL
+        if resend.startswith("reused"):
+            publisher.send_packet(PubRel(7))
+            assert isinstance(publisher.recv(), PubComp)
+        publisher.close()
         if ending == "SIGKILL":
-            since = time.time()
-            assert wait_for(lambda: path.exists() and json.loads(path.read_text())["written_at"] > since)
             process.kill()
+            process.process.wait()
+            if resend.endswith("lost"):
+                [journal] = [f for f in (tmp_path / "data" / "meta").glob("qos2-ids.*") if f.stat().st_size]
+                lines = journal.read_text().splitlines(keepends=True)
+                assert lines[-1].endswith(",0]\n")
+                journal.write_text("".join(lines[:-1]))
         else:
             process.stop()
         process.start()
         again, ack = _persistent_raw(process.port, version, "q2-publisher")
         assert ack.session_present
-        if resend == "publish":
+        expected = [b"exactly once"]
+        if resend.startswith("reused"):
+            again.send_packet(Publish("in/q2", b"the next one", 2, packet_id=7))
+            expected.append(b"the next one")
+        elif resend == "publish":
             again.send_packet(Publish("in/q2", b"exactly once", 2, dup=True, packet_id=7))
+        if resend != "pubrel":
             rec = again.recv()
             assert isinstance(rec, PubRec) and rec.packet_id == 7
         again.send_packet(PubRel(7))
         comp = again.recv()
         assert isinstance(comp, PubComp) and (comp.packet_id, comp.reason_code) == (7, 0)
         reader, _ = _persistent_raw(process.port, 5, "reader")
-        delivery = reader.recv()
-        assert isinstance(delivery, Publish) and delivery.payload == b"exactly once"
-        assert delivery.packet_id is not None
-        reader.send_packet(PubRec(delivery.packet_id))
-        assert isinstance(reader.recv(), PubRel)
+        delivered, released = [], 0
+        while released < len(expected):
+            packet = reader.recv()
+            if isinstance(packet, Publish) and packet.packet_id is not None:
+                delivered.append(packet.payload)
+                reader.send_packet(PubRec(packet.packet_id))
+            else:
+                assert isinstance(packet, PubRel)
+                reader.send_packet(PubComp(packet.packet_id))
+                released += 1
         reader.recv_none(0.5)
+        assert delivered == expected
     finally:
         process.stop()

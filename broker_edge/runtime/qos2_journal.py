@@ -1,0 +1,140 @@
+"""Incoming QoS 2 packet ids of persistent sessions between two session snapshots (see docs/broker.md).
+
+The sessions file keeps the ids a session holds from PUBREC to PUBREL (``received``), but only as of its last
+write: a broker killed after it lost the ids it answered since, and a publisher resending such a PUBLISH
+(DUP 1) then had it logged and delivered twice. ``Qos2Journal`` appends one line per id held or released to
+``meta/qos2-ids.<generation>`` before the PUBREC (or PUBCOMP) can leave: a write to the file, no fsync, so
+it survives the process's death (not a power cut). Each snapshot starts a new generation (``rotate``) and
+records it (``journal_from``); once the snapshot is written the older files are deleted. At start the files
+from the snapshot's generation on are replayed, in order, onto the sessions it restored.
+
+A line is ``[client_id, packet_id, 1]`` (held) or ``[client_id, packet_id, 0]`` (released) as JSON; a line
+that does not parse (cut by a power cut) is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker_edge.engine.routing.router import Router
+
+__all__ = ["JOURNAL_PREFIX", "Qos2Journal"]
+
+log = logging.getLogger(__name__)
+
+JOURNAL_PREFIX = "qos2-ids."
+
+
+class Qos2Journal:
+    """The journal files in ``directory`` (the store's ``meta`` directory)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.generation = max(self._generations(), default=0) + 1
+        self._fd: int | None = None
+        self._failed = False
+        self._open()
+
+    def _generations(self) -> list[int]:
+        found = []
+        for path in self.directory.glob(JOURNAL_PREFIX + "*"):
+            suffix = path.name[len(JOURNAL_PREFIX) :]
+            if suffix.isdigit():
+                found.append(int(suffix))
+        return sorted(found)
+
+    def _path(self, generation: int) -> Path:
+        return self.directory / f"{JOURNAL_PREFIX}{generation}"
+
+    def _open(self) -> None:
+        try:
+            self._fd = os.open(self._path(self.generation), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            self._fd = None
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        if not self._failed:
+            log.error(
+                "writing incoming QoS 2 ids to %s failed: %s (until the next session snapshot, a broker"
+                " killed meanwhile may log a resent QoS 2 PUBLISH again)",
+                self.directory,
+                exc,
+            )
+        self._failed = True
+
+    def record(self, client_id: str, packet_id: int, held: bool) -> None:
+        """One id of ``client_id``'s session held (PUBREC due) or released (PUBCOMP due)."""
+        fd = self._fd
+        if fd is None:
+            return
+        line = json.dumps([client_id, packet_id, int(held)], separators=(",", ":")) + "\n"
+        try:
+            os.write(fd, line.encode())
+        except OSError as exc:
+            self._fail(exc)
+
+    def rotate(self) -> int:
+        """Start the next generation (a snapshot is being captured); returns it."""
+        self._close()
+        self.generation += 1
+        self._failed = False
+        self._open()
+        return self.generation
+
+    def forget_before(self, generation: int) -> None:
+        """Delete the files older than ``generation`` (a snapshot that has them is written)."""
+        for old in self._generations():
+            if old < generation:
+                with contextlib.suppress(OSError):
+                    self._path(old).unlink()
+
+    def replay(self, router: Router, since: int | None) -> int:
+        """Apply the files from generation ``since`` on (None: every file) to ``router``'s sessions; returns
+        how many ids are held after it."""
+        held: dict[tuple[str, int], bool] = {}
+        for generation in self._generations():
+            if (since is None or generation >= since) and generation != self.generation:
+                self._read(self._path(generation), held)
+        count = 0
+        for (client_id, packet_id), is_held in held.items():
+            session = router.sessions.get(client_id)
+            if session is None:
+                continue
+            if is_held:
+                session.restore_incoming((packet_id,))
+                count += 1
+            else:
+                session.release_incoming(packet_id)
+        return count
+
+    @staticmethod
+    def _read(path: Path, held: dict[tuple[str, int], bool]) -> None:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            log.error("reading incoming QoS 2 ids from %s failed: %s", path, exc)
+            return
+        for line in text.splitlines():
+            try:
+                client_id, packet_id, is_held = json.loads(line)
+            except ValueError:
+                continue  # cut by a power cut
+            if isinstance(client_id, str) and isinstance(packet_id, int) and 0 < packet_id < 65536:
+                held[(client_id, packet_id)] = bool(is_held)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """At stop, after the last snapshot (which deleted the files it has)."""
+        self._close()
