@@ -289,15 +289,17 @@ def test_a_connect_waiting_on_a_member_that_lost_its_lease_is_sent_to_a_live_mem
     assert elsewhere.connect("waiting").reason_code == 0
 
 
-@pytest.mark.parametrize("ending", ["takeover", "SIGKILL"])
+@pytest.mark.parametrize("ending", ["takeover", "takeover on the same member", "SIGKILL"])
 @pytest.mark.mqtt5("MQTT-4.3.3-10", "MQTT-4.3.3-11", "MQTT-4.4.0-1")
 def test_an_incoming_qos2_id_moves_with_the_session_to_another_member(three_brokers, etcd, ending):
     """[MQTT-4.3.3-10] [MQTT-4.3.3-11] A publisher past PUBREC of a QoS 2 PUBLISH that resumes its session
     on another member (its connection to the first still open, or the first killed after saving the
-    session) and resends the PUBLISH with DUP [MQTT-4.4.0-1] gets PUBREC and PUBCOMP 0: the id came with
-    the session, and the message reaches its subscriber once."""
+    session) or on the same one while its connection there is open, and resends the PUBLISH with DUP
+    [MQTT-4.4.0-1], gets PUBREC and PUBCOMP 0: the id came with the session, and the message reaches its
+    subscriber once."""
     a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
-    client_id, topic = f"q2-mover-{ending}", f"q2move/{ending}"
+    name = ending.replace(" ", "-")
+    client_id, topic = f"q2-mover-{name}", f"q2move/{name}"
     reader = PahoClient(c.port, f"read-{client_id}")
     reader.subscribe(topic, 2)
     old = persistent_raw(a.port, client_id, 5)
@@ -316,7 +318,7 @@ def test_an_incoming_qos2_id_moves_with_the_session_to_another_member(three_brok
         old.close()
         wait_settled(etcd, {"b", "c"}, 2)
 
-    moved = persistent_raw(b.port, client_id, 5)
+    moved = persistent_raw((a if ending.endswith("member") else b).port, client_id, 5)
     moved.send_packet(Publish(topic, b"exactly once", 2, dup=True, packet_id=9))
     again = moved.recv(timeout=15)
     assert isinstance(again, PubRec) and again.packet_id == 9
