@@ -326,3 +326,25 @@ def test_an_incoming_qos2_id_moves_with_the_session_to_another_member(three_brok
     comp = moved.recv(timeout=15)
     assert isinstance(comp, PubComp) and (comp.packet_id, comp.reason_code) == (9, 0)
     reader.expect_none(1.0)
+
+
+@pytest.mark.mqtt5("MQTT-4.4.0-1")
+def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_on_another_member(three_brokers):
+    """[MQTT-4.4.0-1] A subscriber that answered a QoS 2 delivery with PUBREC and moved to another member
+    before its PUBCOMP gets the PUBREL again there with the same packet id, and the message is not sent
+    again: the released id moves with the session."""
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    device = persistent_raw(a.port, "q2-released", 5)
+    device.subscribe("released/x", 2)
+    PahoClient(c.port, "pub-q2-released").publish("released/x", b"once", 2)
+    delivery = device.recv(timeout=15)
+    assert isinstance(delivery, Publish) and delivery.packet_id is not None
+    device.send_packet(PubRec(delivery.packet_id))
+    assert isinstance(device.recv(timeout=15), PubRel)
+
+    moved = persistent_raw(b.port, "q2-released", 5)
+
+    resent = moved.recv(timeout=15)
+    assert isinstance(resent, PubRel) and resent.packet_id == delivery.packet_id
+    moved.send_packet(PubComp(resent.packet_id))
+    moved.recv_none(1.0)
