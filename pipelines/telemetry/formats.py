@@ -13,6 +13,7 @@ refused again with the Python JSON reader, for the quarantined rows only.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -184,7 +185,8 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         # U+FFFD inside a string value: such a payload is refused as the Python reader refuses it
         utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
         error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | F.col(_trailing(number)) | ~utf8
-        error = error | _declared_twice(F.col("payload").cast("string"), fields)
+        text = F.col("payload").cast("string")
+        error = error | _declared_twice(text, fields) | _no_string(text, payload.fields)
         for name, kind in _time_fields(payload).items():
             values[name] = F.col(_times(number)).getField(name)
             error = error | (parsed.getField(name).isNotNull() & ~_a_time(values[name], kind))
@@ -217,6 +219,29 @@ def _declared_twice(text: Column, fields: list[str]) -> Column:
     declared = F.array(*[F.lit(name) for name in fields])
     twice = F.exists(declared, lambda name: F.size(F.filter(keys, lambda key: key == name)) > 1)
     return F.when(candidate, F.coalesce(twice, F.lit(False))).otherwise(F.lit(False))
+
+
+def _no_string(text: Column, fields: Mapping[str, str]) -> Column:
+    """Whether the JSON object ``text`` gives a string field a value that is no string (a number, an object,
+    a list, a boolean), which ``from_json`` would take as its JSON text. Only a payload where such a name is
+    followed by anything but a quote or ``null`` may (one regular expression), and only such a payload is
+    parsed again, as a variant whose top-level values' types are read."""
+    names = [name for name, kind in fields.items() if kind.strip().lower() == "string"]
+    if not names:
+        return F.lit(False)
+    pattern = "|".join(re.escape(name) for name in names)
+    candidate = text.rlike(f'"({pattern})"\\s*:\\s*[^"\\sn]')
+    document = F.try_parse_json(text)
+    kinds = [F.schema_of_variant(F.variant_get(document, _variant_path(name), "variant")) for name in names]
+    other = F.lit(False)
+    for kind in kinds:
+        other = other | ~F.coalesce(kind.isin("STRING", "VOID"), F.lit(True))
+    return F.when(candidate, other).otherwise(F.lit(False))
+
+
+def _variant_path(name: str) -> str:
+    """The variant path of a top-level field (``$['name']``, quotes escaped)."""
+    return "$['" + name.replace("\\", "\\\\").replace("'", "\\'") + "']"
 
 
 def _past_floats(value: Column) -> Column:

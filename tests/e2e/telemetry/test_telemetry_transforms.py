@@ -328,6 +328,34 @@ def test_a_declared_field_given_twice_in_a_json_object_is_unparseable_not_its_la
     assert passed == {"nested": (1, None), "undeclared": (2, None), "in-string": (3, '"seq": 2')}
 
 
+def test_a_json_value_that_is_no_string_in_a_string_field_is_unparseable_not_its_json_text(spark):
+    """Spark's parser gives a string field any JSON value as its text: ``"firmware": {"a": 1}`` landed in
+    silver as the firmware '{"a":1}', ``"group": true`` as the group 'true', where the CBOR and Protobuf
+    readers refuse a value of another type. Such a payload is unparseable, saying the field and the value;
+    strings, nulls and a field of that name inside a nested value are read as before."""
+    sent = {
+        "number": b'{"seq": 1, "firmware": 123}',
+        "object": b'{"seq": 1, "firmware": {"a": 1}}',
+        "boolean": b'{"seq": 1, "group": true}',
+        "list": b'{"seq": 1, "group" :\n [1, 2]}',
+        "null": b'{"seq": 2, "firmware": null}',
+        "string": b'{"seq": 3, "firmware" :  "2.0"}',
+        "nested": b'{"seq": 4, "meta": {"firmware": 2}, "firmware": "1.0"}',
+        "in-string": b'{"seq": 5, "note": "\\"firmware\\": 5", "firmware": "x"}',
+    }
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
+    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+        "number": "field firmware: expected string, got int 123",
+        "object": "field firmware: expected string, got dict {'a': 1}",
+        "boolean": "field group: expected string, got bool True",
+        "list": "field group: expected string, got list [1, 2]",
+    }
+    passed = {r["device_id"]: (r["seq"], r["firmware"]) for r in T.passed_rows(flagged).collect()}
+    assert passed == {"null": (2, None), "string": (3, "2.0"), "nested": (4, "1.0"), "in-string": (5, "x")}
+
+
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
     """The check for more after the object, added to from_json's struct, had Spark take each declared
     field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
