@@ -16,7 +16,7 @@ through.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from .config import LogConfig
@@ -63,38 +63,14 @@ def retention_pass(
     report = RetentionReport()
     touched: dict[int, set[Segment]] = {}
     unusable: set[Segment] = set()  # segments whose groups cannot be read whole, or are impossible
+    said: set[str] = set()  # files that could not be read, said once a pass
     young_from = None if shortest_ms is None else now_ms - shortest_ms
     for part in partitions:
         for segment in [s for s in part.segments if s.state == SEALED]:
             known = segment.oldest_group_ms
             if young_from is not None and known is not None and known >= young_from:
                 continue
-            alive, whole = False, True
-            oldest = _NO_GROUP
-            moves: list[tuple[Group, int]] = []  # made once every group is read and possible
-            for groups in _group_slices(part, segment, len(table)):
-                if groups is None:
-                    alive = True  # groups it cannot read are not past retention
-                    whole = False
-                    unusable.add(segment)
-                    break
-                for group in groups:
-                    if group.newest_time < oldest:
-                        oldest = group.newest_time
-                    topic_id = group.topic_id
-                    end = part.live_end(topic_id, segment, group)
-                    if table.start[topic_id] >= end or group.first_offset >= end:
-                        continue  # nothing of it is above the start, or a truncation cut all of it
-                    retention_ms = log_config(topic_id).retention_ms
-                    if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
-                        moves.append((group, end))
-                    else:
-                        alive = True
-                yield report
-            if whole:
-                for group, end in moves:
-                    _move_start(table, segment, group, end, report)
-            segment.oldest_group_ms = oldest if whole else None
+            alive = yield from _judge_by_age(part, segment, table, log_config, now_ms, report, unusable, said)
             if not alive and _sealed_of(segment).groups:
                 touched.setdefault(part.number, set()).add(segment)
     if size_limits:
@@ -105,29 +81,80 @@ def retention_pass(
             if limit is None or table.total[topic_id] - table.dropped[topic_id] <= limit:
                 continue
             part = partitions[table.partition[topic_id]]
-            for segment, group in _oldest_groups(part, topic_id, table.start[topic_id], unusable):
-                if table.total[topic_id] - table.dropped[topic_id] <= limit:
-                    break
-                _move_start(table, segment, group, part.live_end(topic_id, segment, group), report)
-                touched.setdefault(part.number, set()).add(segment)
+            try:
+                for segment, group in _oldest_groups(part, topic_id, table.start[topic_id], unusable):
+                    if table.total[topic_id] - table.dropped[topic_id] <= limit:
+                        break
+                    _move_start(table, segment, group, part.live_end(topic_id, segment, group), report)
+                    touched.setdefault(part.number, set()).add(segment)
+            except OSError as error:  # its chain goes through an index that cannot be read: left as it is
+                _say_unreadable(part, None, error, said)
     for part in partitions:
         candidates = touched.get(part.number)
         if not candidates:
             continue
         dead: list[Segment] = []
         for segment in [s for s in part.segments if s in candidates and s.state == SEALED]:
-            for groups in _group_slices(part, segment, len(table)):
-                if groups is None or not _all_dead(part, segment, groups, table):
-                    break
-                yield report
-            else:
-                dead.append(segment)
+            try:
+                for groups in _group_slices(part, segment, len(table)):
+                    if groups is None or not _all_dead(part, segment, groups, table):
+                        break
+                    yield report
+                else:
+                    dead.append(segment)
+            except OSError as error:
+                _say_unreadable(part, segment, error, said)
         if dead:
             for segment in dead:
                 report.segments_deleted += 1
                 report.bytes_deleted += segment.size
             delete(part, dead)
     yield report
+
+
+def _judge_by_age(
+    part: PartitionLog,
+    segment: Segment,
+    table: TopicTable,
+    log_config: Callable[[int], LogConfig],
+    now_ms: int,
+    report: RetentionReport,
+    unusable: set[Segment],
+    said: set[str],
+) -> Generator[RetentionReport, None, bool]:
+    """Move the starts of the topics whose groups in `segment` are past their age, once every group of it
+    is read and possible (yielding after each slice); returns whether a group of it is still alive."""
+    alive, whole = False, True
+    oldest = _NO_GROUP
+    moves: list[tuple[Group, int]] = []
+    try:
+        for groups in _group_slices(part, segment, len(table)):
+            if groups is None:
+                alive, whole = True, False  # groups it cannot read are not past retention
+                unusable.add(segment)
+                break
+            for group in groups:
+                if group.newest_time < oldest:
+                    oldest = group.newest_time
+                topic_id = group.topic_id
+                end = part.live_end(topic_id, segment, group)
+                if table.start[topic_id] >= end or group.first_offset >= end:
+                    continue  # nothing of it is above the start, or a truncation cut all of it
+                retention_ms = log_config(topic_id).retention_ms
+                if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
+                    moves.append((group, end))
+                else:
+                    alive = True
+            yield report
+        if whole:
+            for group, end in moves:
+                _move_start(table, segment, group, end, report)
+    except OSError as error:  # an index deleted or unreadable while the broker runs
+        _say_unreadable(part, segment, error, said)
+        alive, whole = True, False
+        unusable.add(segment)
+    segment.oldest_group_ms = oldest if whole else None
+    return alive
 
 
 def _oldest_groups(
@@ -161,6 +188,20 @@ def _move_start(table: TopicTable, segment: Segment, group: Group, end: int, rep
     table.start[topic_id] = end
     table.dropped[topic_id] = min(table.dropped[topic_id] + dropped, table.total[topic_id])
     report.topics_moved += 1
+
+
+def _say_unreadable(part: PartitionLog, segment: Segment | None, error: OSError, said: set[str]) -> None:
+    """An index (or segment) that cannot be read, at ERROR once a pass: what it holds is kept."""
+    path = str(error.filename or (segment.sealed.path if segment is not None and segment.sealed else "?"))
+    if path in said:
+        return
+    said.add(path)
+    log.error(
+        "retention keeps %s of partition %d: %s cannot be read (%s); the records it names are not deleted or "
+        "moved past while it cannot, the other segments' are",
+        f"segment {segment.number}" if segment is not None else "the logs whose records it names",
+        part.number, path, error.strerror or error,
+    )  # fmt: skip
 
 
 def _sealed_of(segment: Segment) -> SealedIndex:

@@ -342,3 +342,33 @@ def test_a_segment_whose_sealed_index_is_damaged_is_neither_deleted_nor_moved_pa
     assert [record.offset for record in kept] == list(range(60))
     assert store.start_offset("sized") == 0
     store.close()
+
+
+@pytest.mark.parametrize("when", ["by age", "by size"])
+def test_a_sealed_index_that_cannot_be_read_keeps_its_segment_and_retention_goes_on_with_the_others(
+    tmp_path: Path, when: str, caplog: pytest.LogCaptureFixture
+):
+    """A sealed index deleted, or unreadable on a bad disk, while the broker runs: until 2026-12-01 the pass
+    raised the ``OSError`` at that segment, every pass after it too, so no segment of any topic was deleted
+    any more and the disk filled. Its segment is now kept and named at ERROR; the others go."""
+    limits = {"retention_ms": 1000} if when == "by age" else {"retention_ms": None, "retention_bytes": 2000}
+    config = StorageConfig(segment_bytes=4096, max_open_files=2, sealed_cache_bytes=0, **limits)
+    store = LogStore(tmp_path, config)
+    store.open()
+    _fill(store, "t", until_segments=3)  # "t" fills segments 0 and 1, "u" the segments after them
+    for number in range(200):
+        store.append("u", make_record(number, timestamp_ms=BASE_TIME_MS))
+    store.flush()
+    store.wait_sealed()
+    indexes = partition_segments(tmp_path, suffix=".index")
+    assert len(indexes) >= 5
+    indexes[1].unlink()
+    store.file_pool.close()  # its descriptor given back, as the pool does with many files
+
+    report = store.apply_retention(now_ms=BASE_TIME_MS + 60_000)
+
+    assert report.segments_deleted >= 2
+    assert indexes[1].with_suffix(".log").exists()
+    assert not indexes[3].with_suffix(".log").exists()  # the oldest segment of "u" alone
+    assert f"{indexes[1]} cannot be read" in caplog.text
+    store.close()
