@@ -32,12 +32,12 @@ def read_checkpoint(path: str) -> dict[str, int] | None:
     """The saved committed ends (None: no checkpoint was ever written here). A damaged file counts as
     every log committed at its start (logged at ERROR): safe, the leader's watermark restores the rest."""
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        with open(path, "rb") as file:
+            data = file.read()
     except FileNotFoundError:
         return None
     try:
-        document = json.loads(text)
+        document = json.loads(data.decode("utf-8"))  # (bytes that are not UTF-8: a ValueError too)
         if not isinstance(document, dict) or document.get("version") != VERSION:
             raise ValueError(f"version must be {VERSION}")
         committed = document["committed"]

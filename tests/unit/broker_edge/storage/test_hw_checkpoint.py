@@ -111,8 +111,13 @@ def test_a_store_never_replicated_starts_with_everything_committed(tmp_path: Pat
     assert read_checkpoint(member.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
 
 
+@pytest.mark.parametrize(
+    "damaged",
+    [b'{"version": 1, "committed": {"t": -4}}', b'\xff\xfe{"version": 1}', b"\x00" * 64],
+    ids=["a negative end", "not UTF-8 (until 2026-12-01 a UnicodeDecodeError stopped the start)", "zeroed"],
+)
 def test_a_damaged_checkpoint_starts_every_log_committed_at_its_start(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damaged: bytes
 ) -> None:
     store = _store(tmp_path)
     store.replicated_log.enable()
@@ -120,7 +125,7 @@ def test_a_damaged_checkpoint_starts_every_log_committed_at_its_start(
     store.flush()
     store.replicated_log.commit_to("t", 3)
     store.close()
-    Path(store.layout.meta_file(CHECKPOINT_FILE)).write_text('{"version": 1, "committed": {"t": -4}}')
+    Path(store.layout.meta_file(CHECKPOINT_FILE)).write_bytes(damaged)
 
     with caplog.at_level(logging.ERROR):
         again = _store(tmp_path)
