@@ -103,9 +103,9 @@ class ActionsEngine(Summaries, Compliance):
 
     def _kept(self, action_id: str) -> Action | None:
         """The action as sent, of an action with executions: as this engine last took it, or else (a job
-        started since) as the table has it, the row created first of several (``_actions``)."""
+        started since) when rows were appended under its id, the row created first (``_actions``)."""
         kept = self._last_valid.get(action_id)
-        if kept is None:
+        if kept is None and self.tables.rows_under(action_id) > 1:
             found = self._actions([action_id])
             kept = found[0] if found else None
         return kept

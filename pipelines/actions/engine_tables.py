@@ -85,6 +85,11 @@ class EngineTables:
             snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
         return snapshot[1]
 
+    def rows_under(self, action_id: str) -> int:
+        """How many rows of ``actions`` have the id ``action_id`` (more than one: rows were appended)."""
+        table = self.read(ACTIONS)
+        return int(pc.sum(pc.equal(table["id"], action_id)).as_py() or 0)
+
     def targets(self, group: str | None) -> list[str]:
         """The ids of ``group``'s devices (None: every device), read with the group pushed down to the
         table and only the id column. An id that cannot be one topic level (a row another tool wrote) is
