@@ -13,7 +13,7 @@ refused again with the Python JSON reader, for the quarantined rows only.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -186,7 +186,7 @@ def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column, number
         utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
         error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | F.col(_trailing(number)) | ~utf8
         text = F.col("payload").cast("string")
-        error = error | _declared_twice(text, fields) | _no_string(text, payload.fields)
+        error = error | _declared_twice(text, fields) | _other_kind(text, payload.fields)
         for name, kind in _time_fields(payload).items():
             values[name] = F.col(_times(number)).getField(name)
             error = error | (parsed.getField(name).isNotNull() & ~_a_time(values[name], kind))
@@ -221,22 +221,35 @@ def _declared_twice(text: Column, fields: list[str]) -> Column:
     return F.when(candidate, F.coalesce(twice, F.lit(False))).otherwise(F.lit(False))
 
 
-def _no_string(text: Column, fields: Mapping[str, str]) -> Column:
+def _other_kind(text: Column, fields: Mapping[str, str]) -> Column:
     """Whether the JSON object ``text`` gives a string field a value that is no string (a number, an object,
-    a list, a boolean), which ``from_json`` would take as its JSON text. Only a payload where such a name is
-    followed by anything but a quote or ``null`` may (one regular expression), and only such a payload is
-    parsed again, as a variant whose top-level values' types are read."""
-    names = [name for name, kind in fields.items() if kind.strip().lower() == "string"]
+    a list, a boolean), which ``from_json`` would take as its JSON text, or a floating point field a string
+    (``"NaN"``, ``"Infinity"``), which it would take as that number."""
+    kinds = {name: kind.strip().lower() for name, kind in fields.items()}
+    strings = [name for name, kind in kinds.items() if kind == "string"]
+    floats = [name for name, kind in kinds.items() if kind in ("double", "float")]
+    return _top_level_kind(text, strings, '[^"\\sn]', lambda kind: ~kind.isin("STRING", "VOID")) | (
+        _top_level_kind(text, floats, '"', lambda kind: kind == "STRING")
+    )
+
+
+def _top_level_kind(
+    text: Column, names: list[str], follows: str, wrong: Callable[[Column], Column]
+) -> Column:
+    """Whether one of the top-level values ``names`` of the JSON object ``text`` is of a ``wrong`` kind (a
+    variant's type name: STRING, BIGINT, OBJECT<...>, VOID for null). Only a payload where such a name is
+    followed by what the regular expression ``follows`` matches may be, and only such a payload is parsed
+    again, as a variant whose values' types are read."""
     if not names:
         return F.lit(False)
     pattern = "|".join(re.escape(name) for name in names)
-    candidate = text.rlike(f'"({pattern})"\\s*:\\s*[^"\\sn]')
+    candidate = text.rlike(f'"({pattern})"\\s*:\\s*{follows}')
     document = F.try_parse_json(text)
-    kinds = [F.schema_of_variant(F.variant_get(document, _variant_path(name), "variant")) for name in names]
-    other = F.lit(False)
-    for kind in kinds:
-        other = other | ~F.coalesce(kind.isin("STRING", "VOID"), F.lit(True))
-    return F.when(candidate, other).otherwise(F.lit(False))
+    found = F.lit(False)
+    for name in names:
+        kind = F.schema_of_variant(F.variant_get(document, _variant_path(name), "variant"))
+        found = found | F.coalesce(wrong(kind), F.lit(False))
+    return F.when(candidate, found).otherwise(F.lit(False))
 
 
 def _variant_path(name: str) -> str:

@@ -328,11 +328,12 @@ def test_a_declared_field_given_twice_in_a_json_object_is_unparseable_not_its_la
     assert passed == {"nested": (1, None), "undeclared": (2, None), "in-string": (3, '"seq": 2')}
 
 
-def test_a_json_value_that_is_no_string_in_a_string_field_is_unparseable_not_its_json_text(spark):
+def test_a_json_value_of_another_kind_in_a_string_or_double_field_is_unparseable(spark):
     """Spark's parser gives a string field any JSON value as its text: ``"firmware": {"a": 1}`` landed in
-    silver as the firmware '{"a":1}', ``"group": true`` as the group 'true', where the CBOR and Protobuf
-    readers refuse a value of another type. Such a payload is unparseable, saying the field and the value;
-    strings, nulls and a field of that name inside a nested value are read as before."""
+    silver as the firmware '{"a":1}', ``"group": true`` as the group 'true', and a double field the string
+    "NaN" as NaN, where the CBOR and Protobuf readers refuse a value of another type. Such a payload is
+    unparseable, saying the field and the value; strings, nulls, NaN written as such and a field of that
+    name inside a nested value are read as before."""
     sent = {
         "number": b'{"seq": 1, "firmware": 123}',
         "object": b'{"seq": 1, "firmware": {"a": 1}}',
@@ -342,6 +343,9 @@ def test_a_json_value_that_is_no_string_in_a_string_field_is_unparseable_not_its
         "string": b'{"seq": 3, "firmware" :  "2.0"}',
         "nested": b'{"seq": 4, "meta": {"firmware": 2}, "firmware": "1.0"}',
         "in-string": b'{"seq": 5, "note": "\\"firmware\\": 5", "firmware": "x"}',
+        "nan-text": b'{"seq": 6, "temperature": "NaN"}',
+        "infinity-text": b'{"seq": 6, "battery": "-Infinity"}',
+        "nan": b'{"seq": 7, "temperature": NaN}',
     }
     rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
     flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
@@ -351,9 +355,17 @@ def test_a_json_value_that_is_no_string_in_a_string_field_is_unparseable_not_its
         "object": "field firmware: expected string, got dict {'a': 1}",
         "boolean": "field group: expected string, got bool True",
         "list": "field group: expected string, got list [1, 2]",
+        "nan-text": "field temperature: expected double, got str 'NaN'",
+        "infinity-text": "field battery: expected double, got str '-Infinity'",
     }
     passed = {r["device_id"]: (r["seq"], r["firmware"]) for r in T.passed_rows(flagged).collect()}
-    assert passed == {"null": (2, None), "string": (3, "2.0"), "nested": (4, "1.0"), "in-string": (5, "x")}
+    assert passed == {
+        "null": (2, None),
+        "string": (3, "2.0"),
+        "nested": (4, "1.0"),
+        "in-string": (5, "x"),
+        "nan": (7, None),
+    }
 
 
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
