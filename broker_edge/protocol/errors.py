@@ -2,6 +2,11 @@
 
 from .reason_codes import ConnectReturnCode, ReasonCode
 
+MESSAGE_MOST = 400
+"""Characters of an error's message kept, the rest cut (``…``): a message quoting what a client sent (a topic
+of 65,535 bytes, each control character 4 in a quote) must still fit the reason string of the DISCONNECT or
+SUBACK that carries it (65,535 bytes of UTF-8) and a log line."""
+
 
 class MQTTError(Exception):
     """Base of every protocol error; ``reason_code`` is what a v5 DISCONNECT (or CONNACK) should carry.
@@ -13,6 +18,8 @@ class MQTTError(Exception):
     default_reason_code: int = ReasonCode.UNSPECIFIED_ERROR
 
     def __init__(self, message: str, reason_code: int | None = None) -> None:
+        if len(message) > MESSAGE_MOST:
+            message = message[: MESSAGE_MOST - 1] + "…"
         super().__init__(message)
         self.reason_code: int = self.default_reason_code if reason_code is None else reason_code
         self.message = message

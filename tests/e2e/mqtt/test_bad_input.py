@@ -11,9 +11,10 @@ import re
 import pytest
 
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, PingReq, Publish, Subscribe, Subscription
+from broker_edge.protocol.packets import Connect, PingReq, PingResp, Publish, Subscribe, Subscription
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.protocol.wire import encode_varint
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 
@@ -230,3 +231,58 @@ def test_a_handler_that_raises_closes_only_its_connection(broker, bystander, mon
     raw.expect_disconnect(0x83)
     bystander("after-a-bug")
     assert broker.disconnects("implementation_specific_error") == 1
+
+
+LONG = "\x01" * 20_000
+"""20,000 bytes a client may send in a topic or a property; quoted in a message (``repr``) each is 4 bytes."""
+
+
+def _frame(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + encode_varint(len(body)) + body
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    return len(data).to_bytes(2, "big") + data
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-2", "MQTT-4.13.1-1")
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        pytest.param(_frame(0x30, _string("a/+" + LONG) + b"\x00"), 0x90, id="wildcard-in-topic"),
+        pytest.param(_frame(0x82, b"\x00\x01\x00" + _string(LONG) + b"\x30"), 0x82, id="retain-handling-3"),
+        pytest.param(
+            _frame(0x30, _string("a") + encode_varint(20_004) + b"\x08" + _string("#" + LONG)),
+            0x82,
+            id="wildcard-in-response-topic",
+        ),
+    ],
+)
+def test_a_bad_packet_quoting_a_long_string_still_gets_its_disconnect(broker, bystander, data, code):
+    """The DISCONNECT's reason string quotes what was wrong; quoting 20,000 control characters passed the
+    65,535 bytes a string may have, the DISCONNECT could not be written and the client was dropped without
+    its reason code (a traceback in the broker's log)."""
+    raw = connected(broker)
+    raw.send(data)
+    packet = raw.expect_disconnect(code)
+    assert len(packet.properties.reason_string) < 1_000
+    bystander("long-string")
+
+
+@pytest.mark.mqtt5("MQTT-3.8.4-1", "MQTT-3.8.4-6")
+@pytest.mark.parametrize(
+    ("topic_filter", "offset"), [("a+" + LONG, None), ("x/#", "earliest" + LONG)], ids=["filter", "offset"]
+)
+def test_a_long_invalid_filter_is_answered_0x8f_in_the_suback(broker, bystander, topic_filter, offset):
+    """An invalid filter (or ``offset`` user property) of 20,000 control characters gets SUBACK 0x8F with a
+    reason string, as a short one does; the reason string quoting it was too long to write, and the client
+    got DISCONNECT 0x83 (internal error) instead."""
+    raw = connected(broker)
+    properties = Properties(user_properties=[("offset", offset)]) if offset is not None else None
+    suback = raw.subscribe(topic_filter, 1, properties=properties)
+    assert suback.reason_codes == [0x8F]
+    assert 0 < len(suback.properties.reason_string) < 1_000
+    raw.send_packet(PingReq())
+    assert isinstance(raw.recv(), PingResp)
+    bystander("long-filter")
