@@ -363,6 +363,9 @@ class Outgoing:
         self.write(encode_pubacks(packet_ids, reason_code, self.terms.v5))
 
     def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        session = self.session
+        if session is not None and reason_code < 0x80 and session._rare is not None:  # held ids are rare
+            session.answering_incoming(packet_id)
         if reason_string is not None and self.v5:
             self.write(self._with_reason(PubRec(packet_id, reason_code), reason_string))
             return

@@ -297,6 +297,10 @@ class Session:
         if held is None:
             held = self.incoming_qos2 = set()
         held.add(packet_id)
+
+    def answering_incoming(self, packet_id: int) -> None:
+        """A PUBREC that accepts ``packet_id`` is about to leave: the journal keeps the id from now (not from
+        the PUBLISH: until its message is durable, a broker killed must take the client's resend as new)."""
         journal = self.router.qos2_journal
         if journal is not None and self._expiry_interval > 0:
             journal(self.client_id, packet_id, True)

@@ -152,3 +152,25 @@ def test_a_message_queued_behind_a_full_window_is_sent_as_the_frame_received(log
 
 def _not_called(*args, **kwargs):
     raise AssertionError("encoded again")
+
+
+def test_a_persistent_sessions_qos2_id_is_journaled_with_its_pubrec_and_its_release_with_its_pubcomp():
+    """The journal of held ids (``runtime.qos2_journal``) learns of an id when its PUBREC leaves, after the
+    message is durable, not at the PUBLISH: a broker killed before then has not logged the message, and the
+    client's resend must then be taken as new, not answered as a duplicate and dropped."""
+    from broker_edge.protocol.properties import Properties
+
+    core = make_core()
+    store = MemoryLog()  # durable only when told
+    core.publish_path.attach_store(store, None)
+    lines: list[tuple[str, int, bool]] = []
+    core.router.qos2_journal = lambda client_id, packet_id, held: lines.append((client_id, packet_id, held))
+    publisher = core.client()
+    publisher.connect("pub", clean_start=False, properties=Properties(session_expiry_interval=60))
+    assert publisher.send(Publish("t", b"m", 2, packet_id=5)) == []
+    assert lines == []  # not durable yet: nothing answered, nothing journaled
+    store.make_durable()
+    assert [type(p) for p in publisher.read()] == [PubRec]
+    assert lines == [("pub", 5, True)]
+    assert [type(p) for p in publisher.send(PubRel(5))] == [PubComp]
+    assert lines == [("pub", 5, True), ("pub", 5, False)]
