@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .cbor import read_cbor
+from .cbor import cbor_reader
 from .descriptors import message_class
 from .fields import Reader
 from .json_payloads import json_reader
@@ -35,7 +35,7 @@ class FieldFormat:
         """The reader of this format's payloads into ``fields``; ``ValueError`` when they cannot be read so
         (a Protobuf message lacking a field, or holding it in a type the column cannot take)."""
         if self.name == "cbor":
-            return read_cbor
+            return cbor_reader(fields)
         if self.name == "json":
             return json_reader(fields)
         if self.descriptor_set is None or self.message is None:

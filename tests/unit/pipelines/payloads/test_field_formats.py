@@ -14,6 +14,7 @@ import pytest
 from pipelines.payloads.cbor import read_cbor
 from pipelines.payloads.descriptors import MOST_NESTED, DescriptorSetError, message_class
 from pipelines.payloads.fields import ARROW_TYPES, checked, decode_payloads
+from pipelines.payloads.formats import FieldFormat
 from pipelines.payloads.json_payloads import read_json
 from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, ProtobufReader, example_descriptor_set
 
@@ -306,3 +307,20 @@ def test_an_integer_no_column_holds_is_an_error_of_its_payload_not_of_the_batch(
     decoded = decode_payloads([first, payload], read, fields)
     assert decoded.errors.to_pylist()[0] is None
     assert decoded.errors.to_pylist()[1].startswith(error)
+
+
+def test_a_declared_field_given_twice_is_an_error_of_its_payload_not_its_last_value():
+    """cbor2 (as Python's json) keeps the last value of a key a map gives twice: ``{"seq": 1, "seq": 2}``
+    was read as seq 2, the 1 dropped without a word. A declared field given twice is the payload's error in
+    either format (RFC 8949 calls such a map invalid); an undeclared key twice is left alone."""
+    twice = b"\xa3\x63seq\x01\x63seq\x02\x62ts\x01"  # a map of 3 pairs, "seq" in two
+    indefinite = b"\xbf\x63seq\x01\x62ts\x01\x63seq\x02\xff"
+    described = b"\xd9\xd9\xf7" + twice  # under the self-described CBOR tag
+    undeclared = b"\xa3\x61x\x01\x61x\x02\x63seq\x05"
+    cbor = FieldFormat("cbor").reader(FIELDS)
+    decoded = decode_payloads([twice, indefinite, described, undeclared], cbor, FIELDS)
+    assert decoded.errors.to_pylist() == [*["field seq: given 2 times in the map"] * 3, None]
+    assert decoded.columns["seq"].to_pylist() == [None, None, None, 5]
+    json_payloads = [b'{"seq": 1, "ts": 1, "seq": 2}', b'{"x": 1, "x": 2, "seq": 5}']
+    decoded = decode_payloads(json_payloads, FieldFormat("json").reader(FIELDS), FIELDS)
+    assert decoded.errors.to_pylist() == ["field seq: given 2 times in the object", None]
