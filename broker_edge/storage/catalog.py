@@ -41,6 +41,39 @@ ENTRY_HEAD = struct.Struct("<IIIH")
 """An entry's prefix and body head: length, CRC, topic id, partition."""
 
 
+LOST_NAME = "\x00lost catalog entry {}"
+"""The name kept for a topic id whose entry is damaged: U+0000 is in no MQTT topic name [MQTT-1.5.4-2]."""
+_SHORTEST_ENTRY = PREFIX.size + BODY_HEAD.size
+
+
+def _next_entry(data: bytes, position: int, expected: int) -> int | None:
+    """Where the next valid entry after damage at `position` starts, the ids from `expected` up to its own
+    being lost (at most one per shortest entry the damage spans); None: no valid entry follows (a torn or
+    damaged end). Tries the damaged entry's own length first, then every byte after it."""
+    view = memoryview(data)
+    size = len(data)
+
+    def valid(at: int) -> bool:
+        if at + ENTRY_HEAD.size > size:
+            return False
+        length, checksum, topic_id, _partition = ENTRY_HEAD.unpack_from(data, at)
+        end = at + PREFIX.size + length
+        if not expected < topic_id <= expected + (at - position) // _SHORTEST_ENTRY or end > size:
+            return False
+        if length < BODY_HEAD.size or record.crc32c(view[at + PREFIX.size : end]) != checksum:
+            return False
+        try:
+            data[at + ENTRY_HEAD.size : end].decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    own = position + PREFIX.size + PREFIX.unpack_from(data, position)[0]
+    if own < size and valid(own):
+        return own
+    return next((at for at in range(position + 1, size - ENTRY_HEAD.size + 1) if valid(at)), None)
+
+
 class CatalogDamaged(StoreDamaged):
     """The catalog file is not one (a foreign file, or its header is damaged): nothing can be trusted."""
 
@@ -61,6 +94,8 @@ class TopicCatalog:
         """Bytes the file held when it was loaded."""
         self._pending: list[bytes] = []
         self._created = False
+        self.damaged: dict[int, str] = {}
+        """Topic ids whose entry is damaged between valid ones (their names lost): why, to set them aside."""
 
     def __len__(self) -> int:
         return len(self.names)
@@ -122,14 +157,25 @@ class TopicCatalog:
         while position + ENTRY_HEAD.size <= size:
             length, checksum, topic_id, partition = unpack_head(data, position)
             end = position + PREFIX.size + length
-            if length < BODY_HEAD.size or end > size or topic_id != len(names):
-                break
-            if end > verified and crc32c(view[position + PREFIX.size : end]) != checksum:
-                break
-            try:
-                name = data[position + ENTRY_HEAD.size : end].decode("utf-8")
-            except UnicodeDecodeError:
-                break
+            name = None
+            if (
+                length >= BODY_HEAD.size
+                and end <= size
+                and topic_id == len(names)
+                and (end <= verified or crc32c(view[position + PREFIX.size : end]) == checksum)
+            ):
+                try:
+                    name = data[position + ENTRY_HEAD.size : end].decode("utf-8")
+                except UnicodeDecodeError:
+                    name = None
+            if name is None:
+                resumed = _next_entry(data, position, len(names))
+                if resumed is None:
+                    break  # a torn or damaged end (`cut_torn_end`, `lost_files.check_catalog_end`)
+                after = BODY_HEAD.unpack_from(data, resumed + PREFIX.size)[0]
+                self._lost(position, resumed, after, partition)
+                position = resumed
+                continue
             add_name(name)
             add_partition(partition)
             position = end
@@ -138,6 +184,26 @@ class TopicCatalog:
         except ValueError:
             raise CatalogDamaged(f"{self.path} names a topic twice") from None
         return position
+
+    def _lost(self, position: int, resumed: int, after: int, partition: int) -> None:
+        """Entries damaged from `position` up to the valid one at `resumed` (of topic id `after`): their ids
+        keep a name no MQTT topic can have (it holds U+0000) and are set aside (`damaged`), so the entries
+        after them are read and every other log opens. The first one keeps the partition its entry says
+        (checked like any entry's: `recovery._set_aside_strays`), the others partition 0."""
+        first = len(self.names)
+        reason = (
+            f"its entry in {self.path} is damaged (bytes {position} to {resumed}): its name is lost, its "
+            "records are kept on disk, neither read nor written"
+        )
+        for topic_id in range(first, after):
+            self.names.append(LOST_NAME.format(topic_id))
+            self.partitions.append(partition if topic_id == first else 0)
+            self.damaged[topic_id] = reason
+        log.error(
+            "%s: bytes %d to %d are damaged (the entries of topic ids %d to %d): their names are lost and "
+            "their logs set aside; the entries after them are read",
+            self.path, position, resumed, first, after - 1,
+        )  # fmt: skip
 
     def _create(self) -> None:
         directory = os.path.dirname(self.path)

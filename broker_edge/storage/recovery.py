@@ -148,6 +148,8 @@ def open_partitions(
     check_catalog_end(catalog, catalog_dropped, snapshot, found, evidence)
     catalog.cut_torn_end()
     _set_aside_strays(catalog, count, quarantine)
+    for topic_id, reason in catalog.damaged.items():
+        quarantine.set_aside(topic_id, reason)
     _set_aside_without_directory(catalog, present, log_directory, quarantine)
     opened = _load_sealed(parts, found, failed, catalog, snapshot, quarantine)
     sealed = opened.sealed
@@ -698,10 +700,12 @@ def replay_row(
     size: int,
     quarantine: Quarantine,
 ) -> None:
-    """A durable record found at open: its row, and the topic's state moved past it (nothing for a topic
-    set aside, or that this record sets aside: it ends past what a log holds)."""
+    """A durable record found at open: its row, and the topic's state moved past it (for a topic set aside,
+    or that this record sets aside, ending past what a log holds: a dead row, keeping its neighbours' sizes
+    and the partition's positions)."""
     if offset >= MAX_OFFSET or topic_id in quarantine:
         quarantine.past_ceiling(topic_id, offset + 1, "a record ending")
+        _dead_row(segment, position)
         return
     table = part.table
     index_time = table.index_ms[topic_id]
@@ -718,6 +722,12 @@ def replay_row(
         segment.newest_time = time
 
 
+def _dead_row(segment: Segment, position: int) -> None:
+    """The row of an entry of a log set aside: in no chain, never served, left out of the sealed index."""
+    if segment.rows is not None:
+        segment.rows.add_skipped(position)
+
+
 def replay_marker(
     part: PartitionLog,
     segment: Segment,
@@ -731,6 +741,7 @@ def replay_marker(
     table = part.table
     topic_id = marker.topic_id
     if quarantine.past_ceiling(topic_id, marker.offset, "a marker"):
+        _dead_row(segment, position)
         return
     marked.add(topic_id)
     rows = segment.rows

@@ -312,3 +312,51 @@ def test_a_torn_last_catalog_entry_without_records_is_still_cut(tmp_path: Path):
     assert store.read("t", 0, max_records=100)[-1].offset == 4
     assert store.append("u", make_record(0)) == 0
     store.close()
+
+
+@pytest.mark.parametrize("damage", ["a byte of a name", "a zeroed span"])
+@pytest.mark.parametrize("restart", ["close", "crash"])
+def test_catalog_entries_damaged_between_valid_ones_set_aside_their_logs_and_every_other_log_opens(
+    tmp_path: Path, damage: str, restart: str, caplog: pytest.LogCaptureFixture
+):
+    """A bit flipped by the disk in one topic's catalog entry: until 2026-12-01 the entries were read up to
+    it and, the records of the topics after it being in sealed segments, the store did not open at all
+    (``CatalogDamaged``: a broker with a topic per device had every device down over one entry). The damaged
+    entries are now stepped over to the valid ones after them: their topics (names lost) are set aside,
+    named by the ERROR line, and every other log opens, is served and written, through restarts."""
+    store = LogStore(tmp_path, CONFIG)
+    store.open()
+    topics = [f"fleet/dev-{number}/t" for number in range(8)]
+    for number in range(30):
+        for topic in topics:
+            store.append(topic, make_record(number))
+    store.flush()
+    if restart == "close":
+        store.close()
+    else:
+        store.wait_sealed()
+        del store
+    catalog = tmp_path / "log" / "catalog"
+    data = bytearray(catalog.read_bytes())
+    entry = 16 + 8 + 6 + len(topics[0])  # the second entry ("fleet/dev-1/t", id 1)
+    if damage == "a byte of a name":
+        data[entry + 14 + 3] ^= 0x40
+        lost = [1]
+    else:  # from the middle of id 1's entry to the middle of id 3's
+        data[entry + 10 : entry + 2 * (14 + len(topics[0])) + 5] = bytes(2 * (14 + len(topics[0])) - 5)
+        lost = [1, 2, 3]
+    catalog.write_bytes(bytes(data))
+
+    kept = [topic for number, topic in enumerate(topics) if number not in lost]
+    for again in range(2):
+        store, _report = _reopen(tmp_path)
+        assert f"{catalog}: bytes {entry} to " in caplog.text and "their names are lost" in caplog.text
+        assert len(store.quarantined()) == len(lost)
+        assert [info.topic for info in store.logs()] == sorted(kept + ["fleet/dev-new/t"] * again)
+        for topic in kept:
+            records = store.read(topic, 0, max_records=100)
+            assert [record.offset for record in records] == list(range(30 + again * (topic == kept[-1])))
+        assert store.append(kept[-1], make_record(30 + again)) == 30 + again
+        assert store.append("fleet/dev-new/t", make_record(0)) == again
+        store.close()
+        caplog.clear()
