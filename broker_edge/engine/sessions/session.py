@@ -193,12 +193,12 @@ class _SessionRare(RareSlots):
 
     __slots__ = (
         "_expiry_interval",
+        "answered_qos2",
         "cursors",
         "expires_at",
         "incoming_qos2",
         "log_offsets",
         "resends",
-        "restored_qos2",
         "retained_due",
         "username",
         "will",
@@ -235,8 +235,9 @@ class Session:
     """When an offline session is discarded (loop time; None: online, or it never expires)."""
     incoming_qos2: RareField[set[int] | None] = RareField(_SessionRare, None)
     """Ids of incoming QoS 2 messages received and not yet released by PUBREL."""
-    restored_qos2: RareField[set[int] | None] = RareField(_SessionRare, None)
-    """Those of ``incoming_qos2`` read back from disk or another member (``restore_incoming``)."""
+    answered_qos2: RareField[dict[int, bool] | None] = RareField(_SessionRare, None)
+    """Those of ``incoming_qos2`` whose PUBREC was sent (their messages are durable): what a snapshot keeps;
+    True for one read back from disk or another member (``restore_incoming``)."""
     will: RareField[Will | None] = RareField(_SessionRare, None)
     """A will waiting for its v5 Will Delay Interval after the connection ended."""
     will_at: RareField[float | None] = RareField(_SessionRare, None)
@@ -301,6 +302,13 @@ class Session:
     def answering_incoming(self, packet_id: int) -> None:
         """A PUBREC that accepts ``packet_id`` is about to leave: the journal keeps the id from now (not from
         the PUBLISH: until its message is durable, a broker killed must take the client's resend as new)."""
+        held = self.incoming_qos2
+        if held is None or packet_id not in held:
+            return
+        answered = self.answered_qos2
+        if answered is None:
+            answered = self.answered_qos2 = {}
+        answered.setdefault(packet_id, False)
         journal = self.router.qos2_journal
         if journal is not None and self._expiry_interval > 0:
             journal(self.client_id, packet_id, True)
@@ -312,13 +320,13 @@ class Session:
         ids = set(packet_ids)
         if ids:
             self.incoming_qos2 = (self.incoming_qos2 or set()) | ids
-            self.restored_qos2 = (self.restored_qos2 or set()) | ids
+            self.answered_qos2 = {**(self.answered_qos2 or {}), **dict.fromkeys(ids, True)}
 
     def reused(self, packet_id: int, dup: bool) -> bool:
         """Whether a PUBLISH with a held ``packet_id`` is a new message: one without DUP whose id was only
         restored (``restore_incoming``); the id is released then."""
-        restored = self.restored_qos2
-        if dup or restored is None or packet_id not in restored:
+        answered = self.answered_qos2
+        if dup or answered is None or not answered.get(packet_id):
             return False
         return self.release_incoming(packet_id)
 
@@ -331,11 +339,11 @@ class Session:
         held.discard(packet_id)
         if not held:
             self.incoming_qos2 = None
-        restored = self.restored_qos2
-        if restored is not None:
-            restored.discard(packet_id)
-            if not restored:
-                self.restored_qos2 = None
+        answered = self.answered_qos2
+        if answered is not None:
+            answered.pop(packet_id, None)
+            if not answered:
+                self.answered_qos2 = None
         journal = self.router.qos2_journal
         if journal is not None and self._expiry_interval > 0:
             journal(self.client_id, packet_id, False)
@@ -628,7 +636,7 @@ class Session:
         self.queue = None
         if self._rare is not None:
             self.incoming_qos2 = None
-            self.restored_qos2 = None
+            self.answered_qos2 = None
             self.cursors = None
             self.resends = None
             self.retained_due = None

@@ -142,8 +142,8 @@ def session_document(session: Session, now: float) -> dict[str, Any]:
     releases = sorted(key for key, entry in (session.inflight or {}).items() if isinstance(entry, Released))
     if releases:
         document["releases"] = releases
-    if session.incoming_qos2:
-        document["received"] = sorted(session.incoming_qos2)
+    if session.answered_qos2:  # those whose PUBREC was sent: a publish still waiting for the log is not one
+        document["received"] = sorted(session.answered_qos2)
     return document
 
 

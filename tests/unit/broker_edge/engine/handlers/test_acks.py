@@ -155,9 +155,11 @@ def _not_called(*args, **kwargs):
 
 
 def test_a_persistent_sessions_qos2_id_is_journaled_with_its_pubrec_and_its_release_with_its_pubcomp():
-    """The journal of held ids (``runtime.qos2_journal``) learns of an id when its PUBREC leaves, after the
-    message is durable, not at the PUBLISH: a broker killed before then has not logged the message, and the
-    client's resend must then be taken as new, not answered as a duplicate and dropped."""
+    """The journal of held ids (``runtime.qos2_journal``) and the session's saved state (``received``) learn
+    of an id when its PUBREC leaves, after the message is durable, not at the PUBLISH: a broker killed before
+    then has not logged the message, and the client's resend must then be taken as new, not answered as a
+    duplicate and dropped."""
+    from broker_edge.engine.sessions.snapshot import session_document
     from broker_edge.protocol.properties import Properties
 
     core = make_core()
@@ -168,9 +170,12 @@ def test_a_persistent_sessions_qos2_id_is_journaled_with_its_pubrec_and_its_rele
     publisher = core.client()
     publisher.connect("pub", clean_start=False, properties=Properties(session_expiry_interval=60))
     assert publisher.send(Publish("t", b"m", 2, packet_id=5)) == []
+    session = core.router.sessions["pub"]
     assert lines == []  # not durable yet: nothing answered, nothing journaled
+    assert "received" not in session_document(session, 0.0)
     store.make_durable()
     assert [type(p) for p in publisher.read()] == [PubRec]
     assert lines == [("pub", 5, True)]
+    assert session_document(session, 0.0)["received"] == [5]
     assert [type(p) for p in publisher.send(PubRel(5))] == [PubComp]
     assert lines == [("pub", 5, True), ("pub", 5, False)]
