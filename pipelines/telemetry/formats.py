@@ -34,8 +34,9 @@ _TIME_TYPES = ("timestamp", "date")
 #: How a JSON payload's field of each type is read before its own checks: time fields as their text, a
 #: float as a double and a tinyint as an int, whose ranges are checked (:data:`_NARROWED`).
 _JSON_READ_AS = {"timestamp": "string", "date": "string", "float": "double", "tinyint": "int", "byte": "int"}
-#: JSON only: Jackson's default takes 'single-quoted' names and strings.
-_JSON_ONLY = {"allowSingleQuotes": "false"}
+#: JSON only: Jackson's default takes 'single-quoted' names and strings. Strings of any length: Jackson's
+#: default refuses one past 20,000,000 characters, a valid payload (the broker's packet limit bounds them).
+_JSON_ONLY = {"allowSingleQuotes": "false", "maxStringLen": str(2**31 - 1)}
 #: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
 JSON_REFUSED = "json: not an object of the declared fields and types"
 

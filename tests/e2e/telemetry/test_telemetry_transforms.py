@@ -368,6 +368,18 @@ def test_a_json_value_of_another_kind_in_a_string_or_double_field_is_unparseable
     }
 
 
+def test_a_string_longer_than_jacksons_default_limit_is_read_not_quarantined_as_misread(spark):
+    """A payload whose string field held more than 20,000,000 characters (Jackson's default limit, which
+    Spark's parser keeps: a broker taking packets past 20 MB lets devices send it) was quarantined with the
+    detail 'json: not an object of the declared fields and types', which it is. Strings are read whatever
+    their length, as the CBOR and Protobuf readers read them."""
+    note = "n" * 20_000_100
+    rows = [record("devices/long/telemetry", 0, b'{"seq": 1, "firmware": "' + note.encode() + b'"}')]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
+    passed = T.passed_rows(flagged).select("seq", F.length("firmware").alias("length")).collect()
+    assert [tuple(r) for r in passed] == [(1, len(note))]
+
+
 def test_a_json_payload_is_parsed_once_whatever_its_fields(spark):
     """The check for more after the object, added to from_json's struct, had Spark take each declared
     field from a copy of from_json of its own: 11 in the plan, each payload parsed once per field. One
