@@ -23,7 +23,7 @@ from .record import (
     FrameError,
 )
 from .sealed_index import MISSING
-from .segment import Segment, segment_paths
+from .segment import Segment, mark_for_rebuild, segment_paths
 from .topic_table import TopicTable
 
 __all__ = ["Locating", "Piece", "live_ends"]
@@ -171,10 +171,11 @@ class Locating:
         sealed = segment.sealed if segment is not None else None
         damage = sealed.damage(len(self.names)) if sealed is not None else None
         if sealed is not None and damage is not None:
+            mark_for_rebuild(self.directory, missing)
             log.error(
                 "%s: its sealed index %s is damaged (%s), and the log of %r needs it (read from offset %d): "
-                "its records there are not served (reads answer that they are missing); with the broker "
-                "stopped, delete that file to have it made again from the data, which holds them",
+                "its records there are not served (reads answer that they are missing) until the next start "
+                "makes it again from the data, which holds them",
                 segment_paths(self.directory, missing)[0], sealed.path, damage, name, offset,
             )  # fmt: skip
             return

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PartitionConfig", "PartitionLog", "PartitionPending", "Piece"]
 
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|open)$")
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|open|rebuild)$")
 MAX_SEGMENT_BYTES = 2**32 - 1
 MAX_SEGMENT_NUMBER = 2**31 - 1
 """The largest segment number (an i32 in sealed indexes); a file named past it is not the store's."""
@@ -108,6 +108,8 @@ class PartitionLog(Locating):
         """Topic names by id (the catalog's list), for errors and traces."""
         self.active: Segment | None = None
         self.orphan_indexes: list[int] = []
+        self.rebuild_marked: set[int] = set()
+        """Segments whose sealed index a read or retention found damaged: made again at open."""
         """Segments found at open with their sealed index but without their data (see `discover`)."""
         self.lost_segments: set[int] = set()
         """Segments found missing from a topic's chain at a read (logged once each)."""
@@ -690,6 +692,8 @@ class PartitionLog(Locating):
                 if "index" in kinds:
                     self.orphan_indexes.append(number)
                 continue
+            if "rebuild" in kinds:
+                self.rebuild_marked.add(number)
             segments.append(Segment(self.directory, number, 0))
         return segments
 

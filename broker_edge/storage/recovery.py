@@ -49,7 +49,7 @@ from .quarantine import Quarantine
 from .recent import RecentWindows
 from .record import PREFIX, PREFIX_SIZE
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
-from .segment import SEALED, Segment, fsync_directory, segment_paths
+from .segment import SEALED, Segment, fsync_directory, rebuild_marker, segment_paths
 from .segment_scan import SegmentScanner, apply_groups, remove_file, truncate_segment, write_open_header
 from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, Snapshot, TopicTable, read_snapshot
 
@@ -348,7 +348,7 @@ def _found_segments(
                 index = SealedIndex(segment.index_path, pool, blocks)
                 size = os.path.getsize(segment.log_path)
                 loaded = index.load(segment.number)
-                valid = loaded and index.data_size == size
+                valid = loaded and index.data_size == size and segment.number not in part.rebuild_marked
                 if loaded and index.data_size > size:
                     groups = index.all_groups()
                     if index.damage(1 << 32, groups) is None:  # (a damaged index is no evidence)
@@ -571,6 +571,7 @@ def _rebuild_index(
     index = SealedIndex(segment.index_path, part.pool, part.blocks)
     if not index.load(segment.number):
         raise OSError(f"{segment.index_path}: the index rebuilt does not read back")
+    remove_file(rebuild_marker(part.directory, segment.number))
     log.warning("%s: its sealed index was missing or damaged: rebuilt from the data", segment.log_path)
     return index, damage
 

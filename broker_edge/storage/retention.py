@@ -23,7 +23,7 @@ from .config import LogConfig
 from .entry import HEAD_SIZE
 from .partition_log import PartitionLog
 from .sealed_index import MISSING, Group, GroupCheck, SealedIndex
-from .segment import SEALED, Segment
+from .segment import SEALED, Segment, mark_for_rebuild
 from .topic_table import TopicTable
 
 __all__ = ["SLICE_GROUPS", "RetentionReport", "retention_pass"]
@@ -235,10 +235,10 @@ def _group_slices(part: PartitionLog, segment: Segment, topics: int) -> Iterator
         if damage is None and first + len(groups) >= sealed.groups:
             damage = check.end()
         if damage is not None:
+            mark_for_rebuild(part.directory, segment.number)
             log.error(
                 "retention keeps segment %d of partition %d and the records of its topics: its sealed index "
-                "%s is damaged (%s); with the broker stopped, delete that file to have it made again from "
-                "the data at the next start",
+                "%s is damaged (%s); the next start makes it again from the data",
                 segment.number, part.number, sealed.path, damage,
             )  # fmt: skip
             yield None

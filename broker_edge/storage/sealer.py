@@ -41,7 +41,7 @@ from .file_pool import FileHandlePool
 from .open_index import OpenIndex
 from .partition_log import PartitionLog
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
-from .segment import Segment, fsync_directory
+from .segment import Segment, fsync_directory, rebuild_marker
 from .segment_scan import apply_groups, remove_file
 from .shortage_wait import ShortageWait
 from .topic_table import SealedState, Snapshot, TopicTable, write_snapshot
@@ -315,6 +315,7 @@ class Sealer:
         self.applied[partition.number] = (segment.number, segment.base + index.rows)
         self.pool.forget(segment.open_path)
         remove_file(segment.open_path)
+        remove_file(rebuild_marker(partition.directory, segment.number))  # (an index made again)
         self.seals += 1
         self._unsnapshotted += 1
         self._keep_reserve()

@@ -36,6 +36,18 @@ def segment_paths(directory: str, number: int) -> tuple[str, str, str]:
     return stem + ".log", stem + ".index", stem + ".open"
 
 
+def rebuild_marker(directory: str, number: int) -> str:
+    """The file that asks the next open to make segment `number`'s sealed index again from its data (its
+    groups were found damaged while the store ran; a clean open does not read them)."""
+    return os.path.join(directory, f"{number:020d}.rebuild")
+
+
+def mark_for_rebuild(directory: str, number: int) -> None:
+    """Leave `rebuild_marker` (best effort: a disk that cannot take it is found damaged again later)."""
+    with contextlib.suppress(OSError), open(rebuild_marker(directory, number), "ab"):
+        pass
+
+
 def fsync_directory(path: str) -> None:
     """Make file creations and deletions in `path` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

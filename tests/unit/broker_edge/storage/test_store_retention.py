@@ -309,7 +309,7 @@ def test_a_segment_whose_sealed_index_is_damaged_is_neither_deleted_nor_moved_pa
     clean open does not read them): until 2026-12-01 retention took its zeroed groups (each "topic id 0, no
     record") for the truth, moved topic 0's start past all its records and deleted the segment with the
     records of the other topics, kept without limit. Groups that are impossible now keep the segment and
-    every start where it was, and the pass says which index is damaged."""
+    every start where it was, the pass says which index is damaged, and the next start makes it again."""
     rules = [PersistRule("sized", retention_bytes=2000), PersistRule("#")]
     store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
     store.open()
@@ -335,8 +335,7 @@ def test_a_segment_whose_sealed_index_is_damaged_is_neither_deleted_nor_moved_pa
     assert store.start_offset("sized") == 0
     assert f"its sealed index {index} is damaged" in caplog.text
     store.close()
-    index.unlink()  # what the line says to do: the index is made again from the data
-    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))  # makes the index again
     store.open()
     kept = store.read("kept", 0, max_records=1000, max_bytes=10**9)
     assert [record.offset for record in kept] == list(range(60))
