@@ -133,20 +133,22 @@ def publisher(broker: Broker) -> Iterator[Publisher]:
     beside.stop()
 
 
-def decoder_says(data: bytes) -> tuple[int | None, bool]:
-    """The reason code the broker's decoder raises on ``data`` after CONNECT (None: none), and whether it
-    would wait for more bytes."""
+def decoder_says(data: bytes) -> tuple[int | None, bool, bool]:
+    """The reason code the broker's decoder raises on ``data`` after CONNECT (None: none), whether it would
+    wait for more bytes, and whether packets decoded before the error come first (the broker handles them
+    before it closes: a DISCONNECT among them closes the connection first, a packet the session refuses
+    has its own code)."""
     decoder = PacketDecoder(1 << 20)
     decoder.feed(CONNECT)
     try:
         decoder.feed(data)
     except MQTTError as error:
-        return error.reason_code, False
-    return None, decoder.buffered > 0
+        return error.reason_code, False, bool(error.packets_before)
+    return None, decoder.buffered > 0, False
 
 
-def answer(sock: socket.socket, decoder: PacketDecoder, timeout: float = 5) -> list[object]:
-    """Packets from the broker until it closes (``None`` last) or a PINGRESP comes."""
+def answer(sock: socket.socket, decoder: PacketDecoder, until_pong: bool, timeout: float = 5) -> list[object]:
+    """Packets from the broker until it closes (``None`` last) or, ``until_pong``, a PINGRESP comes."""
     got: list[object] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -158,14 +160,14 @@ def answer(sock: socket.socket, decoder: PacketDecoder, timeout: float = 5) -> l
         if not data:
             return [*got, None]
         got += decoder.feed(data)
-        if any(isinstance(packet, PingResp) for packet in got):
+        if until_pong and any(isinstance(packet, PingResp) for packet in got):
             return got
     raise AssertionError(f"neither a close nor a PINGRESP within {timeout} s: {got}")
 
 
 def send_after_connect(port: int, data: bytes) -> None:
     """``data`` on a connection of its own; checks the broker's answer against the decoder's."""
-    code, waits = decoder_says(data)
+    code, waits, first = decoder_says(data)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         decoder = PacketDecoder(role="client", protocol_version=MQTT_5)
         sock.sendall(CONNECT)
@@ -174,8 +176,8 @@ def send_after_connect(port: int, data: bytes) -> None:
             sock.sendall(data)
             return
         sock.sendall(data + (PINGREQ if code is None else b""))
-        got = answer(sock, decoder)
-    if code is not None:
+        got = answer(sock, decoder, until_pong=code is None)
+    if code is not None and not first:
         assert [type(p) for p in got] == [Disconnect, type(None)], (data, got)
         disconnect = got[0]
         assert isinstance(disconnect, Disconnect)
