@@ -1,6 +1,7 @@
 """What ``systemctl stop`` does to a broker serving devices over TLS (the unit's ``KillSignal=SIGTERM``):
 publishers sending QoS 1 flat out, the broker stops at once (exit 0, well within ``TimeoutStopSec``), every
-connection ends, and after the next start every publish it acknowledged is in the log. What systemd itself does cannot run here (no systemd as PID 1): the unit's content is checked by
+connection ends, and after the next start every publish it acknowledged is in the log. What systemd itself
+does cannot run here (no systemd as PID 1): the unit's content is checked by
 ``tests/e2e/packaging/test_systemd_units.py``."""
 
 from __future__ import annotations
