@@ -43,7 +43,7 @@ from pyspark.sql.types import StructField, StructType
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.clustering import Clustering, admitted, is_clustered
-from sinks.object_store import FileLocation, UnsupportedLocation, local_directory
+from sinks.object_store import FileLocation, UnsupportedLocation, check_root, local_directory
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.spark_arrow import to_arrow, to_spark
 from sinks.store import (
@@ -64,6 +64,7 @@ from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
 from sinks.writer_rules import (
     BROKEN,
     refuse_column_mapping,
+    refuse_foreign_files,
     refuse_unsupported_features,
     rules_of,
     with_rules,
@@ -118,7 +119,7 @@ class DeltaRsTableStore(TableStore):
         max_commit_attempts: int = 12,
     ) -> None:
         super().__init__(catalog)
-        _check_root(root)
+        check_root(root)
         self.spark = spark
         # delta-rs reports local files by absolute path; Spark's basePath must be spelt the same way.
         self.root = root if "://" in root else os.path.abspath(root)
@@ -141,6 +142,7 @@ class DeltaRsTableStore(TableStore):
         spec = self.spec(name)
         path = self.location(name)
         if not self.exists(name):
+            refuse_foreign_files(name, path)
             try:
                 DeltaTable.create(
                     path,
@@ -621,17 +623,6 @@ def _overlapping(actions: pa.Table, within: TimeRange) -> pa.Array:
         pc.less_equal(low, within.high_us), pc.greater_equal(pc.add(high, 999), within.low_us)
     )
     return pc.fill_null(overlaps, True).combine_chunks()  # no statistics: the file may hold anything
-
-
-def _check_root(root: str) -> None:
-    """delta-rs reads a '%' and two hex digits in a local path as a URL escape (it decodes even a
-    ``file://`` URI's path twice) and writes or looks for the table elsewhere: such a root is refused."""
-    directory = local_directory(root)
-    if directory is not None and urllib.parse.unquote(directory) != directory:
-        raise ValueError(
-            f"table root {directory!r} holds a '%' and two hex digits, which delta-rs reads as a URL "
-            "escape (its tables could not be created or read): choose a root without them"
-        )
 
 
 def _crowded_partitions(

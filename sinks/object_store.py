@@ -33,6 +33,17 @@ def local_directory(location: str) -> str | None:
     return None if "://" in location else location
 
 
+def check_root(root: str) -> None:
+    """delta-rs reads a '%' and two hex digits in a local path as a URL escape (it decodes even a
+    ``file://`` URI's path twice) and writes or looks for the table elsewhere: such a root is refused."""
+    directory = local_directory(root)
+    if directory is not None and urllib.parse.unquote(directory) != directory:
+        raise ValueError(
+            f"table root {directory!r} holds a '%' and two hex digits, which delta-rs reads as a URL "
+            "escape (its tables could not be created or read): choose a root without them"
+        )
+
+
 @dataclass(frozen=True)
 class FileLocation:
     """A table directory as the tasks see it: its URI (or local path) and its storage options."""

@@ -19,12 +19,14 @@ generated column the rows carry must equal its expression.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.object_store import local_directory
 from sinks.store import TableStoreError
 
 if TYPE_CHECKING:
@@ -142,4 +144,20 @@ def refuse_column_mapping(name: str, table: DeltaTable) -> None:
         raise TableStoreError(
             f"{name}: uses column mapping (delta.columnMapping.mode={mode}), which the delta-rs store cannot "
             "write or read correctly: write it with the native Delta backend, or use a table without it"
+        )
+
+
+def refuse_foreign_files(name: str, location: str) -> None:
+    """Refuse to create table ``name`` in a local directory that holds files but no Delta log (Parquet
+    another tool wrote there, a table whose log was deleted): a table made over them would leave them out,
+    and its vacuum would delete them as files no commit references."""
+    directory = local_directory(location)
+    if directory is None or not os.path.isdir(directory):
+        return
+    found = sorted(entry.name for entry in os.scandir(directory) if not entry.name.startswith("."))
+    if found and "_delta_log" not in found:  # a log: another creator's table, being made now
+        raise TableStoreError(
+            f"{name}: {directory} holds files but no Delta table ({', '.join(found[:3])}"
+            f"{', ...' if len(found) > 3 else ''}): a table made there would leave them out and its vacuum "
+            "delete them; move them away, or choose another tables root"
         )

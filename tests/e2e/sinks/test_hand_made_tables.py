@@ -203,3 +203,20 @@ def test_a_column_mapped_table_spark_wrote_is_not_read_as_nulls(lake) -> None:
 
 def mapping_of(index: int, physical: str) -> dict:
     return {"delta.columnMapping.id": index, "delta.columnMapping.physicalName": physical}
+
+
+def test_a_directory_of_another_tools_files_is_not_made_a_table_whose_vacuum_deletes_them(lake) -> None:
+    """A table's directory holding Parquet files another tool wrote, but no Delta log: ensure() made an empty
+    Delta table over them, and its vacuum (a maintenance pass past the retention, or ``timestone tables
+    maintain --retention-hours 0``) deleted them, as files no commit references. It is refused, naming the
+    directory, and the files are left as they were; an empty directory becomes the table."""
+    path = Path(lake.location("devices"))
+    path.mkdir(parents=True)
+    pq.write_table(pa.table({"device_id": ["d1"], "note": ["kept"]}), path / "part-0.parquet")
+    with pytest.raises(TableStoreError, match=r"^devices: .*/devices holds files but no Delta table"):
+        lake.ensure("devices")
+    assert sorted(entry.name for entry in path.iterdir()) == ["part-0.parquet"]
+    empty = Path(lake.location("dq_results"))
+    empty.mkdir()
+    lake.ensure("dq_results")
+    assert DeltaTable(str(empty)).version() == 0
