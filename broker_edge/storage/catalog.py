@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import struct
+import time
 from array import array
 
 from . import record
@@ -204,6 +206,34 @@ class TopicCatalog:
             "their logs set aside; the entries after them are read",
             self.path, position, resumed, first, after - 1,
         )  # fmt: skip
+
+    def keep_lost_end(self, count: int, why: str) -> None:
+        """The damaged end held the entries of `count` topics whose records are durable (`why`): the file is
+        copied aside (``catalog.damaged-<unix time>``), cut after its good entries, and given an entry for
+        each under a lost name (`LOST_NAME`), synced; they are set aside (`damaged`), their records kept on
+        disk, and every other log opens."""
+        aside = f"{self.path}.damaged-{int(time.time())}"
+        shutil.copyfile(self.path, aside)
+        first = len(self.names)
+        log.error(
+            "%s is damaged: %s; the entries of topic ids %d to %d are lost: their logs are set aside under "
+            "lost names, the file as it was is kept as %s",
+            self.path, why, first, first + count - 1, aside,
+        )  # fmt: skip
+        self.cut_torn_end()
+        reason = f"its entry in {self.path} is lost ({why}): its name is lost, its records are kept on disk"
+        for topic_id in range(first, first + count):
+            self.add(LOST_NAME.format(topic_id), 0)
+            self.damaged[topic_id] = reason
+        write = self.take_write()
+        assert write is not None
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"".join(write.data), write.position)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._file_size = self._size
 
     def _create(self) -> None:
         directory = os.path.dirname(self.path)

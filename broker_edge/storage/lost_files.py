@@ -97,11 +97,13 @@ def check_catalog_end(
     found: list[list[tuple[Segment, SealedIndex | None]]],
     evidence: Evidence,
 ) -> None:
-    """Raise `CatalogDamaged` (the file left as it is) when topics past the catalog's good entries have
-    records in sealed segments, or the snapshot counts their entries as durable: such an entry was written
-    and synced before the records (a torn entry at the end is one whose records were never acknowledged,
-    cut by `TopicCatalog.cut_torn_end`). Costs nothing more than the indexes' summaries unless the catalog
-    has a damaged end (then one small pread per sealed segment)."""
+    """Topics past the catalog's good entries that have records in sealed segments, or whose entries the
+    snapshot counts as durable (such an entry was written and synced before the records; a torn entry at
+    the end is one whose records were never acknowledged, cut by `TopicCatalog.cut_torn_end`): their
+    entries are lost, so they get a lost name and are set aside (`TopicCatalog.keep_lost_end`), every other
+    log opening; `CatalogDamaged` only when the snapshot counts bytes past the end but no topic more.
+    Costs nothing more than the indexes' summaries unless the catalog has a damaged end (then one small
+    pread per sealed segment)."""
     known = len(catalog)
     named, where = evidence.top_topic, "a sealed index whose segment is damaged or gone"
     for segments in found:
@@ -124,11 +126,16 @@ def check_catalog_end(
         why = f"{where} holds records of topic id {named}, whose entry is lost"
     else:
         why = f"the topic table snapshot counts {covered} bytes of it as written and synced"
-    raise CatalogDamaged(
-        f"{catalog.path} is damaged: {damaged}, but {why} (an entry is synced before its topic's first "
-        "record). Put the catalog back (from a backup); the store does not open without the names of its "
-        "logs"
+    lost_until = max(
+        named + 1, len(snapshot.sealed) if snapshot is not None and covered > catalog.size else 0
     )
+    if lost_until <= known:  # bytes the snapshot counts, but no topic more: nothing to set aside
+        raise CatalogDamaged(
+            f"{catalog.path} is damaged: {damaged}, but {why} (an entry is synced before its topic's first "
+            "record). Put the catalog back (from a backup); the store does not open without the names of its "
+            "logs"
+        )
+    catalog.keep_lost_end(lost_until - known, f"{damaged}, but {why}")
 
 
 def _damaged(index: SealedIndex) -> bool:

@@ -273,7 +273,14 @@ def test_a_deleted_catalog_of_a_store_without_records_is_made_again(tmp_path: Pa
 
 
 @pytest.mark.parametrize("snapshot", [True, False], ids=["with the snapshot", "without it"])
-def test_a_damaged_last_catalog_entry_of_a_topic_with_records_stops_the_open(tmp_path: Path, snapshot: bool):
+def test_a_damaged_last_catalog_entry_of_a_topic_with_records_sets_that_topic_aside(
+    tmp_path: Path, snapshot: bool, caplog: pytest.LogCaptureFixture
+):
+    """The newest topic's entry damaged (a flipped bit): its records are in sealed segments, so it was
+    durable. Until 2026-12-01 the store did not open at all (``CatalogDamaged``, every log down over one
+    entry). The file is now kept aside as it was, cut after its good entries and given an entry under a
+    lost name for that topic, which is set aside; every other log opens, and the next start finds a whole
+    catalog."""
     _closed_store(tmp_path)
     catalog = tmp_path / "log" / "catalog"
     if not snapshot:
@@ -281,16 +288,17 @@ def test_a_damaged_last_catalog_entry_of_a_topic_with_records_stops_the_open(tmp
     flip_byte(catalog, catalog.stat().st_size - 1)  # "u"'s entry
     damaged = catalog.read_bytes()
 
-    store = LogStore(tmp_path, CONFIG)
-    with pytest.raises(CatalogDamaged) as caught:
-        store.open()
-    store.close()
-    assert str(caught.value).startswith(
-        f"{catalog} is damaged: its entries end at byte 31 (1 topics), followed by 15 bytes that are not "
-        f"a valid entry, but {partition_segments(tmp_path)[-1]} holds records of topic id 1, whose entry "
-        "is lost"
-    )
-    assert catalog.read_bytes() == damaged  # left as it was found
+    for again in range(2):
+        store, _report = _reopen(tmp_path)
+        assert [info.topic for info in store.logs()] == ["t", *(["u"] * again)]
+        assert [entry.topic for entry in store.quarantined()] == ["\x00lost catalog entry 1"]
+        assert _served(store, "t") == set(range(COUNT + again))
+        assert store.append("t", make_record(COUNT + again)) == COUNT + again
+        assert store.append("u", make_record(0)) == 0 or again  # a new log: the old one's name is lost
+        store.close()
+    assert f"{catalog} is damaged: its entries end at byte 31 (1 topics)" in caplog.text
+    (kept,) = catalog.parent.glob("catalog.damaged-*")
+    assert kept.read_bytes() == damaged  # the file as it was found
 
 
 def test_a_torn_last_catalog_entry_without_records_is_still_cut(tmp_path: Path):
