@@ -9,8 +9,8 @@ A new topic's entry is buffered like an append and written and synced by the sam
 topic's first record (`take_write`), so a record that was acknowledged never names an id the file lost.
 At open a torn or damaged entry at the end is cut off (with the records naming ids past it, which were
 never acknowledged either), unless a sealed segment or the topic table snapshot shows that it was durable:
-then the store does not open (`CatalogDamaged`, see `recovery`). Names never reach a path: any MQTT topic
-name is fine here.
+then its topic keeps a lost name and is set aside (`keep_lost_end`, see `lost_files`), as are the topics of
+entries damaged between valid ones (`damaged`). Names never reach a path: any MQTT topic name is fine here.
 """
 
 from __future__ import annotations
