@@ -10,8 +10,9 @@ query has run a while) and starts it again.
 
 It gives up only on failures a restart cannot fix (:func:`unrecoverable`): bad configuration (a source
 option, a config value, a table whose schema or features do not match, a query that does not analyse, a
-token the broker refuses) and data loss under ``failOnDataLoss``. The job then stops with exit status 1,
-naming the reason, rather than failing the same way forever. A run that must end (``--available-now``) also
+token the broker refuses), data loss under ``failOnDataLoss`` and checkpoint offsets the source refuses as
+edited by hand. The job then stops with exit status 1, naming the reason, rather than failing the same way
+forever. A run that must end (``--available-now``) also
 gives up on a query that keeps failing (``give_up_after`` failures in a row).
 """
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 #: reach the driver as text (a Python traceback inside a Spark error), hence names, not types.
 UNRECOVERABLE: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bDataLossError\b|timestone source: data loss"), "data loss (failOnDataLoss)"),
+    (re.compile(r"timestone source: the checkpoint's offsets of "), "checkpoint's offsets edited by hand"),
     (re.compile(r"\bSourceOptionError\b|timestone source option '"), "bad source option"),
     (re.compile(r"\bConfigError\b"), "bad configuration"),
     (re.compile(r"\bSchemaMismatch\b"), "table schema does not match its declaration"),

@@ -170,3 +170,27 @@ def test_a_run_that_must_end_gives_up_after_failures_in_a_row_naming_them():
         clock.now += 1.0
         endless.check()
     assert len(started) == 11
+
+
+#: The source refusing offsets no source wrote (a hand-edited offsets file of the checkpoint), as it reaches
+#: the driver.
+OFFSETS_EDITED = (
+    "[STREAM_FAILED] Query [id = 53ee71e0] terminated with exception: [PYTHON_STREAMING_DATA_SOURCE_RUNTIME_"
+    "ERROR] Failed when Python streaming data source perform latestOffset: Traceback (most recent call last):"
+    "\nValueError: timestone source: the checkpoint's offsets of broker 'edge1' hold '#p0': -5, not an "
+    "offset (a whole number >= 0). Was the offset log (offsets/ in the checkpoint location) edited? Write "
+    "them back as the source wrote them, or start the query on a new checkpoint\n SQLSTATE: 38000"
+)
+
+
+def test_a_checkpoint_whose_offsets_were_edited_is_not_restarted():
+    """The checkpoint is the same at every restart, so a query whose offsets the source refuses as no
+    source wrote them failed again on each (a continuous job restarted it for ever, a WARNING a minute);
+    the job gives up at once, naming the reason."""
+    supervisor, started, clock = supervised()
+    started[-1].fail(OFFSETS_EDITED)
+    gave_up = supervisor.check()
+    clock.now += 3600
+    supervisor.check()
+    assert gave_up is not None and gave_up.reason == "checkpoint's offsets edited by hand"
+    assert len(started) == 1 and supervisor.metrics.restarts("telemetry") == 0
