@@ -39,9 +39,9 @@ guard:
   that closed its connection first (nobody to answer: one DEBUG line).
 - **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
   callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
-  that way, whatever its frames declare. ``read_gate`` diverts the reads themselves to a callable, which
-  passes them on to aiohttp when it likes, the socket's reading stopped meanwhile: a WebSocket listener has
-  every byte of its sockets, frames and all, parsed within the loop's turns that way.
+  that way, whatever its frames declare. With ``read_turns`` every read goes to an ``Intake``
+  (``http.read_gate``) that hands it on to aiohttp when it likes, the socket not read meanwhile: the MQTT
+  listeners' turns of the loop bound what aiohttp parses, whatever the bytes (one-byte HTTP chunks).
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent (a share counted as its reader's when
@@ -58,7 +58,6 @@ import socket
 import ssl
 import struct
 import time
-import typing
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
@@ -66,6 +65,7 @@ from typing import Any
 from aiohttp import HttpVersion10, HttpVersion11, web
 
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
+from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
 from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
@@ -75,14 +75,13 @@ __all__ = [
     "ByteWatch",
     "GuardedRunner",
     "Pace",
-    "ReadGate",
     "UnreadBody",
     "check_http_limits",
     "hold",
     "mark_authenticated",
     "over_budget_response",
     "read_body",
-    "read_gate",
+    "reads_of",
     "settle",
     "start_guarded_site",
     "waiting",
@@ -116,8 +115,11 @@ class _Guard:
         send_timeout_s: float | None = None,
         min_read_bytes_per_s: int = 0,
         max_per_reader: int | None = None,
+        read_turns: ReadTaker | None = None,
     ) -> None:
         self.max_connections = max_connections
+        self.read_turns = read_turns
+        """Makes each connection's ``Intake`` (None: aiohttp parses every read at once)."""
         self.max_per_reader = max_per_reader
         """Open connections one named reader may hold (None: no bound of its own)."""
         self.request_timeout_s = request_timeout_s
@@ -235,17 +237,20 @@ class _GuardedProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.stall: asyncio.TimerHandle | None = None
         """Runs out while writing is paused (``send_timeout_s``)."""
-        self.reading_held = False
-        """Its intake stopped reading the socket (``hold_reading``)."""
         self.watch: ByteWatch | None = None
         """Told of every read's size (``watch_bytes``) until it answers None."""
-        self.intake: Callable[[bytes], None] | None = None
-        """Given every read instead of aiohttp (``divert``), which it hands on with ``feed``."""
+        self.seen: HeldTransport | None = None
+        """The transport aiohttp sees, when an intake takes the reads (else the transport itself)."""
+        self.intake: Intake | None = None
+        """Given every read instead of aiohttp (the site's ``read_turns``); it hands them on with ``feed``."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        self.guard.open[transport] = self
-        self.inner.connection_made(transport)
+        if self.guard.read_turns is not None:  # aiohttp's resumes must not undo the intake's holds
+            self.seen = HeldTransport(transport)
+            self.intake = self.guard.read_turns(self)
+        self.guard.open[self.seen or transport] = self  # as requests find it (``request.transport``)
+        self.inner.connection_made(self.seen or transport)
         self.arm()
 
     def data_received(self, data: bytes) -> None:
@@ -266,43 +271,39 @@ class _GuardedProtocol(asyncio.Protocol):
             return
         self.inner.data_received(data)
 
-    def divert(self, intake: Callable[[bytes], None]) -> None:
-        """Give ``intake`` every read from now on, instead of aiohttp."""
-        self.intake = intake
-
     def feed(self, data: bytes) -> None:
-        """Hand aiohttp ``data``, a read its intake took (``divert``), unless the socket is gone."""
+        """Hand aiohttp ``data``, a read its intake took, unless the socket is gone."""
         if self.transport is not None and not self.transport.is_closing():
             self.inner.data_received(data)
 
     def hold_reading(self) -> None:
         """Stop reading the socket (for its intake), whatever aiohttp's own flow control does meanwhile."""
-        self.reading_held = True
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.pause_reading()
+        if self.seen is not None:
+            self.seen.hold()
 
     def release_reading(self) -> None:
         """Read the socket again, unless aiohttp's own flow control holds it."""
-        self.reading_held = False
-        inner = self.inner
-        aiohttp_holds = getattr(inner, "_reading_paused", False) or getattr(inner, "_buffer_paused", False)
-        if not aiohttp_holds and self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        if self.seen is not None:
+            self.seen.release()
 
     def is_open(self) -> bool:
         """Whether the socket is still there (not closing)."""
         return self.transport is not None and not self.transport.is_closing()
 
     def eof_received(self) -> bool | None:
+        if self.intake is not None:
+            self.intake.drain()
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.intake is not None:
+            self.intake.close()
         self.disarm()
         self._stop_stall()
         if self.closing:
             self.guard.closing -= 1
             self.closing = False
-        self.guard.open.pop(self.transport, None)
+        self.guard.open.pop(self.seen or self.transport, None)
         self.inner.connection_lost(exc)
 
     def push_out(self) -> None:
@@ -486,28 +487,8 @@ def watch_bytes(request: web.Request, watch: ByteWatch) -> None:
         guarded.watch = watch
 
 
-class ReadGate(typing.Protocol):
-    """An upgraded socket's reads (``read_gate``), diverted to a taker that passes them on to aiohttp."""
-
-    def divert(self, intake: Callable[[bytes], None]) -> None:
-        """Give ``intake`` every read from now on (after ``watch_bytes``'s watch), instead of aiohttp."""
-
-    def feed(self, data: bytes) -> None:
-        """Hand aiohttp ``data`` to parse."""
-
-    def hold_reading(self) -> None:
-        """Stop reading the socket."""
-
-    def release_reading(self) -> None:
-        """Read the socket again (unless aiohttp holds it itself)."""
-
-    def is_open(self) -> bool:
-        """Whether the socket is still there."""
-
-
-def read_gate(request: web.Request) -> ReadGate | None:
-    """The reads of the request's connection, to be diverted (``ReadGate.divert``) and handed on to aiohttp
-    when their taker likes (None: the site is not guarded)."""
+def reads_of(request: web.Request) -> ReadGate | None:
+    """The reads of the request's connection (None: the site is not guarded)."""
     return request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
 
 
@@ -695,6 +676,7 @@ async def start_guarded_site(
     max_line_size: int = 8190,
     min_read_bytes_per_s: int = 0,
     max_per_reader: int | None = None,
+    read_turns: ReadTaker | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -705,8 +687,11 @@ async def start_guarded_site(
     answer for that long is aborted (None: never). ``max_line_size``: the longest request line or header
     taken (longer ones are answered 400). ``min_read_bytes_per_s``: an answer of N bytes not taken within
     ``request_timeout_s`` + N / this seconds is abandoned, its connection aborted (0: no minimum).
-    ``max_per_reader``: open connections one named reader may hold (None: no bound of its own)."""
-    guard = _Guard(max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s, max_per_reader)
+    ``max_per_reader``: open connections one named reader may hold (None: no bound of its own).
+    ``read_turns``: makes each connection's ``Intake``, which takes its reads before aiohttp parses them."""
+    guard = _Guard(
+        max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s, max_per_reader, read_turns
+    )
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
     if budget is not None:

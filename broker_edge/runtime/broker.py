@@ -450,6 +450,7 @@ class Broker(BrokerCore):
         """The admin endpoint on its listening socket (run by its first connection: see ``lazy_http``)."""
         from broker_edge.http.guard import start_guarded_site
         from broker_edge.runtime.admin_http import create_admin_app
+        from broker_edge.runtime.transports.turns import HTTP_READ_WEIGHT, SocketTurns
 
         admin = self.config.admin_http
         app = create_admin_app(self.metrics, self.health)
@@ -463,6 +464,7 @@ class Broker(BrokerCore):
             sock=sock,
             budget=self.http_budget,
             min_read_bytes_per_s=admin.min_read_bytes_per_s,
+            read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
         )
 
     async def _start_offsets_api(self, store: LogStore) -> None:
@@ -480,6 +482,7 @@ class Broker(BrokerCore):
             from broker_edge.http.guard import start_guarded_site
             from broker_edge.offsets_api.requests import request_line_for
             from broker_edge.offsets_api.server import ApiLimits, create_app, reader_authenticator
+            from broker_edge.runtime.transports.turns import HTTP_READ_WEIGHT, SocketTurns
 
             limits = ApiLimits(
                 max_connections=api.max_connections,
@@ -503,6 +506,7 @@ class Broker(BrokerCore):
                 max_line_size=limits.max_request_line,
                 min_read_bytes_per_s=limits.min_read_bytes_per_s,
                 max_per_reader=limits.max_connections_per_reader,
+                read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

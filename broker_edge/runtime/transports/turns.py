@@ -28,9 +28,10 @@ more than ``MIN_SHARE``. In the line each connection gets an equal share of the 
 ``MIN_PACKET_SHARE``).
 
 It knows connections only as ``TurnReader`` (a ``TcpConnection``, which feeds its reads through ``take``). A
-WebSocket's socket is one too (``websocket.SocketTurns``): every byte it reads, frames and all, is taken
-before aiohttp parses it, so frames that carry no packet (empty fragments of a message that never ends)
-are bound as packets are. Its messages are handled in a task, which takes their packets with
+socket aiohttp serves is one too (``SocketTurns``: a WebSocket's, the admin endpoint's and the offsets
+API's): every byte it reads is taken before aiohttp parses it, so frames that carry no packet (empty
+fragments of a WebSocket message that never ends) and HTTP bodies of one-byte chunks are bound as packets
+are. Its messages are handled in a task, which takes their packets with
 ``spend_packets`` and waits for ``next_turn`` (their bytes were counted as the socket read them).
 """
 
@@ -39,9 +40,20 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["MIN_PACKET_SHARE", "MIN_SHARE", "PACKET_BYTES", "ReadTurns", "TurnReader", "packets_per_turn"]
+if TYPE_CHECKING:
+    from broker_edge.http.read_gate import ReadGate
+
+__all__ = [
+    "MIN_PACKET_SHARE",
+    "MIN_SHARE",
+    "PACKET_BYTES",
+    "ReadTurns",
+    "SocketTurns",
+    "TurnReader",
+    "packets_per_turn",
+]
 
 MIN_SHARE = 4096
 """The fewest bytes a connection with bytes kept is handed in a turn (however many wait)."""
@@ -292,3 +304,76 @@ class ReadTurns:
                 kept[reader] = data  # the back of the line
             else:
                 reader.resume_after_turn()
+
+
+HTTP_READ_WEIGHT = 16
+"""What a byte read by an HTTP endpoint counts of a turn: aiohttp's parser spends about 4 us on a chunk of a
+chunked body, 6 bytes for a chunk of one byte, so a turn's 64 KiB of them held the loop 40 ms; at 16 times
+its bytes a turn parses 4 KiB of an HTTP socket, a few milliseconds whatever they hold (a fetch's body of
+1 MiB is read over 256 turns)."""
+
+
+class SocketTurns:
+    """A socket served by aiohttp (a WebSocket, an HTTP endpoint) as ``ReadTurns`` sees it, its ``Intake``:
+    every read is taken from the turn's bytes before aiohttp parses it, each byte counted ``weight`` bytes,
+    the rest kept (the socket not read) for later turns, as a TCP connection's reads are. Whatever the bytes
+    cost aiohttp (WebSocket frames carrying nothing, HTTP chunks of one byte), a turn parses no more of them
+    than its budget: parsed as fast as the socket gave them, they held the loop from every other client."""
+
+    __slots__ = ("gate", "owes_acknowledgements", "turns", "weight")
+
+    def __init__(self, gate: ReadGate, turns: ReadTurns, weight: int = 1) -> None:
+        self.gate = gate
+        self.turns = turns
+        self.weight = weight
+        self.owes_acknowledgements: Callable[[], bool] = _owes_nothing
+        """Whether deliveries wait for the socket's reads (a WebSocket's MQTT connection owing acks)."""
+
+    def __call__(self, data: bytes) -> None:
+        turns = self.turns
+        part = turns.take(self, data)
+        if part is not None:
+            unread = self._feed(part)
+            if unread:
+                turns.keep_unread(self, part[len(part) - unread :])
+
+    def handle_bytes(self, data: bytes) -> int:
+        return self._feed(data)
+
+    def _feed(self, data: bytes) -> int:
+        """Hand aiohttp what of ``data`` (taken from the turn) the turn has room for at ``weight`` (at least
+        ``MIN_SHARE`` / ``weight`` bytes); the bytes past them, not handed."""
+        weight = self.weight
+        if weight == 1:
+            self.gate.feed(data)  # parsed; a WebSocket's task handles their packets (``spend_packets``)
+            return 0
+        size = len(data)
+        turns = self.turns
+        fed = min(size, max((turns.left + size) // weight, MIN_SHARE // weight))
+        turns.left -= fed * (weight - 1)
+        self.gate.feed(data if fed == size else data[:fed])
+        return size - fed
+
+    def drain(self) -> None:
+        data = self.turns.take_back(self)
+        if data:
+            self.gate.feed(data)
+
+    def close(self) -> None:
+        self.turns.forget(self)
+
+    def pause_for_turn(self) -> None:
+        self.gate.hold_reading()
+
+    def resume_after_turn(self) -> None:
+        self.gate.release_reading()
+
+    def may_read(self) -> bool:
+        return self.gate.is_open()
+
+    def awaits_acknowledgements(self) -> bool:
+        return self.owes_acknowledgements()
+
+
+def _owes_nothing() -> bool:
+    return False

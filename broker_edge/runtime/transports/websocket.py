@@ -3,7 +3,7 @@
 aiohttp gives each WebSocket a handler task, so a WebSocket client costs a task (plain TCP clients do not).
 The bytes of each binary message are fed to a connection exactly as TCP bytes are: MQTT packets may
 span messages or share one. Every byte the socket reads, frames and all, is taken from the loop's turn
-before aiohttp parses it (``SocketTurns``, the rest kept for later turns as a TCP read's is), and a
+before aiohttp parses it (``turns.SocketTurns``, the rest kept for later turns as a TCP read's is), and a
 message's packets are handled only while the turn has packets left, else in a later turn; so is a ping
 (answered here, not by aiohttp, counted as ``PING_PACKETS``). Writes are
 batched into one binary message per loop iteration. A closed connection whose socket is still open
@@ -19,18 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker_edge.engine.connection.states import NEW
-from broker_edge.http.guard import GuardedRunner, ReadGate, read_gate, start_guarded_site, watch_bytes
+from broker_edge.http.guard import GuardedRunner, reads_of, start_guarded_site, watch_bytes
 from broker_edge.http.json_errors import refuse
 from broker_edge.protocol.errors import PacketTooLarge
 from broker_edge.runtime.revoked_peers import certificate_id
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
-from broker_edge.runtime.transports.turns import ReadTurns
+from broker_edge.runtime.transports.turns import ReadTurns, SocketTurns
 from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
@@ -236,43 +237,6 @@ class PreConnectBytes:
         return True
 
 
-class SocketTurns:
-    """A WebSocket's socket as ``ReadTurns`` sees it (a ``TurnReader``): every read, frames and all, is taken
-    from the turn's bytes before aiohttp parses it, the rest kept (the socket not read) for later turns, as
-    a TCP connection's reads are. Frames that hand on no packet (empty fragments of a message that never
-    ends) cost the loop as packets do: parsed as fast as the socket gave them, they held the loop from
-    every other client."""
-
-    __slots__ = ("connection", "gate", "turns")
-
-    def __init__(self, gate: ReadGate, connection: StreamConnection, turns: ReadTurns) -> None:
-        self.gate = gate
-        self.connection = connection
-        self.turns = turns
-
-    def __call__(self, data: bytes) -> None:
-        part = self.turns.take(self, data)
-        if part is not None:
-            self.gate.feed(part)
-
-    def handle_bytes(self, data: bytes) -> int:
-        self.gate.feed(data)  # aiohttp parses them; the task handles their packets (``spend_packets``)
-        return 0
-
-    def pause_for_turn(self) -> None:
-        self.gate.hold_reading()
-
-    def resume_after_turn(self) -> None:
-        self.gate.release_reading()
-
-    def may_read(self) -> bool:
-        return self.gate.is_open()
-
-    def awaits_acknowledgements(self) -> bool:
-        session = self.connection.session
-        return session is not None and bool(session.inflight)
-
-
 PING_PACKETS = 8
 """What a ping counts of a turn's packets: its pong is a write of its own, about eight PINGREQs' work (a
 flood of pings counted as one packet each held a turn about 10 ms)."""
@@ -315,6 +279,12 @@ async def _hand_message(
             return
         data = data[-unread:]
         await turns.next_turn()
+
+
+def _owes_acknowledgements(connection: StreamConnection) -> bool:
+    """Whether deliveries to ``connection`` wait for its acknowledgements (its socket's reads go first)."""
+    session = connection.session
+    return session is not None and bool(session.inflight)
 
 
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
@@ -377,17 +347,14 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
                 connection.peer_certificate = certificate_id(ssl_object)
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
-        gate = read_gate(request)
-        socket_turns = SocketTurns(gate, connection, turns) if gate is not None else None
-        if gate is not None and socket_turns is not None:
-            gate.divert(socket_turns)
+        gate = reads_of(request)
+        if gate is not None and isinstance(gate.intake, SocketTurns):
+            gate.intake.owes_acknowledgements = partial(_owes_acknowledgements, connection)
         try:
             await _read(transport, connection, turns)
         except ConnectionError as exc:  # the client went while a pong or a close frame was being written
             log.debug("websocket of %s ended: %s", connection.peer_address(), exc)
         finally:
-            if socket_turns is not None:
-                turns.forget(socket_turns)
             connection.connection_lost(None)
         return ws
 
@@ -400,6 +367,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         listener.ssl_context,
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
+        read_turns=partial(SocketTurns, turns=turns),
         on_tls_failure=report_tls_failures(broker, listener.name, config.tls.certfile if config.tls else ""),
         reuse_port=config.reuse_port,
     )

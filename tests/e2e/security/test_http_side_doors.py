@@ -13,11 +13,12 @@ import contextlib
 import http.client
 import json
 import socket
+import threading
 import time
 
 import pytest
 
-from tests.e2e.broker_clients import PahoClient
+from tests.e2e.broker_clients import PahoClient, wait_for
 
 HTTP_LIMITS = {"max_connections": 10, "request_timeout_s": 1.0}
 
@@ -261,3 +262,63 @@ def test_an_http_1_0_client_reads_every_listing(broker, path):
     head, _, body = read_until_closed(sock).partition(b"\r\n\r\n")  # the body ends with the connection
     assert head.startswith(b"HTTP/1.0 200") and b"Transfer-Encoding" not in head
     assert json.loads(body)
+
+
+def open_http_connections(running, port: int) -> int:
+    """Connections the broker's HTTP endpoint on ``port`` holds open."""
+    endpoint = next(runner for runner in running.broker._runners if getattr(runner, "port", None) == port)
+    return running.call(lambda: len(endpoint._running.guard.open))
+
+
+def kept_bytes(running) -> int:
+    """Bytes read from sockets and kept for later turns of the broker's loop."""
+    turns = running.broker.read_turns
+    return running.call(lambda: sum(len(data) for data in turns._kept.values()))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "head"),
+    [("admin", b"GET /health HTTP/1.1\r\n"), ("offsets", b"POST /v1/fetch HTTP/1.1\r\n")],
+)
+def test_a_body_of_one_byte_chunks_is_parsed_within_the_loop_turns_and_mqtt_stays_served(
+    brokers, endpoint, head
+):
+    """A body sent as chunks of one byte costs aiohttp's parser microseconds a chunk: two strangers streaming
+    them (no token needed on the admin endpoint, and on an offsets API on loopback) held the loop, each
+    PUBACK of a device taking 0.1-0.6 s. The endpoints' reads are taken a turn's share at a time (their
+    bytes counted 16 times), the rest kept with the sockets not read, so a device is served meanwhile and
+    what is kept stays bounded."""
+    running = brokers()
+    port = running.broker.admin_port if endpoint == "admin" else running.broker.offsets_port
+    publisher = PahoClient(running.port, "device")
+    request = head + b"Host: b\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunks = b"1\r\na\r\n" * 40_000
+    flooding = threading.Event()
+    flooding.set()
+
+    def flood() -> None:
+        while flooding.is_set():
+            with contextlib.suppress(OSError), raw_socket(port) as sock:
+                sock.settimeout(0.5)  # ends soon once the test is done, however full its socket is
+                sock.sendall(request)
+                while flooding.is_set():
+                    sock.sendall(chunks)
+
+    flooders = [threading.Thread(target=flood, daemon=True) for _ in range(2)]
+    for flooder in flooders:
+        flooder.start()
+    try:
+        time.sleep(0.3)
+        answered, kept = [], []
+        for _ in range(20):
+            started = time.monotonic()
+            publisher.publish("t/x", b"x", 1)
+            answered.append(time.monotonic() - started)
+            kept.append(kept_bytes(running))
+    finally:
+        flooding.clear()
+        for flooder in flooders:
+            flooder.join(timeout=5)
+    assert wait_for(lambda: open_http_connections(running, port) == 0)  # their ends seen, what they kept read
+    assert sorted(answered)[10] < 0.05, f"PUBACKs took {sorted(answered)} s"
+    assert max(kept) < 2 << 20, f"{max(kept)} bytes kept"
