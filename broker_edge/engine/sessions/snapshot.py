@@ -370,7 +370,8 @@ def restore(
         session = router.restore_session(saved.client_id, expiry, expires_at, saved.username)
         session.log_offsets = saved.log_offsets
         if saved.releases:  # resent as PUBREL when it reconnects [MQTT-4.4.0-1]
-            session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
+            inflight = session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
+            inflight.next_id = max(saved.releases) % 0xFFFF + 1  # a window is never without it
         session.restore_incoming(saved.received)  # a resent PUBLISH: PUBREC, never routed twice
         for sub in saved.subscriptions:
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):

@@ -474,3 +474,30 @@ def test_an_incoming_qos2_id_held_over_a_restart_is_never_routed_twice(tmp_path,
         assert delivered == expected
     finally:
         process.stop()
+
+
+@pytest.mark.parametrize("version", [5, 4])
+def test_a_session_restored_with_a_release_to_resend_takes_new_deliveries(brokers, version):
+    """A session restored with the PUBREL of a QoS 2 delivery to resend gets the messages published after
+    the restart too: its in-flight window came back without the packet id to try next, so the first new
+    delivery raised AttributeError in the routing, and the publisher never got its PUBACK / PUBREC."""
+    broker = brokers()
+    device = RawClient(broker.port, version)
+    device.connect("q2-next", clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
+    device.subscribe("cmd/next", 2)
+    PahoClient(broker.port, "ops").publish("cmd/next", b"released", 2)
+    delivery = device.recv()
+    assert isinstance(delivery, Publish) and delivery.packet_id is not None
+    device.send_packet(PubRec(delivery.packet_id))
+    assert isinstance(device.recv(), PubRel)
+    device.close()
+
+    broker = restarted(broker, brokers)
+    again = RawClient(broker.port, version)
+    again.connect("q2-next", clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
+    resent = again.recv()
+    assert isinstance(resent, PubRel) and resent.packet_id == delivery.packet_id
+    PahoClient(broker.port, "ops-2").publish("cmd/next", b"after the restart", 1)
+    fresh = again.recv()
+    assert isinstance(fresh, Publish) and fresh.payload == b"after the restart"
+    assert fresh.packet_id != delivery.packet_id  # still waiting for its PUBCOMP
