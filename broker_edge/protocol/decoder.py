@@ -256,7 +256,7 @@ class PacketDecoder:
                 raise MalformedPacket("remaining length not in its shortest form")
             end = body + length
             if end - pos > max_packet_size:
-                raise PacketTooLarge(f"packet of {end - pos} bytes exceeds the maximum of {max_packet_size}")
+                raise self._too_large(buf, body, end - pos, max_packet_size)
             if end > size:
                 self._needed = end - pos
                 return pos
@@ -270,6 +270,14 @@ class PacketDecoder:
             if len(packets) >= most:
                 return pos
         return pos
+
+    def _too_large(self, buf, body: int, size: int, most: int) -> PacketTooLarge:
+        """The error for a packet of ``size`` bytes, its body starting at ``body``; before CONNECT with the
+        protocol level, when the protocol name and level came along."""
+        error = PacketTooLarge(f"packet of {size} bytes exceeds the maximum of {most}")
+        if self.protocol_version is None and buf[body : body + 6] == b"\x00\x04MQTT" and len(buf) > body + 6:
+            error.protocol_level = buf[body + 6]
+        return error
 
     def _first_byte_error(self, first: int) -> MQTTError:
         """Say precisely why a first byte is not accepted here (the slow path of the accepted-set test)."""

@@ -45,6 +45,9 @@ class PacketTooLarge(ProtocolError):
     """The packet is larger than the receiver's maximum packet size (0x95); raised before the body arrives."""
 
     default_reason_code = ReasonCode.PACKET_TOO_LARGE
+    protocol_level: int | None = None
+    """Of a first packet (a CONNECT): the protocol level that came with its fixed header, if it did (an MQTT
+    5 client may be told 0x95 in a CONNACK, an older one has no such code)."""
 
 
 class InvalidTopic(ProtocolError):

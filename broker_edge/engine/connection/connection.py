@@ -529,7 +529,7 @@ class Connection(Outgoing):
                 else:
                     self.refuse("protocol_error", ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION, version=4)
             elif isinstance(error, PacketTooLarge):
-                v5 = self.decoder.protocol_version == MQTT_5
+                v5 = MQTT_5 in (self.decoder.protocol_version, error.protocol_level)
                 self.refuse_connect_too_large(error.message, error.reason_code if v5 else None)
             elif self.decoder.protocol_version == MQTT_5:
                 self.refuse("protocol_error", error.reason_code, version=MQTT_5)

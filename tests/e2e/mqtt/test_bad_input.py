@@ -6,7 +6,9 @@ bad client was thrown out.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
 
 import pytest
 
@@ -286,3 +288,24 @@ def test_a_long_invalid_filter_is_answered_0x8f_in_the_suback(broker, bystander,
     raw.send_packet(PingReq())
     assert isinstance(raw.recv(), PingResp)
     bystander("long-filter")
+
+
+@pytest.mark.mqtt5("MQTT-4.13.1-1")
+@pytest.mark.parametrize(
+    ("version", "answer"), [(5, b"\x20\x03\x00\x95\x00"), (4, b"")], ids=["v5", "v3.1.1"]
+)
+def test_a_connect_declaring_more_than_max_connect_packet_size(broker, bystander, version, answer):
+    """Refused from its fixed header and protocol level, before the body is read: an MQTT 5 client is told
+    (CONNACK 0x95, as docs/broker.md says), an MQTT 3.1.1 one, which has no such code, is closed. The
+    client had been closed without a word whatever its level, the level not being decoded yet."""
+    level = bytes((version,))
+    header = b"\x10" + encode_varint(200_000) + b"\x00\x04MQTT" + level + b"\x02\x00\x3c"
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
+        sock.sendall(header)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    assert received == answer
+    assert broker.refused("connect_too_large") == 1
+    bystander("connect-too-large")
