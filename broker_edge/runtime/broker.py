@@ -166,6 +166,11 @@ class Broker(BrokerCore):
             "http_requests_over_budget",
             "HTTP requests refused (503) because the HTTP memory budget could not take them.",
         ).set_function(lambda: budget.refused)
+        self.certificate_expiry = self.metrics.gauge(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the certificate each TLS endpoint serves to new connections expires (Unix time).",
+            ["endpoint"],
+        )
         self.reader_tokens = config.offsets_api.reader_tokens()
         """The offsets API's readers' tokens (None: it asks for none; loopback only); SIGHUP reloads them."""
         self.offsets_tls: ServerContexts | None = None
@@ -233,6 +238,7 @@ class Broker(BrokerCore):
                     self.metrics.for_listener(listener_config.name),
                 )
                 self.listeners.append(runtime)
+                self._watch_expiry(runtime.tls_contexts)
                 label = f"listeners[{len(self.listeners) - 1}] ({runtime.name})"
                 if listener_config.websocket:
                     from broker_edge.runtime.transports.websocket import start_websocket_listener
@@ -396,6 +402,7 @@ class Broker(BrokerCore):
             from broker_edge.uplink.hub import UplinkHub
 
             self.uplink_hub = UplinkHub(store, config.uplink_hub, self.metrics)
+            self._watch_expiry(self.uplink_hub.tls)
             self.add_offsets_api_routes(self.uplink_hub.add_status_route)
         if config.uplink is not None:
             from broker_edge.uplink.site_link import SiteLink
@@ -467,6 +474,11 @@ class Broker(BrokerCore):
             read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
         )
 
+    def _watch_expiry(self, contexts: ServerContexts | None) -> None:
+        """Expose when the certificate ``contexts`` serves expires, as it is now (SIGHUP moves it)."""
+        if contexts is not None:
+            self.certificate_expiry.labels(contexts.name).set_function(lambda: contexts.not_after)
+
     async def _start_offsets_api(self, store: LogStore) -> None:
         """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
         loaded by its first connection (see ``lazy_http``)."""
@@ -476,6 +488,7 @@ class Broker(BrokerCore):
             self.offsets_tls = ServerContexts(
                 lambda: server_ssl_context(tls_config), tls_config, "offsets API"
             )
+            self._watch_expiry(self.offsets_tls)
         ssl_context = self.offsets_tls.context if self.offsets_tls is not None else None
 
         async def serve(sock: socket.socket) -> GuardedRunner:

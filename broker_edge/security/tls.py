@@ -25,6 +25,7 @@ from broker_edge.config.loader import expand_home
 __all__ = [
     "ServerContexts",
     "TlsConfig",
+    "certificate_end",
     "certificate_not_valid_now",
     "check_crls_cover",
     "client_ssl_context",
@@ -233,6 +234,17 @@ def certificate_not_valid_now(certfile: str, now: datetime.datetime | None = Non
     return None
 
 
+def certificate_end(certfile: str) -> float:
+    """When the first certificate of ``certfile`` expires (Unix time; 0.0 when it does not parse)."""
+    from cryptography import x509
+
+    try:
+        certificate = x509.load_pem_x509_certificate(Path(certfile).read_bytes())
+    except (OSError, ValueError):
+        return 0.0
+    return certificate.not_valid_after_utc.timestamp()
+
+
 RENEW = "clients refuse it; renew it (timestone pki renew CERT --ca DIR)"
 
 
@@ -270,6 +282,8 @@ class ServerContexts:
         self.name = name
         """What the log lines call it (``listener devices``, ``offsets API``)."""
         self.current = build()
+        self.not_after = certificate_end(files.certfile) if files else 0.0
+        """When the certificate served now expires (Unix time; 0: not known)."""
         problem = files_not_valid_now(files) if files else None
         if problem:
             log.error("%s: %s: %s", name, *problem)
@@ -287,6 +301,8 @@ class ServerContexts:
             raise ConfigError(*problem)
         self.current = self._build()
         self.reloads += 1
+        if self._files:
+            self.not_after = certificate_end(self._files.certfile)
         self._warn_if_key_readable()
 
     def _warn_if_key_readable(self) -> None:

@@ -204,3 +204,25 @@ def test_a_ca_added_to_the_cafile_without_its_crl_is_refused_naming_it_and_a_rel
     caplog.clear()
     broker.call(lambda: reload_files(broker.broker))
     assert not [r for r in caplog.records if r.levelno == logging.ERROR]
+
+
+def test_the_metrics_say_when_each_served_certificate_expires_and_follow_a_renewal(
+    start_broker, certificates: Certificates, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing said a served certificate was about to expire until devices were refused: each TLS endpoint's
+    certificate end is a gauge (Unix time), to alert on before it comes, and a renewal read by SIGHUP
+    moves it."""
+    broker = start_broker(listeners=[listener(certificates)])
+    served = certificates["ca"] / "server-broker.pem"
+    metric = "timestone_broker_tls_certificate_expiry_timestamp_seconds"
+
+    def not_after() -> float:
+        return x509.load_pem_x509_certificate(served.read_bytes()).not_valid_after_utc.timestamp()
+
+    first = not_after()
+    assert broker.metric(metric, endpoint="listener devices") == first
+    ca = certificates["ca"]
+    assert pki(capsys, "renew", str(served), "--ca", str(ca), "--days", "400")[0] == 0
+    assert broker.metric(metric, endpoint="listener devices") == first  # served until the broker reads it
+    broker.call(lambda: reload_files(broker.broker))
+    assert broker.metric(metric, endpoint="listener devices") == not_after() > first
