@@ -655,7 +655,14 @@ class GuardedRunner:
         return self.server.sockets[0].getsockname()[1]
 
     async def cleanup(self) -> None:
+        """Stop serving: connections handling no request (idle, or reading the rest of a body after their
+        answer, which aiohttp does for ``request_timeout_s`` and its shutdown waited for) are closed at
+        once; requests being handled end as aiohttp ends them."""
         self.server.close()
+        for protocol in list(self.guard.open.values()):
+            if not protocol.busy and protocol.transport is not None:
+                protocol.transport.abort()
+        await asyncio.sleep(0)  # their ends are told: aiohttp's shutdown no longer counts them
         await self.runner.cleanup()
 
 

@@ -276,7 +276,7 @@ def test_a_flood_of_empty_websocket_fragments_is_read_within_the_turns_budget(st
         sock.close()
         flooder.join(timeout=5)
     assert len(sent) > 10 and broker.connected("fragments")  # it flooded all along, and was read
-    assert sorted(answered)[10] < 0.05, f"PUBACKs took {sorted(answered)} s"
+    assert sorted(answered)[10] < 0.08, f"PUBACKs took {sorted(answered)} s"  # 0.12-0.2 s unbounded
     assert broker.metric("timestone_broker_read_turns_cut_total") > 0  # its bytes were read turn by turn
 
 
