@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 UNRECOVERABLE: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bDataLossError\b|timestone source: data loss"), "data loss (failOnDataLoss)"),
     (re.compile(r"timestone source: the checkpoint's offsets of "), "checkpoint's offsets edited by hand"),
+    (re.compile(r"\bStoreReplacedError\b"), "broker's store replaced: data loss (failOnDataLoss)"),
     (re.compile(r"\bSourceOptionError\b|timestone source option '"), "bad source option"),
     (re.compile(r"\bConfigError\b"), "bad configuration"),
     (re.compile(r"\bSchemaMismatch\b"), "table schema does not match its declaration"),

@@ -194,3 +194,19 @@ def test_a_checkpoint_whose_offsets_were_edited_is_not_restarted():
     supervisor.check()
     assert gave_up is not None and gave_up.reason == "checkpoint's offsets edited by hand"
     assert len(started) == 1 and supervisor.metrics.restarts("telemetry") == 0
+
+
+def test_a_broker_whose_store_was_replaced_is_data_loss_not_restarted():
+    """A broker whose data directory was wiped serves a new store: under failOnDataLoss the source refuses it
+    at every start (what the old one held past the checkpoint is gone), and a continuous job restarted the
+    query for ever; the job gives up at once, as on any data loss."""
+    replaced = (
+        "Traceback (most recent call last):\nsources.broker_stores.StoreReplacedError: timestone source: "
+        "broker 'edge1' now serves store 9f2c, not store a7dc that the checkpoint's offsets were taken from: "
+        "its data directory was wiped or replaced, and its logs started again at offset 0."
+    )
+    supervisor, started, _ = supervised()
+    started[-1].fail(replaced)
+    gave_up = supervisor.check()
+    assert gave_up is not None and gave_up.reason == "broker's store replaced: data loss (failOnDataLoss)"
+    assert len(started) == 1
