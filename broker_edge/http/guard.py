@@ -59,6 +59,7 @@ import ssl
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -94,6 +95,8 @@ ByteWatch = Callable[[int], bool | None]
 """What ``watch_bytes`` calls with each read's size: True aborts the connection, None stops the calls."""
 
 _GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
+_tls_refusals = RefusalLog()
+"""The lines of failed TLS handshakes of a site told no ``on_tls_failure``."""
 _slow_readers = RefusalLog()
 """The lines of answers abandoned because they were taken too slowly (``_too_slow``)."""
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
@@ -684,6 +687,7 @@ async def start_guarded_site(
     min_read_bytes_per_s: int = 0,
     max_per_reader: int | None = None,
     read_turns: ReadTaker | None = None,
+    name: str = "HTTPS endpoint",
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -695,7 +699,8 @@ async def start_guarded_site(
     taken (longer ones are answered 400). ``min_read_bytes_per_s``: an answer of N bytes not taken within
     ``request_timeout_s`` + N / this seconds is abandoned, its connection aborted (0: no minimum).
     ``max_per_reader``: open connections one named reader may hold (None: no bound of its own).
-    ``read_turns``: makes each connection's ``Intake``, which takes its reads before aiohttp parses them."""
+    ``read_turns``: makes each connection's ``Intake``, which takes its reads before aiohttp parses them.
+    ``name``: the site in the lines of failed TLS handshakes, without ``on_tls_failure``."""
     guard = _Guard(
         max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s, max_per_reader, read_turns
     )
@@ -731,7 +736,7 @@ async def start_guarded_site(
                 port,
                 ssl_context,
                 request_timeout_s,
-                on_tls_failure or (lambda _peer, _reason, _error: None),
+                on_tls_failure or partial(_tls_failed, name),
                 sock=sock,
                 reuse_port=reuse_port,
                 room=lambda: max_connections,
@@ -747,6 +752,12 @@ async def start_guarded_site(
         await runner.cleanup()
         raise
     return GuardedRunner(runner, server, guard)
+
+
+def _tls_failed(site: str, peer: str, reason: str, _error: BaseException) -> None:
+    """A TLS handshake with ``site`` failed: one WARNING naming the peer and why (limited per reason)."""
+    text = f"TLS handshake with the {site} failed: {reason}"
+    _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason)
 
 
 class UnreadBody(Exception):

@@ -15,7 +15,9 @@ that never send a ClientHello hold no more descriptors than the limit allows. A 
 descriptors (EMFILE, ENFILE) pauses accepting for ``ACCEPT_PAUSE_S``, as asyncio's own servers do, the
 connections waiting in the kernel's backlog meanwhile.
 
-A handshake that fails sends the peer OpenSSL's alert (``certificate required``, ``unknown ca``,
+A handshake that begins with a plain HTTP request (``http://`` for ``https://``) is answered a 400 in JSON
+saying that the port speaks TLS, where an HTTP client could not read an alert. A handshake that fails
+otherwise sends the peer OpenSSL's alert (``certificate required``, ``unknown ca``,
 ``certificate expired``, ``certificate revoked``, ...) before the socket is closed: asyncio's TLS layer and
 uvloop's leave that alert in their outgoing buffer and close without it, so the client saw a bare closed
 connection, as from a broker that is down. The server context's ``sslobject_class`` is ``AlertingSSLObject``,
@@ -92,19 +94,33 @@ class AlertingSSLObject(ssl.SSLObject):
             super().do_handshake()
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise
-        except ssl.SSLError:
-            self._send_alert()
+        except ssl.SSLError as error:
+            self._send_alert(error)
             raise
         self._alert_socket = None
 
-    def _send_alert(self) -> None:
+    def _send_alert(self, error: ssl.SSLError) -> None:
         sock, self._alert_socket = self._alert_socket, None
         if sock is None:
             return
         alert = self._alert_outgoing.read()
+        if error.reason in _PLAIN_HTTP:  # a client of http:// reads no TLS alert: tell it in HTTP
+            alert = _USE_TLS
         if alert:
             with contextlib.suppress(OSError):  # the peer is gone, or no room: closed without it
                 sock.send(alert)
+
+
+_PLAIN_HTTP = frozenset({"HTTP_REQUEST", "HTTPS_PROXY_REQUEST"})
+"""OpenSSL's reasons for a handshake that began with a plain HTTP request."""
+_USE_TLS_BODY = (
+    b'{"error": "bad_request", "message": "this port speaks TLS: use https:// (wss://, mqtts://)"}'
+)
+_USE_TLS = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_USE_TLS_BODY), _USE_TLS_BODY)
+)
+"""The answer to a plain HTTP request on a TLS port, in place of OpenSSL's alert."""
 
 
 def failure_reason(error: BaseException) -> str:

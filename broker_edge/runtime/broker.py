@@ -520,6 +520,7 @@ class Broker(BrokerCore):
                 min_read_bytes_per_s=limits.min_read_bytes_per_s,
                 max_per_reader=limits.max_connections_per_reader,
                 read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
+                name="offsets API",
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

@@ -21,13 +21,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
 from broker_edge.offsets_api.client import OffsetsClient
-from broker_edge.offsets_api.errors import TlsRefused
+from broker_edge.offsets_api.errors import BadRequestError, TlsRefused
 from broker_edge.pki.authority import PemPair
 from broker_edge.pki.builders import PrivateKey, new_key, subject_name, write_certificate, write_key
 from broker_edge.pki.revocation import revoke
 from broker_edge.runtime.local_pki import LocalPki
 from tests.e2e.broker_clients import TIMEOUT
 from tests.e2e.conftest import RunningBroker
+from tests.tls_certs import make_test_pki
 
 LOOPS = pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 CONNECT_V5 = b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x00"
@@ -228,3 +229,39 @@ def test_the_offsets_api_over_https_refusing_a_reader_certificate_is_not_taken_f
             client.list_logs()
     with OffsetsClient(url, ssl_context=devices.context(devices.good), retries=0) as client:
         assert client.list_logs() == []
+
+
+def plain_http_answer(port: int) -> bytes:
+    """What a TLS port answers to a request in plain HTTP (``http://`` where ``https://`` was meant)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /v1/logs HTTP/1.1\r\nHost: broker\r\n\r\n")
+        answer = b""
+        while data := sock.recv(4096):
+            answer += data
+        return answer
+
+
+def test_plain_http_to_a_tls_port_is_answered_400_saying_to_use_tls(brokers, tmp_path, caplog):
+    """A reader or a browser speaking plain HTTP to the offsets API over TLS, to a WSS or an MQTT TLS listener
+    got its connection closed without a word (and the offsets API logged nothing): it now reads a 400 in
+    JSON saying that the port speaks TLS, and the offsets API's refusal is logged with the peer."""
+    pki = make_test_pki(tmp_path / "pki")
+    tls = {"certfile": str(pki.server_cert), "keyfile": str(pki.server_key)}
+    broker = brokers(
+        listeners=[
+            {"name": "tls", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls},
+            {"name": "wss", "type": "wss", "host": "127.0.0.1", "port": 0, "tls": tls},
+        ],
+        offsets_api={"tls": tls},
+    )
+    for port in (broker.broker.offsets_port, broker.port_of("tls"), broker.port_of("wss")):
+        answer = plain_http_answer(port)
+        assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+        assert b'"error": "bad_request"' in answer and b"speaks TLS" in answer, answer
+    with (
+        OffsetsClient(f"http://127.0.0.1:{broker.broker.offsets_port}", retries=0) as reader,
+        pytest.raises(BadRequestError, match="speaks TLS"),  # not BrokerUnavailable after its retries
+    ):
+        reader.list_logs()
+    refused = [r.getMessage() for r in caplog.records if "TLS handshake" in r.getMessage()]
+    assert any("offsets API" in line and "http_request" in line for line in refused), refused
