@@ -157,10 +157,13 @@ class Inflight(dict[int, "Delivery | Released"]):
     """A session's QoS 1/2 deliveries sent and not yet acknowledged, by packet id, and the id to try next
     (kept here, not on the session: an idle session has no window and pays no slot for it)."""
 
-    __slots__ = ("next_id",)
+    __slots__ = ("next_id", "resend_as")
 
     next_id: int
     """Set when the window is made (``Session._send``): dict's own constructor, no Python call."""
+    resend_as: dict[tuple[str, int], int] | None
+    """(topic, offset) → packet id of the QoS 2 deliveries in flight before a restart or a move, whose log
+    records the session reads again: each is sent again with that id and DUP [MQTT-4.4.0-1]."""
 
 
 class RetainedDue:
@@ -403,12 +406,40 @@ class Session:
         if inflight is None:
             inflight = self.inflight = Inflight()
             inflight.next_id = 1
+            inflight.resend_as = None
+        elif inflight.resend_as is not None and self._resend_as(
+            conn, inflight, message, qos, retain, subscription_ids
+        ):
+            return
         packet_id = inflight.next_id
         while packet_id in inflight:
             packet_id = packet_id % 0xFFFF + 1
         inflight.next_id = packet_id % 0xFFFF + 1
         if conn.send_message(message, qos, retain, subscription_ids, packet_id):
             inflight[packet_id] = (message, qos, retain, subscription_ids)
+
+    @staticmethod
+    def _resend_as(
+        conn: Outlet,
+        inflight: Inflight,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+    ) -> bool:
+        """Send ``message`` with the packet id it had in flight before a restart or a move, and DUP, when it
+        is one of those (``Inflight.resend_as``); False when it is not."""
+        resend_as = inflight.resend_as
+        if resend_as is None or qos != 2 or message.offset is None:
+            return False
+        packet_id = resend_as.pop((message.topic, message.offset), None)
+        if not resend_as:
+            inflight.resend_as = None
+        if packet_id is None or packet_id in inflight:
+            return False
+        if conn.send_message(message, qos, retain, subscription_ids, packet_id, dup=True):
+            inflight[packet_id] = (message, qos, retain, subscription_ids)
+        return True
 
     def _queue_has_room(self, size: int) -> bool:
         """Whether one more message of ``size`` payload bytes fits ``max_offline_messages`` / ``_bytes``."""

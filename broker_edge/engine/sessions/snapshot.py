@@ -78,6 +78,9 @@ class SavedSession:
     """The client asked for the ``offset`` user property on deliveries (``Session.log_offsets``)."""
     releases: tuple[int, ...] = ()
     """Outgoing QoS 2 packet ids past PUBREC (PUBREL sent, PUBCOMP awaited): resent when it reconnects."""
+    sent: tuple[tuple[int, str, int], ...] = ()
+    """(packet id, topic, offset) of the logged QoS 2 deliveries in flight before PUBREC: sent again from the
+    log with that id and DUP."""
     received: tuple[int, ...] = ()
     """Incoming QoS 2 packet ids held until PUBREL: a PUBLISH resent with one is answered, not routed."""
 
@@ -142,6 +145,9 @@ def session_document(session: Session, now: float) -> dict[str, Any]:
     releases = sorted(key for key, entry in (session.inflight or {}).items() if isinstance(entry, Released))
     if releases:
         document["releases"] = releases
+    sent = _sent_before_pubrec(session)
+    if sent:
+        document["sent"] = sent
     if session.answered_qos2:  # those whose PUBREC was sent: a publish still waiting for the log is not one
         document["received"] = sorted(session.answered_qos2)
     return document
@@ -158,6 +164,27 @@ def _subscription_document(key: str, options: SubscriptionOptions) -> dict[str, 
         if value != getattr(_OPTION_DEFAULTS, name):
             document[name] = value
     return document
+
+
+def _sent_before_pubrec(session: Session) -> list[list[Any]]:
+    """[packet id, topic, offset] of each logged QoS 2 delivery in flight and not past PUBREC (or still to
+    be sent again so), that the session's log cursor delivers again."""
+    inflight = session.inflight
+    if not inflight:
+        return []
+    sent = [
+        [packet_id, entry[0].topic, entry[0].offset]
+        for packet_id, entry in inflight.items()
+        if not isinstance(entry, Released)
+        and entry[1] == 2
+        and entry[0].offset is not None
+        and _reads_log(session, entry[0].topic)
+    ]
+    sent.extend(
+        [packet_id, topic, offset]
+        for (topic, offset), packet_id in (getattr(inflight, "resend_as", None) or {}).items()
+    )
+    return sorted(sent)
 
 
 def _unacknowledged_offsets(session: Session) -> dict[str, int]:
@@ -260,6 +287,7 @@ def _parse_session(entry: Any, index: int) -> SavedSession:
         cursors,
         _typed(fields, "log_offsets", bool, where, False),
         _packet_ids(fields.get("releases", []), f"{where}.releases"),
+        _sent(fields.get("sent", []), f"{where}.sent"),
         _packet_ids(fields.get("received", []), f"{where}.received"),
     )
 
@@ -270,6 +298,20 @@ def _packet_ids(value: Any, where: str) -> tuple[int, ...]:
     ):
         raise SnapshotError(f"{where}: expected a list of packet ids, got {value!r}")
     return tuple(value)
+
+
+def _sent(value: Any, where: str) -> tuple[tuple[int, str, int], ...]:
+    if not isinstance(value, list):
+        raise SnapshotError(f"{where}: expected a list, got {value!r}")
+    sent = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[1], str)):
+            raise SnapshotError(f"{where}: expected [packet id, topic, offset], got {item!r}")
+        _packet_ids([item[0]], where)
+        if not isinstance(item[2], int) or isinstance(item[2], bool) or item[2] < 0:
+            raise SnapshotError(f"{where}: expected an offset, got {item[2]!r}")
+        sent.append((item[0], item[1], item[2]))
+    return tuple(sent)
 
 
 def _parse_subscription(entry: Any, where: str) -> SavedSubscription:
@@ -322,6 +364,17 @@ def _typed(fields: dict[str, Any], name: str, kinds: Any, where: str, default: A
 # -- restore ----------------------------------------------------------------------------------------------
 
 
+def _restore_window(session: Session, saved: SavedSession) -> None:
+    """The in-flight window of a restored session: its released ids (PUBREL sent again) and the ids its
+    QoS 2 deliveries not past PUBREC are sent again with, when the log gives them again."""
+    inflight = session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
+    resend_as = {(topic, offset): packet_id for packet_id, topic, offset in saved.sent}
+    inflight.resend_as = {key: packet_id for key, packet_id in resend_as.items() if packet_id not in inflight}
+    inflight.resend_as = inflight.resend_as or None
+    ids = [*saved.releases, *(packet_id for packet_id, _, _ in saved.sent)]
+    inflight.next_id = max(ids) % 0xFFFF + 1  # a window is never without it
+
+
 def restore(
     router: Router,
     snapshot: Snapshot,
@@ -369,9 +422,8 @@ def restore(
             expires_at = now + left - elapsed
         session = router.restore_session(saved.client_id, expiry, expires_at, saved.username)
         session.log_offsets = saved.log_offsets
-        if saved.releases:  # resent as PUBREL when it reconnects [MQTT-4.4.0-1]
-            inflight = session.inflight = Inflight(dict.fromkeys(saved.releases, RELEASED))
-            inflight.next_id = max(saved.releases) % 0xFFFF + 1  # a window is never without it
+        if saved.releases or saved.sent:  # resent with their ids when it reconnects [MQTT-4.4.0-1]
+            _restore_window(session, saved)
         session.restore_incoming(saved.received)  # a resent PUBLISH: PUBREC, never routed twice
         for sub in saved.subscriptions:
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):

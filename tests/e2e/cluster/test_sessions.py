@@ -352,3 +352,29 @@ def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_on_another_member(thr
     assert isinstance(fresh, Publish) and fresh.payload == b"next"
     moved.send_packet(PubComp(resent.packet_id))
     moved.recv_none(1.0)
+
+
+@pytest.mark.mqtt5("MQTT-4.4.0-1", "MQTT-3.3.1-1")
+def test_a_qos2_delivery_not_yet_pubreced_is_resent_with_its_packet_id_on_another_member(three_brokers):
+    """[MQTT-4.4.0-1] [MQTT-3.3.1-1] A QoS 2 delivery the client had not answered with PUBREC when it moved
+    to another member comes again there with its packet id and DUP 1 (read from that member's copy of the
+    log), so a client that had it takes it as a duplicate rather than a second message."""
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    device = persistent_raw(a.port, "q2-unanswered", 5)
+    device.subscribe("unanswered/x", 2)
+    publisher = PahoClient(c.port, "pub-q2-unanswered")
+    publisher.publish("unanswered/x", b"first", 2)
+    first = device.recv(timeout=15)
+    assert isinstance(first, Publish) and first.packet_id is not None
+    device.send_packet(PubRec(first.packet_id))
+    assert isinstance(device.recv(timeout=15), PubRel)
+    device.send_packet(PubComp(first.packet_id))
+    publisher.publish("unanswered/x", b"second", 2)
+    second = device.recv(timeout=15)
+    assert isinstance(second, Publish) and second.payload == b"second" and second.packet_id != 1
+
+    moved = persistent_raw(b.port, "q2-unanswered", 5)
+
+    resent = moved.recv(timeout=15)
+    assert isinstance(resent, Publish)
+    assert (resent.payload, resent.packet_id, resent.dup) == (b"second", second.packet_id, True)

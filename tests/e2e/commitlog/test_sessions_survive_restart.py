@@ -501,3 +501,41 @@ def test_a_session_restored_with_a_release_to_resend_takes_new_deliveries(broker
     fresh = again.recv()
     assert isinstance(fresh, Publish) and fresh.payload == b"after the restart"
     assert fresh.packet_id != delivery.packet_id  # still waiting for its PUBCOMP
+
+
+@pytest.mark.mqtt5("MQTT-4.4.0-1", "MQTT-3.3.1-1")
+@pytest.mark.mqtt311("MQTT-4.4.0-1", "MQTT-3.3.1-1")
+@pytest.mark.parametrize("version", [5, 4])
+def test_a_qos2_delivery_not_yet_pubreced_is_resent_with_its_packet_id_and_dup_after_the_restart(
+    tmp_path, version
+):
+    """[MQTT-4.4.0-1] [MQTT-3.3.1-1] A QoS 2 delivery the client had not answered with PUBREC when the broker
+    stopped is resent, after the restart, with its original packet id and DUP 1, as without a restart: a
+    client that had it (its PUBREC lost with the connection) takes it as the duplicate it is, where a new
+    packet id made it a second message."""
+    process = BrokerProcess(tmp_path, sys_topics={"enabled": False})
+    process.start()
+    try:
+        device, _ = _persistent_raw(process.port, version, "q2-subscriber")
+        device.subscribe("out/q2", 2)
+        publisher = PahoClient(process.port, "ops")
+        for payload in (b"first", b"second"):
+            publisher.publish("out/q2", payload, 2)
+        done = device.recv()
+        assert isinstance(done, Publish) and done.packet_id is not None
+        device.send_packet(PubRec(done.packet_id))
+        in_flight = device.recv()
+        assert isinstance(in_flight, Publish) and in_flight.payload == b"second"
+        assert isinstance(device.recv(), PubRel)
+        device.send_packet(PubComp(done.packet_id))
+        device.close()  # "second" delivered, its PUBREC never sent
+        process.stop()
+        process.start()
+        again, ack = _persistent_raw(process.port, version, "q2-subscriber")
+        assert ack.session_present
+        resent = again.recv()
+        assert isinstance(resent, Publish)
+        assert (resent.payload, resent.packet_id, resent.dup) == (b"second", in_flight.packet_id, True)
+        assert in_flight.packet_id != 1
+    finally:
+        process.stop()
