@@ -495,6 +495,8 @@ class PacketDecoder:
 
     def _decode_suback(self, first: int, buf, view: memoryview, pos: int, end: int) -> SubAck:
         packet_id, pos = read_u16(buf, pos, end)
+        if not packet_id:  # the SUBSCRIBE's, which is never 0
+            raise ProtocolError("packet identifier 0")
         properties, pos = self._properties(buf, view, pos, end, _T.SUBACK)
         allowed = rc.SUBACK_REASON_CODES if self.protocol_version == MQTT_5 else rc.SUBACK_RETURN_CODES_V3
         codes = list(view[pos:end])
@@ -519,6 +521,8 @@ class PacketDecoder:
 
     def _decode_unsuback(self, first: int, buf, view: memoryview, pos: int, end: int) -> UnsubAck:
         packet_id, pos = read_u16(buf, pos, end)
+        if not packet_id:  # the UNSUBSCRIBE's, which is never 0
+            raise ProtocolError("packet identifier 0")
         if self.protocol_version != MQTT_5:
             _check_consumed(pos, end, "UNSUBACK")
             return UnsubAck(packet_id)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_edge.protocol import MQTT_5, Connect, MQTTError, PacketDecoder, ReasonCode, encode
+from broker_edge.protocol import MQTT_5, Connect, MQTTError, Packet, PacketDecoder, ReasonCode, encode
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.properties import WILL, PropertySpec
 from broker_edge.protocol.topics import parse_shared
@@ -25,6 +25,7 @@ from tests.unit.broker_edge.protocol.mqtt_mutations import (
     string,
     valid_property,
 )
+from tests.unit.broker_edge.protocol.mqtt_strategies import VERSIONS, server_packets
 
 MALFORMED, PROTOCOL = ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR
 CONNECT = encode(Connect(protocol_version=MQTT_5, client_id="fuzz"), MQTT_5)
@@ -251,3 +252,34 @@ def test_a_share_name_with_a_wildcard_or_empty_is_an_invalid_filter(name: str, i
 )
 def test_auth_packets_without_enhanced_authentication(data: bytes, code: int | None) -> None:
     assert outcome(data) == code
+
+
+@FUZZ
+@given(st.sampled_from(VERSIONS).flatmap(lambda v: st.tuples(st.just(v), server_packets(v))), st.data())
+def test_a_mutated_server_packet_decodes_or_raises_a_protocol_error_in_a_client(
+    versioned: tuple[int, Packet], data: st.DataObject
+) -> None:
+    """The client side (``pipelines.fleet.client``) reads what a server sends the same way."""
+    version, packet = versioned
+    broken = data.draw(mutated(encode(packet, version)))
+    decoder = PacketDecoder(role="client", protocol_version=version)
+    try:
+        packets = decoder.feed(broken)
+    except MQTTError as error:
+        assert error.reason_code >= 0x80
+        return
+    for decoded in packets:
+        encode(decoded, version)
+
+
+@pytest.mark.mqtt5("MQTT-2.2.1-6")
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("first", [0x90, 0xB0], ids=["suback", "unsuback"])
+def test_a_suback_or_unsuback_with_packet_identifier_0_is_a_protocol_error(version: int, first: int) -> None:
+    """No SUBSCRIBE or UNSUBSCRIBE has packet identifier 0, so no answer to one does [MQTT-2.2.1-6]: a client
+    took one in (and could not write it again, its packet identifier out of range)."""
+    body = b"\x00\x00" + (b"\x00\x00" if version == MQTT_5 else b"\x00" if first == 0x90 else b"")
+    decoder = PacketDecoder(role="client", protocol_version=version)
+    with pytest.raises(MQTTError) as caught:
+        decoder.feed(frame(first, body))
+    assert caught.value.reason_code == PROTOCOL
