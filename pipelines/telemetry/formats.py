@@ -253,6 +253,14 @@ def _top_level_kind(
     return F.when(candidate, found).otherwise(F.lit(False))
 
 
+def json_string(text: Column, name: str) -> Column:
+    """The string the JSON object ``text`` gives its top-level field ``name``; null when that is anything
+    else (a number, an object, a list), missing, or ``text`` is no JSON (``get_json_object`` would give a
+    number or an object as its JSON text)."""
+    value = F.variant_get(F.try_parse_json(text), _variant_path(name), "variant")
+    return F.when(F.schema_of_variant(value) == "STRING", F.variant_get(value, "$", "string"))
+
+
 def _variant_path(name: str) -> str:
     """The variant path of a top-level field (``$['name']``, quotes escaped)."""
     return "$['" + name.replace("\\", "\\\\").replace("'", "\\'") + "']"

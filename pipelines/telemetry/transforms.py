@@ -321,7 +321,7 @@ def parse_status(bronze: DataFrame, devices: DevicesConfig) -> DataFrame:
     template = devices.status_template
     if template is None:
         raise ValueError("parse_status needs gold.devices.status_topic_template")
-    firmware = F.get_json_object(F.col("payload").cast("string"), f"$.{devices.status_firmware_field}")
+    firmware = formats.json_string(F.col("payload").cast("string"), devices.status_firmware_field)
     device = formats.placeholder(template, "device_id")
     return bronze.where(formats.matches(template) & (device != "")).select(
         device.alias("device_id"),

@@ -625,3 +625,29 @@ def test_status_topic_feeds_device_firmware(spark):
         "tags map<string,string>, group string, updated_at timestamp",
     )
     equal(updates, expected)
+
+
+def test_a_status_firmware_that_is_no_string_is_no_version(spark):
+    """A status report's firmware was taken as whatever JSON it held: ``"firmware": {"v": 2}`` became the
+    device's firmware_version '{"v":2}' and ``"firmware": 2`` the version '2' in the registry (and the fleet's
+    compliance). Only a string is a version; anything else is none (the stored one is kept)."""
+    status_topics = {"status_topic_template": "devices/{device_id}/actions"}
+    config = load_telemetry_config({"gold": {"devices": status_topics}})
+    sent = {
+        "string": b'{"state": "SUCCEEDED", "firmware": "2.0.0"}',
+        "object": b'{"state": "SUCCEEDED", "firmware": {"v": 2}}',
+        "number": b'{"state": "SUCCEEDED", "firmware": 2}',
+        "list": b'{"state": "SUCCEEDED", "firmware": ["2.0.0"]}',
+        "nested": b'{"state": "SUCCEEDED", "report": {"firmware": "9.9.9"}}',
+        "no-json": b"SUCCEEDED",
+    }
+    rows = [record(f"devices/{name}/actions", n, p) for n, (name, p) in enumerate(sent.items())]
+    status = T.parse_status(bronze(spark, rows), config.gold.devices).collect()
+    assert {r["device_id"]: r["firmware_version"] for r in status} == {
+        "string": "2.0.0",
+        "object": None,
+        "number": None,
+        "list": None,
+        "nested": None,
+        "no-json": None,
+    }
