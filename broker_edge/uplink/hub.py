@@ -123,6 +123,7 @@ class UplinkHub:
             config.max_connections,
             config.request_timeout_s,
             sock=sock,
+            name="uplink endpoint",
         )
         self.port = self._runner.port
 

@@ -122,4 +122,5 @@ async def serve_members_endpoint(
         budget=budget,
         is_member=is_member,
         min_read_bytes_per_s=limits.min_read_bytes_per_s,
+        name="members' endpoint",
     )
