@@ -662,11 +662,17 @@ class GuardedRunner:
         answer, which aiohttp does for ``request_timeout_s`` and its shutdown waited for) are closed at
         once; requests being handled end as aiohttp ends them."""
         self.server.close()
+        lingering = []
         for protocol in list(self.guard.open.values()):
             if not protocol.busy and protocol.transport is not None:
+                lingering.append(getattr(protocol.inner, "_task_handler", None))
                 protocol.transport.abort()
         await asyncio.sleep(0)  # their ends are told: aiohttp's shutdown no longer counts them
         await self.runner.cleanup()
+        pending = [task for task in lingering if task is not None and not task.done()]
+        for task in pending:  # aiohttp's reading of a body's rest outlives its connection: ended here
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def start_guarded_site(
