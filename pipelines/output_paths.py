@@ -55,10 +55,13 @@ def check_output_location(location: str, key: str) -> None:
         raise ConfigError(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
 
 
-def check_checkpoint(location: str, key: str) -> None:
+def check_checkpoint(
+    location: str, key: str, guide: str = 'docs/telemetry-pipeline.md, "Exactly once"'
+) -> None:
     """Raise ConfigError naming ``key`` and the file when a local streaming checkpoint holds a damaged file
     that Spark reads to resume (its ``metadata``, the newest two ``offsets`` and the newest ``commits``):
-    Spark would fail the query on it with a parse error naming no file, and every restart the same way."""
+    Spark would fail the query on it with a parse error naming no file, and every restart the same way.
+    ``guide``: where the docs say what a new checkpoint means for this job."""
     path = _local_directory(location, key)
     if path is None or not path.is_dir():
         return
@@ -69,7 +72,7 @@ def check_checkpoint(location: str, key: str) -> None:
             raise ConfigError(
                 key,
                 f"{file} is damaged ({why}): the query cannot resume from it; restore the file, or start a "
-                'new checkpoint (docs/telemetry-pipeline.md, "Exactly once")',
+                f"new checkpoint ({guide})",
             )
 
 

@@ -41,7 +41,7 @@ from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterR
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
-from pipelines.output_paths import check_backend, check_output_location
+from pipelines.output_paths import check_backend, check_checkpoint, check_output_location
 from pipelines.spark_session import stop_between_batches
 from pipelines.supervisor import GaveUp, SupervisedQuery, Supervisor
 from sinks.backends import Backend, open_table_store
@@ -60,6 +60,8 @@ MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY, COMPLIANCE)
 #: What the job reads of a report's record: the report, when the broker appended it (the report's time), and
 #: its topic (a device's own topic binds the device it names) and its publisher's client id (report_identity).
 REPORT_COLUMNS = ("payload", "timestamp", "topic", "client_id")
+#: The job's two streaming queries, each checkpointed in its own directory under ``checkpoint_root``.
+REPORTS_QUERY, FANOUT_QUERY = QUERIES = ("reports", "fanout")
 
 
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
@@ -249,7 +251,7 @@ def start_actions_job(
             _status_reports(spark, config, endpoints, cluster)
             .writeStream.queryName("actions-reports")
             .foreachBatch(track)
-            .option("checkpointLocation", str(checkpoints / "reports"))
+            .option("checkpointLocation", str(checkpoints / REPORTS_QUERY))
             .trigger(processingTime=trigger)
             .start()
         )
@@ -259,7 +261,7 @@ def start_actions_job(
             _action_changes(spark, store)
             .writeStream.queryName("actions-fanout")
             .foreachBatch(fan_out)
-            .option("checkpointLocation", str(checkpoints / "fanout"))
+            .option("checkpointLocation", str(checkpoints / FANOUT_QUERY))
             .trigger(processingTime=trigger)
             .start()
         )
@@ -340,6 +342,9 @@ def validate(section: object) -> ActionsConfig:
     check_backend(config.backend, "backend")
     check_output_location(config.tables_root, "tables_root")
     check_output_location(config.checkpoint_root, "checkpoint_root")
+    for query in QUERIES:
+        checkpoint = str(Path(config.checkpoint_root) / query)
+        check_checkpoint(checkpoint, "checkpoint_root", 'docs/ota.md, "Exactly once, where it matters"')
     return config
 
 

@@ -288,3 +288,25 @@ def test_an_intact_checkpoint_and_an_older_damaged_batch_spark_does_not_read_pas
     argv += ["--set", f"telemetry.source.brokers=[edge1=http://127.0.0.1:{dead}]"]
     status, err = run(capsys, *argv)
     assert status == 4 and "broker not answering" in err, err  # past the checks, at the brokers
+
+
+@pytest.mark.parametrize("query", ["reports", "fanout"])
+def test_the_actions_job_refuses_a_damaged_checkpoint_of_either_query_naming_its_file(
+    tmp_path, capsys, query
+):
+    """The actions job's two queries resume from ``checkpoint_root/reports`` and ``checkpoint_root/fanout``:
+    a damaged file there failed the query inside Spark with a parse error naming no file, restarted for
+    ever; it is refused before Spark starts, as the telemetry job's is."""
+    root = tmp_path / "checkpoints"
+    for name, content in {**CHECKPOINT_FILES, "commits/1": '{"nextBatch'}.items():
+        (root / query / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / query / name).write_text(content)
+    dead = free_port()
+    brokers = f"brokers=[{{name: edge1, mqtt_port: {dead}, offsets_api: 'http://127.0.0.1:{dead}'}}]"
+    argv = ["actions", "--set", brokers, "--set", f"tables_root={tmp_path / 't'}"]
+    status, err = run(capsys, *argv, "--set", f"checkpoint_root={root}")
+    assert status == 2, err
+    assert err.startswith(
+        f"timestone pipeline actions: checkpoint_root: {root / query / 'commits' / '1'} is damaged ("
+    ), err
+    assert len(err.strip().splitlines()) == 1, err
