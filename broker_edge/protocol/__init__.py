@@ -7,6 +7,7 @@ from .errors import (
     MQTTError,
     PacketTooLarge,
     ProtocolError,
+    TooManyElements,
     UnsupportedProtocolVersion,
 )
 from .packets import (
@@ -84,6 +85,7 @@ __all__ = [
     "SubAck",
     "Subscribe",
     "Subscription",
+    "TooManyElements",
     "UnsubAck",
     "Unsubscribe",
     "UnsupportedProtocolVersion",

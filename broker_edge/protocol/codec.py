@@ -1,6 +1,6 @@
 """The sans-IO MQTT codec: ``PacketDecoder.feed`` (bytes → packets) and ``encode`` (packets → bytes)."""
 
-from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role, SharedDecoder, shared_decoder
+from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role, SharedDecoder, shared_decoder, shared_like
 from .encoder import (
     PublishTemplate,
     around_packet_id,
@@ -24,4 +24,5 @@ __all__ = [
     "encode_publish_template",
     "qos0_frame_of",
     "shared_decoder",
+    "shared_like",
 ]

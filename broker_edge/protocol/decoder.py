@@ -26,6 +26,7 @@ from .errors import (
     MQTTError,
     PacketTooLarge,
     ProtocolError,
+    TooManyElements,
     UnsupportedProtocolVersion,
 )
 from .packets import (
@@ -129,6 +130,8 @@ class PacketDecoder:
         "_pending",
         "max_connect_size",
         "max_packet_size",
+        "max_subscribe_filters",
+        "max_user_properties",
         "protocol_version",
         "role",
     )
@@ -139,6 +142,8 @@ class PacketDecoder:
         role: Role = "server",
         protocol_version: int | None = None,
         max_connect_size: int | None = None,
+        max_subscribe_filters: int = _NO_LIMIT,
+        max_user_properties: int = _NO_LIMIT,
     ) -> None:
         if role not in ("server", "client"):
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
@@ -150,6 +155,11 @@ class PacketDecoder:
         """Largest accepted packet, fixed header included (the v5 Maximum Packet Size); may be changed."""
         self.max_connect_size = max_packet_size if max_connect_size is None else max_connect_size
         """Largest first packet (CONNECT): what an unauthenticated client may make the decoder hold."""
+        self.max_subscribe_filters = max_subscribe_filters
+        """Topic filters one SUBSCRIBE or UNSUBSCRIBE may hold: the one past it raises ``TooManyElements``
+        before it is decoded (a packet's cost grows with its elements, not its bytes)."""
+        self.max_user_properties = max_user_properties
+        """User properties one property list may hold (a packet's; a will's apart), the same way."""
         self.role: Role = role
         self.protocol_version: int | None = protocol_version
         """3, 4 or 5 once CONNECT is decoded (or given); None before."""
@@ -307,7 +317,15 @@ class PacketDecoder:
     def _properties(self, buf, view: memoryview, pos: int, end: int, packet_type: int):
         if self.protocol_version != MQTT_5:
             return None, pos
-        return decode_properties(buf, view, pos, end, packet_type)
+        return decode_properties(buf, view, pos, end, packet_type, self.max_user_properties)
+
+    def _connect_properties(self, buf, view: memoryview, pos: int, end: int, packet_type: int):
+        """An MQTT 5 CONNECT's (or its will's) properties; too many of them say the protocol level."""
+        try:
+            return decode_properties(buf, view, pos, end, packet_type, self.max_user_properties)
+        except TooManyElements as error:
+            error.protocol_level = MQTT_5
+            raise
 
     def _decode_connect(self, first: int, buf, view: memoryview, pos: int, end: int) -> Connect:
         protocol_name, pos = read_utf8(buf, view, pos, end)
@@ -330,14 +348,14 @@ class PacketDecoder:
             raise MalformedPacket("password without user name")
         properties = None
         if version == MQTT_5:
-            properties, pos = decode_properties(buf, view, pos, end, _T.CONNECT)
+            properties, pos = self._connect_properties(buf, view, pos, end, _T.CONNECT)
             _check_authentication(properties)
         client_id, pos = read_utf8(buf, view, pos, end)
         will = None
         if has_will:
             will_properties = None
             if version == MQTT_5:
-                will_properties, pos = decode_properties(buf, view, pos, end, WILL)
+                will_properties, pos = self._connect_properties(buf, view, pos, end, WILL)
             will_topic, pos = read_utf8(buf, view, pos, end)
             if not will_topic or "+" in will_topic or "#" in will_topic:
                 raise InvalidTopic(f"invalid will topic {will_topic!r}")
@@ -417,7 +435,7 @@ class PacketDecoder:
             if pos < end and buf[pos] == 0:  # no properties: the common case, skip the table walk
                 pos += 1
             else:
-                properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH)
+                properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH, self.max_user_properties)
                 if properties is not None and properties.subscription_identifiers and self.role == "server":
                     raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
         if not valid:
@@ -456,7 +474,9 @@ class PacketDecoder:
             code = buf[pos]
             _check_reason_code(code, _ACK_REASON_CODES[packet_type], _T(packet_type).name)
             if pos + 1 < end:
-                properties, pos = decode_properties(buf, view, pos + 1, end, packet_type)
+                properties, pos = decode_properties(
+                    buf, view, pos + 1, end, packet_type, self.max_user_properties
+                )
                 _check_consumed(pos, end, _T(packet_type).name)
         return _ACK_CLASSES[packet_type](packet_id, code, properties)
 
@@ -466,8 +486,11 @@ class PacketDecoder:
             raise ProtocolError("packet identifier 0")
         v5 = self.protocol_version == MQTT_5
         properties, pos = self._properties(buf, view, pos, end, _T.SUBSCRIBE)
-        subscriptions = []
+        subscriptions: list[Subscription] = []
+        most = self.max_subscribe_filters
         while pos < end:
+            if len(subscriptions) >= most:
+                raise TooManyElements("subscribe_filters", most)
             topic_filter, pos = read_utf8(buf, view, pos, end)
             options, pos = read_u8(buf, pos, end)
             qos = options & 0x03
@@ -511,8 +534,11 @@ class PacketDecoder:
         if not packet_id:
             raise ProtocolError("packet identifier 0")
         properties, pos = self._properties(buf, view, pos, end, _T.UNSUBSCRIBE)
-        topic_filters = []
+        topic_filters: list[str] = []
+        most = self.max_subscribe_filters
         while pos < end:
+            if len(topic_filters) >= most:
+                raise TooManyElements("subscribe_filters", most)
             topic_filter, pos = read_utf8(buf, view, pos, end)
             topic_filters.append(topic_filter)
         if not topic_filters:
@@ -526,7 +552,7 @@ class PacketDecoder:
         if self.protocol_version != MQTT_5:
             _check_consumed(pos, end, "UNSUBACK")
             return UnsubAck(packet_id)
-        properties, pos = decode_properties(buf, view, pos, end, _T.UNSUBACK)
+        properties, pos = self._properties(buf, view, pos, end, _T.UNSUBACK)
         codes = list(view[pos:end])
         for code in codes:
             _check_reason_code(code, rc.UNSUBACK_REASON_CODES, "UNSUBACK")
@@ -559,7 +585,9 @@ class PacketDecoder:
         code = buf[pos]
         properties = None
         if pos + 1 < end:
-            properties, pos = decode_properties(buf, view, pos + 1, end, packet_type)
+            properties, pos = decode_properties(
+                buf, view, pos + 1, end, packet_type, self.max_user_properties
+            )
             _check_consumed(pos, end, _T(packet_type).name)
         return code, properties
 
@@ -603,6 +631,8 @@ class SharedDecoder(PacketDecoder):
         own = into.__new__(into)
         own.max_packet_size = self.max_packet_size
         own.max_connect_size = self.max_connect_size
+        own.max_subscribe_filters = self.max_subscribe_filters
+        own.max_user_properties = self.max_user_properties
         own.role = self.role
         own.protocol_version = self.protocol_version
         own._accepted = self._accepted
@@ -611,18 +641,40 @@ class SharedDecoder(PacketDecoder):
         return own
 
 
-_SHARED_DECODERS: dict[tuple[int, int], SharedDecoder] = {}
+_SHARED_DECODERS: dict[tuple[int, int, int, int], SharedDecoder] = {}
 
 
-def shared_decoder(max_packet_size: int, protocol_version: int) -> SharedDecoder:
-    """The ``SharedDecoder`` of server connections past a CONNECT of ``protocol_version``."""
-    key = (max_packet_size, protocol_version)
+def shared_decoder(
+    max_packet_size: int,
+    protocol_version: int,
+    max_subscribe_filters: int = _NO_LIMIT,
+    max_user_properties: int = _NO_LIMIT,
+) -> SharedDecoder:
+    """The ``SharedDecoder`` of server connections past a CONNECT of ``protocol_version``, with these
+    limits."""
+    key = (max_packet_size, protocol_version, max_subscribe_filters, max_user_properties)
     decoder = _SHARED_DECODERS.get(key)
     if decoder is None:
         if len(_SHARED_DECODERS) >= 64:  # more limits than a process runs with (tests): start over
             _SHARED_DECODERS.clear()
-        decoder = _SHARED_DECODERS[key] = SharedDecoder(max_packet_size, "server", protocol_version)
+        decoder = _SHARED_DECODERS[key] = SharedDecoder(
+            max_packet_size,
+            "server",
+            protocol_version,
+            max_subscribe_filters=max_subscribe_filters,
+            max_user_properties=max_user_properties,
+        )
     return decoder
+
+
+def shared_like(decoder: PacketDecoder, protocol_version: int) -> SharedDecoder:
+    """The ``SharedDecoder`` with ``decoder``'s limits, past a CONNECT of ``protocol_version``."""
+    return shared_decoder(
+        decoder.max_packet_size,
+        protocol_version,
+        decoder.max_subscribe_filters,
+        decoder.max_user_properties,
+    )
 
 
 _ACK_CLASSES: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {

@@ -50,6 +50,22 @@ class PacketTooLarge(ProtocolError):
     5 client may be told 0x95 in a CONNACK, an older one has no such code)."""
 
 
+class TooManyElements(ProtocolError):
+    """A packet holds more elements (topic filters, user properties) than the receiver's limit (0x97 Quota
+    exceeded); raised at the first one past it, before the rest is decoded."""
+
+    default_reason_code = ReasonCode.QUOTA_EXCEEDED
+
+    def __init__(self, element: str, limit: int) -> None:
+        super().__init__(f"more than {limit} {element.replace('_', ' ')} in one packet")
+        self.element = element
+        """What was counted: ``subscribe_filters``, ``user_properties``, ``subscription_identifiers``."""
+        self.limit = limit
+
+    protocol_level: int | None = None
+    """Of a CONNECT: its protocol level (an MQTT 5 client is told 0x97 in a CONNACK)."""
+
+
 class InvalidTopic(ProtocolError):
     """A topic name (0x90) or topic filter (0x8F) breaks the topic rules."""
 

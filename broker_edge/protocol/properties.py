@@ -1,11 +1,12 @@
 """MQTT 5 properties: one attribute per property, decoded and encoded through one id table."""
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from typing import Any
 
-from .errors import MalformedPacket, ProtocolError
+from .errors import MalformedPacket, ProtocolError, TooManyElements
 from .reason_codes import ReasonCode
 from .wire import (
     encode_binary,
@@ -248,13 +249,14 @@ _ENCODE_TABLE = tuple(
 
 
 def decode_properties(
-    buf, view: memoryview, pos: int, end: int, packet_type: int
+    buf, view: memoryview, pos: int, end: int, packet_type: int, most_repeated: int = sys.maxsize
 ) -> tuple[Properties | None, int]:
     """Read a property length and the properties after it; None when the length is 0.
 
     ``packet_type`` is the control packet type, or ``WILL`` for will properties. An unknown property or
     one not allowed on ``packet_type`` is malformed; a duplicate or an out-of-range value is a protocol
-    error (spec 2.2.2.2, 3.x.2.x).
+    error (spec 2.2.2.2, 3.x.2.x). More than ``most_repeated`` values of one repeatable property (user
+    properties) raise ``TooManyElements`` as the one past it is read.
     """
     length, pos = read_varint(buf, pos, end)
     if length == 0:
@@ -279,6 +281,8 @@ def decode_properties(
             values = getattr(props, name)
             if values and packet_type not in spec.repeatable_in:
                 raise ProtocolError(f"property {name} appears more than once")
+            if len(values) >= most_repeated:
+                raise TooManyElements(name, most_repeated)
             values.append(value)
         elif getattr(props, name) is not None:
             raise ProtocolError(f"property {name} appears more than once")

@@ -235,6 +235,12 @@ class LimitsConfig:
     whose filter would let a publish to a new topic cost more is refused for that filter (v5 0x97, logged).
     Fleets' filters stay far below it (``fleet/+/telemetry``, ``devices/<id>/+/cmd`` visit a few nodes);
     filters that branch on ``+`` at every level reach it; 0 = unlimited."""
+    max_subscribe_filters: int = 256
+    """Topic filters one SUBSCRIBE or UNSUBSCRIBE may hold; a packet with more is refused as it is decoded,
+    at the first filter past it, and only that connection is closed (v5: DISCONNECT 0x97)."""
+    max_user_properties: int = 128
+    """User properties one packet may hold (CONNECT and its will each, PUBLISH, acks, SUBSCRIBE, DISCONNECT,
+    AUTH); a packet with more is refused as it is decoded, and only that connection is closed (v5: 0x97)."""
     max_topic_length: int = 1024
     """Bytes (UTF-8) of a topic name or filter."""
     max_topic_levels: int = 16
@@ -299,6 +305,8 @@ class LimitsConfig:
         _at_least(self, "max_subscriptions_per_client", 1)
         _at_least(self, "max_subscription_bytes_per_client", 1)
         _at_least(self, "max_match_nodes", 0)
+        _at_least(self, "max_subscribe_filters", 1)
+        _at_least(self, "max_user_properties", 0)
         _between(self, "max_topic_length", 1, 65_535)
         _at_least(self, "max_topic_levels", 1)
         _between(self, "max_client_id_length", 23, 65_535)

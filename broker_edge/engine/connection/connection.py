@@ -65,7 +65,7 @@ from broker_edge.engine.handlers.context import BrokerContext
 from broker_edge.engine.publish_run import plain_run_end
 from broker_edge.engine.rare_fields import RareField
 from broker_edge.protocol.codec import PacketDecoder, encode
-from broker_edge.protocol.errors import MQTTError, PacketTooLarge, UnsupportedProtocolVersion
+from broker_edge.protocol.errors import MQTTError, PacketTooLarge, TooManyElements, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
     MQTT_5,
     ConnAck,
@@ -170,9 +170,7 @@ class Connection(Outgoing):
         limits = host.config.limits
         self.terms = Terms.initial(host, listener, limits.max_inflight_out)
         """What its CONNECT settled (protocol level, keep alive, the client's limits), shared."""
-        self.decoder: PacketDecoder = OwnDecoder(
-            limits.max_packet_size, max_connect_size=limits.max_connect_packet_size
-        )
+        self.decoder: PacketDecoder = OwnDecoder(limits)
         """An ``OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
         self.session: Session | None = None
         self.deadline = 0.0
@@ -493,18 +491,21 @@ class Connection(Outgoing):
 
     # -- closing ------------------------------------------------------------------------------------------
 
-    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
+    def close(
+        self, reason_code: int | None = None, reason_string: str | None = None, counted_as: str = ""
+    ) -> None:
         """Close after writing what is pending; a v5 client first gets DISCONNECT with ``reason_code``.
 
         The reason string is left out when it would make the DISCONNECT larger than the client accepts.
-        An error code (0x80 and above) counts as a disconnect by the broker, by reason.
+        An error code (0x80 and above) counts as a disconnect by the broker, by reason (``counted_as``, or
+        the code's name).
         """
         terms = self.terms
         if terms.state == CLOSED:
             return
         if reason_code is not None and terms.state == CONNECTED:
             if reason_code >= 0x80:
-                terms.host.counters.disconnect(ReasonCode(reason_code).name.lower())
+                terms.host.counters.disconnect(counted_as or ReasonCode(reason_code).name.lower())
             if terms.v5:
                 frame = encode(Disconnect(reason_code, Properties(reason_string=reason_string)), MQTT_5)
                 if not reason_string or len(frame) > terms.max_packet_out:
@@ -518,6 +519,9 @@ class Connection(Outgoing):
 
     def protocol_error(self, error: MQTTError) -> None:
         """A packet broke the protocol: tell a v5 client why (DISCONNECT or CONNACK), then close."""
+        if isinstance(error, TooManyElements):
+            _too_many_elements(self, error)
+            return
         if self.terms.state != NEW:
             self.log().info("protocol error, closing: %s (0x%02X)", error.message, error.reason_code)
         elif not isinstance(error, PacketTooLarge):  # that one has its own refusal line
@@ -714,6 +718,21 @@ def keep_alive_expired(conn: Connection) -> None:
     """``conn`` sent nothing within 1.5 times its keep alive: closed (MQTT 3.1.2.10)."""
     conn.log().info("keep alive timeout (%d s)", conn.terms.keepalive)
     conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
+
+
+def _too_many_elements(conn: Connection, error: TooManyElements) -> None:
+    """A packet with more filters or user properties than the limits allow: a rate-limited line naming the
+    client, the refusal or disconnect counted as ``too_many_<element>``, 0x97 to a v5 client, closed."""
+    host = conn.terms.host
+    reason = f"too_many_{error.element}"
+    message = f"packet refused, closing: {error.message}"
+    host.counters.refusal_log.write(conn.log, host.now(), reason, message, action="decode", limit=error.limit)
+    if conn.terms.state != NEW:
+        conn.close(error.reason_code, error.message, counted_as=reason)
+    elif error.protocol_level == MQTT_5:
+        conn.refuse(reason, error.reason_code, version=MQTT_5)
+    else:
+        conn.refuse(reason, None)
 
 
 def _refusal_line(conn: Connection, reason: str, detail: str, **fields: Any) -> None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.engine.connection.states import CONNECTED
-from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, shared_decoder
+from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, shared_like
 from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     import logging
 
     from broker_edge.engine.connection.terms import Terms
+    from broker_edge.security.limits import LimitsConfig
 
 __all__ = [
     "OwnDecoder",
@@ -66,8 +67,13 @@ class OwnDecoder(PacketDecoder):
 
     __slots__ = ("counted", "peer", "since")
 
-    def __init__(self, max_packet_size: int, max_connect_size: int) -> None:
-        super().__init__(max_packet_size, max_connect_size=max_connect_size)
+    def __init__(self, limits: LimitsConfig) -> None:
+        super().__init__(
+            limits.max_packet_size,
+            max_connect_size=limits.max_connect_packet_size,
+            max_subscribe_filters=limits.max_subscribe_filters,
+            max_user_properties=limits.max_user_properties,
+        )
         self.counted = 0
         self.since = 0.0
         self.peer = ""
@@ -102,7 +108,7 @@ def settle_decoder(conn: Connection, completed: bool) -> bool:
     if (own.counted or own.buffered) and not _count_partial(conn, own, completed):
         return False
     if not own.buffered and own.protocol_version is not None and not own.failed:
-        conn.decoder = shared_decoder(own.max_packet_size, own.protocol_version)
+        conn.decoder = shared_like(own, own.protocol_version)
     return True
 
 

@@ -36,7 +36,7 @@ from broker_edge.engine.connection.states import (
 )
 from broker_edge.engine.message import wants_log_offsets
 from broker_edge.engine.ports import SessionClaim
-from broker_edge.protocol.codec import encode, shared_decoder
+from broker_edge.protocol.codec import encode, shared_like
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties, payload_format_holds
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
@@ -131,7 +131,7 @@ def accept_handed_in(
     props = packet.properties
     max_packet_out = props.maximum_packet_size if props is not None else None
     conn.terms = conn.terms.settle(v5=packet.protocol_version == MQTT_5, max_packet_out=max_packet_out)
-    conn.decoder = shared_decoder(conn.decoder.max_packet_size, packet.protocol_version)
+    conn.decoder = shared_like(conn.decoder, packet.protocol_version)
     _accept(ctx, conn, packet, packet.client_id, False, username)
 
 
