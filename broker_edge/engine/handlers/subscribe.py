@@ -164,7 +164,13 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
         suback = SubAck(packet.packet_id, codes, properties)
         if properties is not None and len(encode(suback, conn.version)) > conn.terms.max_packet_out:
             suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
-        conn.send_packet(suback)
+        most = conn.terms.max_packet_out  # a SUBACK without properties is at most 8 bytes and its codes
+        size = len(encode(suback, conn.version)) if suback.properties is None and 8 + len(codes) > most else 0
+        if size > most:  # not sent, the rest done as if it was [MQTT-3.1.2-24] [MQTT-3.1.2-25]
+            why = f"its SUBACK of {size} bytes exceeds the client's Maximum Packet Size"
+            _refused(ctx, conn, session, f"{len(codes)} filters", "suback_too_large", why)
+        else:
+            conn.send_packet(suback)
         for topic_filter, options in retained:
             router.send_retained(session, topic_filter, options)
         if replaying and replays is not None:

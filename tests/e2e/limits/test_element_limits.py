@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from broker_edge.protocol.packets import (
     ConnAck,
     Disconnect,
@@ -235,3 +237,21 @@ def test_a_flood_of_publishes_with_huge_user_property_lists_leaves_pubacks_promp
     assert measured > 0
     assert broker.disconnects("too_many_user_properties") == FLOOD_CONNECTIONS
     assert worst < PUBACK_BOUND_S, f"a PUBACK waited {worst:.3f} s behind the PUBLISHes"
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25")
+def test_a_suback_larger_than_the_clients_maximum_packet_size_is_not_sent_mqtt_3_1_2_24(brokers):
+    """[MQTT-3.1.2-24] [MQTT-3.1.2-25] A client whose Maximum Packet Size is 20 bytes subscribes to 30
+    filters: the SUBACK (40 bytes) is not sent, and the rest is done as if it was: the subscriptions hold."""
+    broker = brokers(limits=LIMITS)
+    client = RawClient(broker.port)
+    assert client.connect("small", properties=Properties(maximum_packet_size=20)).reason_code == 0
+    client.send_packet(Subscribe(1, filters(30)))
+    client.send_packet(PingReq())
+    assert isinstance(client.recv(), PingResp)  # no SUBACK before it
+    publisher = RawClient(broker.port)
+    publisher.connect("to-small")
+    publisher.send_packet(Publish("f/3", b"x"))
+    delivered = client.recv()
+    assert isinstance(delivered, Publish) and delivered.topic == "f/3"
+    assert broker.drops("suback_too_large") == 1
