@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_SUBACK
+from broker_edge.protocol.codec import encode
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.packets import UnsubAck, Unsubscribe
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -42,11 +43,28 @@ def handle_unsubscribe(ctx: BrokerContext, conn: Client, session: Session, packe
 
     def forgotten() -> None:
         if conn.state != CLOSED:
-            conn.send_packet(unsuback)
+            _answer(ctx, conn, session, unsuback)
             conn.release(HELD_FOR_SUBACK)
 
     replays = ctx.replays
     if replays is not None and replays.when_forgotten(session, forgotten):
         conn.hold(HELD_FOR_SUBACK)  # the cursors of the filters are being dropped
         return
-    conn.send_packet(unsuback)
+    _answer(ctx, conn, session, unsuback)
+
+
+def _answer(ctx: BrokerContext, conn: Client, session: Session, unsuback: UnsubAck) -> None:
+    """Send the UNSUBACK, unless it is larger than the client's Maximum Packet Size (a v5 one of many
+    filters): then it is not sent, the filters stay removed [MQTT-3.1.2-24] [MQTT-3.1.2-25]."""
+    most = conn.terms.max_packet_out  # an UNSUBACK is at most 8 bytes and its reason codes
+    size = len(encode(unsuback, conn.version)) if 8 + len(unsuback.reason_codes) > most else 0
+    if size <= most:
+        conn.send_packet(unsuback)
+        return
+    reason = "unsuback_too_large"
+    ctx.counters.drop(reason)
+    why = f"unsubscribe not answered: its UNSUBACK of {size} bytes exceeds the client's Maximum Packet Size"
+    username = session.username or ""
+    ctx.counters.refusal_log.write(
+        conn.log(), ctx.now(), reason, why, action="unsubscribe", username=username
+    )

@@ -255,3 +255,21 @@ def test_a_suback_larger_than_the_clients_maximum_packet_size_is_not_sent_mqtt_3
     delivered = client.recv()
     assert isinstance(delivered, Publish) and delivered.topic == "f/3"
     assert broker.drops("suback_too_large") == 1
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25")
+def test_an_unsuback_larger_than_the_clients_maximum_packet_size_is_not_sent_mqtt_3_1_2_24(brokers):
+    """[MQTT-3.1.2-24] [MQTT-3.1.2-25] The same client unsubscribes from 30 filters: no UNSUBACK, and the
+    filters are gone (a publish to one of them no longer reaches it)."""
+    broker = brokers(limits=LIMITS)
+    client = RawClient(broker.port)
+    assert client.connect("small", properties=Properties(maximum_packet_size=20)).reason_code == 0
+    client.send_packet(Subscribe(1, filters(30)))
+    client.send_packet(Unsubscribe(2, [f"f/{n}" for n in range(30)]))
+    client.send_packet(PingReq())
+    assert isinstance(client.recv(), PingResp)  # neither a SUBACK nor an UNSUBACK before it
+    publisher = RawClient(broker.port)
+    publisher.connect("to-small")
+    publisher.send_packet(Publish("f/3", b"x"))
+    client.recv_none()
+    assert broker.drops("unsuback_too_large") == 1
