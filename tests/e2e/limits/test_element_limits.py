@@ -35,6 +35,7 @@ from broker_edge.protocol.packets import (
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient
+from tests.e2e.limits.cpu_waits import round_trip_s
 
 FILTERS = 256
 USER_PROPERTIES = 128
@@ -171,31 +172,10 @@ for n in range(connections):
 """
 
 
-def _run_queue_waits() -> dict[str, float]:
-    """Seconds each thread of this process has waited on a run queue for a CPU (Linux's schedstat)."""
-    waits: dict[str, float] = {}
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return waits
-    for task in tasks:
-        try:
-            waits[task.name] = int((task / "schedstat").read_text().split()[1]) / 1e9
-        except (OSError, IndexError, ValueError):
-            continue
-    return waits
-
-
 def _puback_round_trip_s(publisher: PahoClient) -> float:
     """A QoS 1 PUBLISH's round trip to its PUBACK, less the longest run-queue wait of one of this process's
     threads (the broker's among them) meanwhile."""
-    waits = _run_queue_waits()
-    began = time.monotonic()
-    publisher.publish("beside", b"x", qos=1)
-    elapsed = time.monotonic() - began
-    after = _run_queue_waits()
-    waited = max((after[task] - waits[task] for task in after.keys() & waits.keys()), default=0.0)
-    return elapsed - waited
+    return round_trip_s(lambda: publisher.publish("beside", b"x", qos=1))
 
 
 def _worst_while_flooding(port: int, kind: str) -> tuple[float, int]:

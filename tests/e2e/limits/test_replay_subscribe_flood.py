@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
@@ -26,6 +25,7 @@ from broker_edge.protocol.packets import (
     Unsubscribe,
 )
 from tests.e2e.broker_clients import TIMEOUT, RawClient
+from tests.e2e.limits.cpu_waits import round_trip_s
 
 LOGS = 3000
 PAIRS = 150
@@ -36,32 +36,14 @@ PING_BOUND_S = 0.5
 waited for a CPU meanwhile: the machine's other work (a parallel test's Spark) is not the broker's stall."""
 
 
-def _run_queue_waits() -> dict[str, float]:
-    """Seconds each thread of this process has waited on a run queue for a CPU (Linux's schedstat; empty
-    where it does not say)."""
-    waits: dict[str, float] = {}
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return waits
-    for task in tasks:
-        try:
-            waits[task.name] = int((task / "schedstat").read_text().split()[1]) / 1e9
-        except (OSError, IndexError, ValueError):
-            continue
-    return waits
-
-
 def _round_trip_s(pinger: RawClient) -> float:
     """A PINGREQ's round trip, less the longest run-queue wait of one of this process's threads meanwhile."""
-    waits = _run_queue_waits()
-    began = time.monotonic()
-    pinger.send_packet(PingReq())
-    assert isinstance(pinger.recv(), PingResp)
-    elapsed = time.monotonic() - began
-    after = _run_queue_waits()
-    waited = max((after[task] - waits[task] for task in after.keys() & waits.keys()), default=0.0)
-    return elapsed - waited
+
+    def ping() -> None:
+        pinger.send_packet(PingReq())
+        assert isinstance(pinger.recv(), PingResp)
+
+    return round_trip_s(ping)
 
 
 def _make_logs(port: int) -> None:
