@@ -66,6 +66,20 @@ def serial_in(path: Path) -> int:
     return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
 
 
+def start_broker(directory: Path, config: dict[str, object]) -> tuple[subprocess.Popen[bytes], Path]:
+    """``timestone broker`` on ``config`` (written to ``directory/broker.yaml``), its log ``broker.log``."""
+    (directory / "broker.yaml").write_text(yaml.safe_dump(config))
+    log = directory / "broker.log"
+    with open(log, "wb") as output:
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", "broker.yaml"],
+            cwd=directory,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    return broker, log
+
+
 def test_server_and_device_certificates_rotate_under_a_running_broker(tmp_path: Path) -> None:
     pki(tmp_path, "ca", "server-ca")
     pki(tmp_path, "ca", "device-ca")
@@ -94,15 +108,7 @@ def test_server_and_device_certificates_rotate_under_a_running_broker(tmp_path: 
         "offsets_api": {"port": 0},
         "admin_http": {"port": 0},
     }
-    (tmp_path / "broker.yaml").write_text(yaml.safe_dump(config))
-    log = tmp_path / "broker.log"
-    with open(log, "wb") as output:
-        broker = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "broker", "--config", "broker.yaml"],
-            cwd=tmp_path,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
+    broker, log = start_broker(tmp_path, config)
     try:
         wait_for_port(port, alive=broker.poll)
         reloads = 0
@@ -197,15 +203,7 @@ def test_a_reload_keeps_the_certificate_in_force_when_the_new_one_has_expired_an
         "offsets_api": {"port": 0},
         "admin_http": {"port": 0},
     }
-    (tmp_path / "broker.yaml").write_text(yaml.safe_dump(config))
-    log = tmp_path / "broker.log"
-    with open(log, "wb") as output:
-        broker = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "broker", "--config", "broker.yaml"],
-            cwd=tmp_path,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
+    broker, log = start_broker(tmp_path, config)
     try:
         wait_for_port(port, alive=broker.poll)
         device = ssl.create_default_context(cafile=str(tmp_path / "server-ca" / "ca.pem"))
