@@ -10,6 +10,7 @@ import socket
 import ssl
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def serial_in(path: Path) -> int:
     return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
 
 
-def start_broker(directory: Path, config: dict[str, object]) -> tuple[subprocess.Popen[bytes], Path]:
+def start_broker(directory: Path, config: Mapping[str, object]) -> tuple[subprocess.Popen[bytes], Path]:
     """``timestone broker`` on ``config`` (written to ``directory/broker.yaml``), its log ``broker.log``."""
     (directory / "broker.yaml").write_text(yaml.safe_dump(config))
     log = directory / "broker.log"
