@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker_edge.offsets_api.client import AuthError, BrokerUnavailable, ForbiddenError, OffsetsClient
+from broker_edge.offsets_api.client import AuthError, BadRequestError, ForbiddenError, OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
 from tests.tls_certs import make_test_pki
@@ -131,5 +131,5 @@ def test_tokens_and_the_certificate_rotate_on_sighup_with_old_and_new_accepted_i
         assert http_get(base, "new-3c4d", new_ca)[0] == 200
         plain_url = base.rsplit("/v1", 1)[0].replace("https://", "http://")
         plain = OffsetsClient(plain_url, token="new-3c4d", retries=0)
-        with plain, pytest.raises(BrokerUnavailable):  # not https: nothing is served
+        with plain, pytest.raises(BadRequestError, match="speaks TLS"):  # not https: told so, nothing served
             plain.list_logs()
