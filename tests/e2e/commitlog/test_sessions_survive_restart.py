@@ -369,11 +369,22 @@ def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_after_the_restart(bro
     """[MQTT-4.4.0-1] A session resumed with session present 1 resends its unacknowledged PUBREL packets with
     their packet ids, a restart in between too: a client that delivers a QoS 2 message on PUBREL (paho does)
     otherwise never delivers it, and its packet id stays taken."""
+    _, again, packet_id = _pubrel_resent_after_a_restart(brokers, version, "qos2-device", "cmd/qos2")
+    again.send_packet(PubComp(packet_id))
+    again.recv_none()
+
+
+def _pubrel_resent_after_a_restart(
+    brokers, version: int, client_id: str, topic: str
+) -> tuple[Any, RawClient, int]:
+    """A persistent session past PUBREC of a QoS 2 delivery on ``topic`` (its PUBCOMP never sent), the broker
+    restarted, the client back (session present): the broker, the client, and the packet id its PUBREL was
+    sent again with."""
     broker = brokers()
     device = RawClient(broker.port, version)
-    device.connect("qos2-device", clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
-    device.subscribe("cmd/qos2", 2)
-    PahoClient(broker.port, "ops").publish("cmd/qos2", b"exactly once", 2)
+    device.connect(client_id, clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
+    device.subscribe(topic, 2)
+    PahoClient(broker.port, "ops").publish(topic, b"exactly once", 2)
     delivery = device.recv()
     assert isinstance(delivery, Publish) and delivery.qos == 2 and delivery.packet_id is not None
     device.send_packet(PubRec(delivery.packet_id))
@@ -382,14 +393,11 @@ def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_after_the_restart(bro
 
     broker = restarted(broker, brokers)
     again = RawClient(broker.port, version)
-    ack = again.connect(
-        "qos2-device", clean_start=False, **({"properties": opted_in()} if version == 5 else {})
-    )
+    ack = again.connect(client_id, clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
     assert isinstance(ack, ConnAck) and ack.session_present
     resent = again.recv()
     assert isinstance(resent, PubRel) and resent.packet_id == delivery.packet_id
-    again.send_packet(PubComp(delivery.packet_id))
-    again.recv_none()
+    return broker, again, delivery.packet_id
 
 
 def _persistent_raw(port: int, version: int, client_id: str) -> tuple[RawClient, ConnAck]:
@@ -481,26 +489,11 @@ def test_a_session_restored_with_a_release_to_resend_takes_new_deliveries(broker
     """A session restored with the PUBREL of a QoS 2 delivery to resend gets the messages published after
     the restart too: its in-flight window came back without the packet id to try next, so the first new
     delivery raised AttributeError in the routing, and the publisher never got its PUBACK / PUBREC."""
-    broker = brokers()
-    device = RawClient(broker.port, version)
-    device.connect("q2-next", clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
-    device.subscribe("cmd/next", 2)
-    PahoClient(broker.port, "ops").publish("cmd/next", b"released", 2)
-    delivery = device.recv()
-    assert isinstance(delivery, Publish) and delivery.packet_id is not None
-    device.send_packet(PubRec(delivery.packet_id))
-    assert isinstance(device.recv(), PubRel)
-    device.close()
-
-    broker = restarted(broker, brokers)
-    again = RawClient(broker.port, version)
-    again.connect("q2-next", clean_start=False, **({"properties": opted_in()} if version == 5 else {}))
-    resent = again.recv()
-    assert isinstance(resent, PubRel) and resent.packet_id == delivery.packet_id
+    broker, again, packet_id = _pubrel_resent_after_a_restart(brokers, version, "q2-next", "cmd/next")
     PahoClient(broker.port, "ops-2").publish("cmd/next", b"after the restart", 1)
     fresh = again.recv()
     assert isinstance(fresh, Publish) and fresh.payload == b"after the restart"
-    assert fresh.packet_id != delivery.packet_id  # still waiting for its PUBCOMP
+    assert fresh.packet_id != packet_id  # still waiting for its PUBCOMP
 
 
 @pytest.mark.mqtt5("MQTT-4.4.0-1", "MQTT-3.3.1-1")
