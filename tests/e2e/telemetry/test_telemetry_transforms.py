@@ -32,6 +32,15 @@ def bronze(spark, rows):
     return T.to_bronze(records(spark, rows), INGESTED)
 
 
+def sorted_out(spark, sent, payload=PAYLOAD):
+    """Each payload of ``sent`` (keyed by its device id) as a device's telemetry record, parsed and checked
+    by ``payload``: the detail of each device quarantined, and the flagged rows."""
+    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
+    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
+    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    return {r["device_id"]: r["detail"] for r in quarantine.collect()}, flagged
+
+
 def test_to_bronze_keeps_the_record_and_adds_ingest_date(spark):
     raw = records(spark, [record("devices/a/telemetry", 7, b"{}", seconds=5)])
     expected = spark.createDataFrame(
@@ -191,10 +200,7 @@ def test_a_payload_with_more_after_its_object_is_unparseable_and_none_of_it_land
         "spaced": first + b" \r\n\t ",
         "nested": nested,
     }
-    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(payloads.items())]
-    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
-    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q", batch_id=0, quarantined_at=INGESTED)
-    details = {r["device_id"]: r["detail"] for r in quarantine.collect()}
+    details, flagged = sorted_out(spark, payloads)
     assert details == {
         "two": "json: character 52: Extra data",
         "lines": "json: character 53: Extra data",
@@ -229,10 +235,7 @@ def test_a_json_number_or_a_time_out_of_the_years_0001_9999_in_a_time_field_is_u
         "spaced": b'{"seq": 1, "when": "2026-11-30 10:00:00"}',
         "none": b'{"seq": 1, "when": null}',
     }
-    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
-    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
-    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
-    details = {r["device_id"]: r["detail"] for r in quarantine.collect()}
+    details, flagged = sorted_out(spark, sent, payload)
     assert details == {
         "ms": "field when: expected timestamp, got int 1795000000000",
         "ns": "field when: expected timestamp, got int 1795000000000000000",
@@ -267,10 +270,8 @@ def test_a_json_number_past_a_float_fields_range_is_unparseable_not_infinity(spa
         "nan": b'{"seq": 1, "f": NaN}',
         "past-doubles": b'{"seq": 1, "f": 1e400}',
     }
-    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
-    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
-    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
-    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+    details, flagged = sorted_out(spark, sent, payload)
+    assert details == {
         "wide": "field f: 1e+300 does not fit a float",
         "negative": "field f: -3.5e+38 does not fit a float",
     }
@@ -291,10 +292,8 @@ def test_a_json_number_past_a_tinyint_fields_range_is_unparseable_not_wrapped(sp
     payload = load_telemetry_config({"payload": {"fields": {**PAYLOAD.fields, "b": "tinyint"}}}).payload
     sent = {"wraps": b'{"seq": 1, "b": 200}', "top": b'{"seq": 1, "b": 255}', "low": b'{"seq": 1, "b": -128}'}
     sent |= {"high": b'{"seq": 1, "b": 127}', "none": b'{"seq": 1}'}
-    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
-    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), payload), {})
-    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
-    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+    details, flagged = sorted_out(spark, sent, payload)
+    assert details == {
         "wraps": "field b: 200 does not fit a tinyint",
         "top": "field b: 255 does not fit a tinyint",
     }
@@ -316,10 +315,8 @@ def test_a_declared_field_given_twice_in_a_json_object_is_unparseable_not_its_la
         "undeclared": b'{"seq": 2, "x": 1, "x": 2}',
         "in-string": b'{"seq": 3, "firmware": "\\"seq\\": 2"}',
     }
-    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
-    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
-    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q", batch_id=0, quarantined_at=INGESTED)
-    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+    details, flagged = sorted_out(spark, sent)
+    assert details == {
         "twice": "field temperature: given 2 times in the object",
         "same": "field seq: given 2 times in the object",
         "pretty": "field seq: given 2 times in the object",
@@ -347,10 +344,8 @@ def test_a_json_value_of_another_kind_in_a_string_or_double_field_is_unparseable
         "infinity-text": b'{"seq": 6, "battery": "-Infinity"}',
         "nan": b'{"seq": 7, "temperature": NaN}',
     }
-    rows = [record(f"devices/{name}/telemetry", n, p) for n, (name, p) in enumerate(sent.items())]
-    flagged = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
-    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q", batch_id=0, quarantined_at=INGESTED)
-    assert {r["device_id"]: r["detail"] for r in quarantine.collect()} == {
+    details, flagged = sorted_out(spark, sent)
+    assert details == {
         "number": "field firmware: expected string, got int 123",
         "object": "field firmware: expected string, got dict {'a': 1}",
         "boolean": "field group: expected string, got bool True",
