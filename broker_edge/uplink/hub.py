@@ -51,9 +51,11 @@ from broker_edge.uplink.wire import (
     ERROR,
     HELLO,
     REFUSAL_HEADER,
+    SITE_CONNECTED,
     STATE,
     VERSION,
     Batch,
+    Message,
     WireError,
     decode,
     decode_batch,
@@ -107,6 +109,9 @@ class UplinkHub:
         self._replaced: dict[str, collections.deque[float]] = {}
         """When each site's open connection was last replaced by a new one (the last ``REPLACED_TIMES``)."""
         self._replaced_said: dict[str, float] = {}
+        self._sources: dict[str, tuple[str, str | None] | None] = {}
+        """The broker each connected site's connection comes from (its ``HELLO``'s ``source``) and its
+        address; None for a site that does not say (an earlier version, or a site cluster's member)."""
         self._gaps_path = Path(store.layout.meta) / GAPS_FILE
 
     async def start(self, logs: MirrorLogs | None = None, sock: socket.socket | None = None) -> None:
@@ -151,19 +156,33 @@ class UplinkHub:
             return _refuse(request, f"site {site!r} is not admitted here")
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=self.config.max_message_bytes)
         await ws.prepare(request)
+        status = self.status.site(site)
+        try:
+            hello = await self._hello(ws)
+        except (WireError, ConnectionError, TimeoutError) as error:
+            log.warning("site %s: %s: closing its connection", site, error)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_bytes(encode(ERROR, {"message": str(error)}))
+            await ws.close()
+            return ws
+        source = _source_of(hello.header)
         previous = self._sockets.get(site)
         if previous is not None:
+            held = self._sources.get(site)
+            if source is not None and held is not None and held[0] != source:
+                await self._refuse_second(ws, site, status, held[1], request.remote)
+                return ws
             await self._replace(site, previous, request.remote)
         lock = self._locks.setdefault(site, asyncio.Lock())
         async with lock:
             if ws.closed:
                 return ws
             self._sockets[site] = ws
-            status = self.status.site(site)
+            self._sources[site] = (source, request.remote) if source is not None else None
             status.connected = True
             status.report_bound_said = False
             try:
-                await self._converse(ws, site, status)
+                await self._converse(ws, site, status, hello)
             except (WireError, MirrorRefused) as error:
                 log.warning("site %s: %s: closing its connection", site, error)
                 if not ws.closed:
@@ -174,9 +193,44 @@ class UplinkHub:
             finally:
                 if self._sockets.get(site) is ws:
                     del self._sockets[site]
+                    self._sources.pop(site, None)
                     status.connected = False
                 await ws.close()
         return ws
+
+    async def _hello(self, ws: web.WebSocketResponse) -> Message:
+        """The connection's first message, a ``HELLO`` of this version (``WireError`` otherwise)."""
+        message = await ws.receive(timeout=self.config.request_timeout_s)
+        if message.type != WSMsgType.BINARY:
+            raise ConnectionError(f"the connection ended before its HELLO ({message.type.name})")
+        decoded = decode(message.data)
+        if decoded.kind != HELLO or decoded.header.get("version") != VERSION:
+            raise WireError(f"expected HELLO version {VERSION} first")
+        return decoded
+
+    async def _refuse_second(
+        self, ws: web.WebSocketResponse, site: str, status: SiteStatus, holder: str | None, remote: str | None
+    ) -> None:
+        """Refuse a connection of ``site`` from another broker (another ``source``) than the one connected
+        from ``holder``: two brokers use its certificate, and their records would mix in its logs at the
+        same offsets. Said at ERROR here and in the ``ERROR`` the site logs, and counted."""
+        status.refused_connections += 1
+        message = (
+            f"site {site!r} is already connected from {holder} by another broker (another data directory): "
+            f"this connection from {remote} is refused, so that the hub's copy of the site holds one "
+            "broker's records. Are two brokers using its certificate?"
+        )
+        log.error(
+            "site %s is already connected from %s by another broker: refused its connection from %s (two "
+            "brokers using its certificate?); %s keeps the connected one's records only",
+            site,
+            holder,
+            remote,
+            site_topic(site, "#"),
+        )
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_bytes(encode(ERROR, {"message": message, "refusal": SITE_CONNECTED}))
+        await ws.close()
 
     async def _replace(self, site: str, previous: web.WebSocketResponse, remote: str | None) -> None:
         """Close ``site``'s open connection for its new one (from ``remote``), telling it why first; an
@@ -207,18 +261,34 @@ class UplinkHub:
             site_topic(site, "#"),
         )
 
-    async def _converse(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
+    async def _converse(
+        self, ws: web.WebSocketResponse, site: str, status: SiteStatus, hello: Message
+    ) -> None:
         try:
+            await self._answer_hello(ws, site, status, hello)
             await self._read_site(ws, site, status)
         finally:
             downlink = self._downlinks.pop(site, None)
             if downlink is not None:
                 downlink.cancel()
 
+    async def _answer_hello(
+        self, ws: web.WebSocketResponse, site: str, status: SiteStatus, hello: Message
+    ) -> None:
+        """``ENDS``: where each of the site's topics ends here, durable; then the downlink it asked for."""
+        self.status.contact(status)
+        down = _downlink_request(hello.header, self.config.downlink_of(site))
+        ends = await mirrored_ends(self.logs, site_topic(site, ""))  # a previous connection's appends count
+        await ws.send_bytes(encode(ENDS, {"ends": ends, "max_message_bytes": self.config.max_message_bytes}))
+        log.info("site %s connected (%d topics held)", site, len(ends))
+        if down is not None:
+            self._check_down_ends(site, down)
+            self._downlinks[site] = asyncio.get_running_loop().create_task(
+                self._send_down(ws, down), name=f"downlink-{site}"
+            )
+
     async def _read_site(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
         limit = self.config.max_message_bytes
-        prefix = site_topic(site, "")
-        first = True
         async for message in ws:
             if message.type != WSMsgType.BINARY:
                 if message.type == WSMsgType.TEXT:
@@ -229,21 +299,7 @@ class UplinkHub:
                 break
             self.status.contact(status)
             decoded = decode(message.data)
-            if first:
-                if decoded.kind != HELLO or decoded.header.get("version") != VERSION:
-                    raise WireError(f"expected HELLO version {VERSION} first")
-                down = _downlink_request(decoded.header, self.config.downlink_of(site))
-                ends = await mirrored_ends(self.logs, prefix)  # a previous connection's appends count
-                limit = self.config.max_message_bytes
-                await ws.send_bytes(encode(ENDS, {"ends": ends, "max_message_bytes": limit}))
-                log.info("site %s connected (%d topics held)", site, len(ends))
-                first = False
-                if down is not None:
-                    self._check_down_ends(site, down)
-                    self._downlinks[site] = asyncio.get_running_loop().create_task(
-                        self._send_down(ws, down), name=f"downlink-{site}"
-                    )
-            elif decoded.kind == BATCH:
+            if decoded.kind == BATCH:
                 batch = decode_batch(decoded, limit)
                 gaps: list[Gap] = []
                 applied, ends = await mirror_batch(self.logs, batch, gaps, partial(site_topic, site))
@@ -420,6 +476,16 @@ def _skip(topic: str, position: int, start: int) -> None:
         position,
         start,
     )
+
+
+def _source_of(header: dict[str, object]) -> str | None:
+    """A ``HELLO``'s ``source``: the sending broker's store identity (None when it does not say)."""
+    source = header.get("source")
+    if source is None:
+        return None
+    if not isinstance(source, str) or not 0 < len(source) <= 200:
+        raise WireError(f"bad source {bounds.shown(source)}: expected a string of 1 to 200 characters")
+    return source
 
 
 def _refuse(request: web.Request, message: str) -> web.Response:

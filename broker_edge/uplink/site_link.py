@@ -43,6 +43,7 @@ from broker_edge.uplink.wire import (
     ERROR,
     HELLO,
     REFUSAL_HEADER,
+    SITE_CONNECTED,
     STATE,
     VERSION,
     Batch,
@@ -99,6 +100,10 @@ def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
     context = tls_client_context(tls.certfile, tls.keyfile, tls.cafile, "uplink.tls")
     context.check_hostname = tls.check_hostname
     return context
+
+
+class SiteConnected(WireError):
+    """The hub refused this connection: the site is connected from another broker with its certificate."""
 
 
 class SiteLink:
@@ -424,6 +429,9 @@ class SiteLink:
                 ):
                     self.hub = hub
                     await self._converse(ws)
+            except SiteConnected as error:  # another broker holds this site's link: said louder, backed off
+                refused = True
+                log.error("uplink to %s: %s; again in %.1f s", hub, error, delay)
             except (
                 aiohttp.ClientError,
                 OSError,
@@ -450,6 +458,8 @@ class SiteLink:
 
         config = self.config
         hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
+        if self.logs is None and self.store.store_id is not None:  # a cluster's members take turns: unsaid
+            hello["source"] = self.store.store_id
         downlink = await self._downlink_request()
         if downlink is not None:
             hello["downlink"] = downlink
@@ -459,7 +469,8 @@ class SiteLink:
             raise ConnectionError(f"the hub's connection ended before it answered ({message.type.name})")
         answer = decode(message.data)
         if answer.kind == ERROR:
-            raise WireError(f"the hub refused: {answer.header.get('message')}")
+            kind = SiteConnected if answer.header.get("refusal") == SITE_CONNECTED else WireError
+            raise kind(f"the hub refused: {answer.header.get('message')}")
         if answer.kind != ENDS:
             raise WireError("the hub did not answer HELLO with its ends")
         self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")

@@ -28,6 +28,8 @@ class SiteStatus:
     received_records: int = 0
     duplicate_records: int = 0
     gap_records: int = 0
+    refused_connections: int = 0
+    """Connections refused while the site was connected from another broker (two using its certificate)."""
     site_ends: dict[str, list[int]] = field(default_factory=dict)
     """The site's last report: topic → [end, last append ms]."""
     report_bound_said: bool = False
@@ -73,6 +75,7 @@ class SiteStatus:
             "received_records": self.received_records,
             "duplicate_records": self.duplicate_records,
             "gap_records": self.gap_records,
+            "refused_connections": self.refused_connections,
             "lag_records": records,
             "lag_seconds": round(seconds, 3),
             "topics": len(store.logs(site_topic(self.site_id, "#"))),
@@ -106,6 +109,11 @@ class SitesStatus:
             "Records a site's retention deleted before they reached the hub.",
             ["site"],
         )
+        self._refused = metrics.gauge(
+            "uplink_site_refused_connections",
+            "Connections of a site refused while it was connected from another broker.",
+            ["site"],
+        )
         self._contact = metrics.gauge(
             "uplink_site_last_contact_timestamp", "Wall time of the last message from a site.", ["site"]
         )
@@ -129,6 +137,7 @@ class SitesStatus:
         self._bytes.labels(site).set_function(lambda: status.received_bytes)
         self._records.labels(site).set_function(lambda: status.received_records)
         self._gaps.labels(site).set_function(lambda: status.gap_records)
+        self._refused.labels(site).set_function(lambda: status.refused_connections)
         self._contact.labels(site).set_function(lambda: status.last_contact)
         self._connected.labels(site).set_function(lambda: float(status.connected))
 

@@ -7,9 +7,11 @@ verbatim, so its copy holds the site's bytes at the site's offsets.
 
 The conversation (docs/uplink.md):
 
-- site → hub ``HELLO`` {version, site}; hub → site ``ENDS`` {ends: {topic: end}, max_message_bytes}: where
-  each of the site's topics ends on the hub, durable, and the largest message it takes. The site sends
-  every record from there: nothing twice, nothing skipped; its batches fit the hub's largest message.
+- site → hub ``HELLO`` {version, site, source}; hub → site ``ENDS`` {ends: {topic: end},
+  max_message_bytes}: where each of the site's topics ends on the hub, durable, and the largest message it
+  takes. The site sends every record from there: nothing twice, nothing skipped; its batches fit the hub's
+  largest message. ``source`` is the site broker's store identity: a hub refuses a site already connected
+  from another one (``ERROR`` with ``refusal`` ``site_connected``).
 - site → hub ``BATCH`` {seq, codec, topics: [[topic, first, count, size]], site_ends}; hub → site ``ACK``
   {seq, ends} once the batch is durable on the hub (or ``ERROR`` {message}, then the hub closes).
 - site → hub ``STATE`` {site_ends} when idle: the site's log ends, so the hub knows its lag.
@@ -41,6 +43,7 @@ __all__ = [
     "ERROR",
     "HELLO",
     "REFUSAL_HEADER",
+    "SITE_CONNECTED",
     "STATE",
     "VERSION",
     "Batch",
@@ -69,6 +72,9 @@ CODECS = ("zstd", "zlib", "none")
 REFUSAL_HEADER = "X-Timestone-Refusal"
 """The HTTP header of a hub's 403 that says why it refused a site's connection (a WebSocket client sees no
 body)."""
+SITE_CONNECTED = "site_connected"
+"""An ``ERROR``'s ``refusal`` when the site is already connected from another broker (its ``HELLO``'s
+``source``, the broker's store identity, differs): two brokers use the site's certificate."""
 MAX_SEQ = bounds.MAX_COUNT
 """A batch's sequence number, at most (a sender numbers its batches from 0 on each connection)."""
 
