@@ -12,7 +12,9 @@ It gives up only on failures a restart cannot fix (:func:`unrecoverable`): bad c
 option, a config value, a table whose schema or features do not match, a query that does not analyse, a
 token the broker refuses), data loss under ``failOnDataLoss`` and checkpoint offsets the source refuses as
 edited by hand. The job then stops with exit status 1, naming the reason, rather than failing the same way
-forever. A run that must end (``--available-now``) also
+forever. It also gives up on a query that failed the same way (:func:`failure_signature`) more than
+``max_restarts`` times in a row within ``restart_window_s``, so that a service manager sees the job fail; a
+different failure, or one past the window, is restarted. A run that must end (``--available-now``) also
 gives up on a query that keeps failing (``give_up_after`` failures in a row).
 """
 
@@ -54,6 +56,8 @@ UNRECOVERABLE: tuple[tuple[re.Pattern[str], str], ...] = (
 _ERROR_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Exception)): ")
 #: Exceptions that only carry another (a Python error inside a Spark one): never the name of a failure.
 _WRAPPERS = frozenset({"StreamingQueryException", "PythonException", "SparkException", "Py4JJavaError"})
+#: What differs between two failures of one cause: numbers (a stage, a batch, an offset) and hex ids.
+_VARYING = re.compile(r"\b(?=[0-9a-f-]*[0-9])[0-9a-f]+(?:-[0-9a-f]+)*\b|\d+")
 
 
 def unrecoverable(error: str) -> str | None:
@@ -62,6 +66,11 @@ def unrecoverable(error: str) -> str | None:
         if pattern.search(error):
             return reason
     return None
+
+
+def failure_signature(failure: BaseException) -> str:
+    """What makes two failures of a query the same: its one-line summary, numbers and ids masked."""
+    return _VARYING.sub("#", failure_summary(failure))
 
 
 def _ran(progress: Any) -> bool:
@@ -86,11 +95,18 @@ class RestartConfig:
     max_backoff_s: float = 60.0
     healthy_after_s: float = 300.0
     """A query that has run this long since it (re)started waits ``initial_backoff_s`` again."""
+    max_restarts: int = 20
+    """Restarts for one failure: a query that fails the same way once more within ``restart_window_s``
+    stops the job (exit status 1); 0: restarted for ever."""
+    restart_window_s: float = 3600.0
+    """The seconds within which ``max_restarts`` + 1 failures alike stop the job (older ones forgotten)."""
 
     def __post_init__(self) -> None:
-        for name in ("initial_backoff_s", "max_backoff_s", "healthy_after_s"):
+        for name in ("initial_backoff_s", "max_backoff_s", "healthy_after_s", "restart_window_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be positive")
+        if self.max_restarts < 0:
+            raise ConfigError("max_restarts", "must be 0 (for ever) or more")
         if self.max_backoff_s < self.initial_backoff_s:
             raise ConfigError("max_backoff_s", "must be at least initial_backoff_s")
 
@@ -106,6 +122,9 @@ class SupervisedQuery:
     query: StreamingQuery | None = None
     started_at: float = 0.0
     failures: int = 0  # consecutive failures, for the backoff
+    same_failures: list[float] = field(default_factory=list)
+    """When the query failed the same way (``signature``) in a row, within the restart window."""
+    signature: str | None = None
     restart_at: float | None = None
     done: bool = False
     counted_batch: int = -1
@@ -233,6 +252,8 @@ class Supervisor:
             reason = (
                 f"failed {watched.failures + 1} times in a row, the last {self.give_up_after} after a restart"
             )
+        if reason is None:
+            reason = self._same_again(watched, failure, now)
         if reason is not None or not self.config.enabled:
             reason = reason or "restarts are off (restart.enabled: false)"
             log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)
@@ -260,3 +281,17 @@ class Supervisor:
             failure_summary(failure),
         )
         log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)
+
+    def _same_again(self, watched: SupervisedQuery, failure: BaseException, now: float) -> str | None:
+        """Note the failure; why the query is given up when it failed this way more than ``max_restarts``
+        times in a row within ``restart_window_s``, else None."""
+        signature = failure_signature(failure)
+        if signature != watched.signature:
+            watched.signature, watched.same_failures = signature, []
+        window = self.config.restart_window_s
+        watched.same_failures = [t for t in watched.same_failures if now - t <= window] + [now]
+        most = self.config.max_restarts
+        if most == 0 or len(watched.same_failures) <= most:
+            return None
+        times, took = len(watched.same_failures), now - watched.same_failures[0]
+        return f"failed the same way {times} times in {took:.0f} s (restart.max_restarts: {most})"

@@ -147,6 +147,33 @@ def test_data_lost_to_retention_stops_the_job_naming_it(spark, tmp_path, edge):
     assert open_store(spark, config).read("bronze_telemetry").count() == first
 
 
+def test_a_batch_failing_the_same_way_at_every_replay_stops_a_continuous_job_naming_it(spark, tmp_path, edge):
+    """Running continuously (no ``--available-now``), a query whose batch failed the same way at every
+    replay was restarted for ever: the job never exited, and nothing that watches it saw a failure. After
+    ``max_restarts`` restarts for that one failure within ``restart_window_s`` it exits with status 1,
+    the reason said."""
+    Fleet([LogAppendPublisher("edge1", edge)], devices=2).send(rounds=2)
+    config = supervised_config(tmp_path, edge)
+    config.stream.restart = RestartConfig(
+        initial_backoff_s=0.2, max_backoff_s=0.2, max_restarts=2, restart_window_s=600.0
+    )
+    attempts: list[int] = []
+
+    class FailingEveryTime(TelemetryBatch):
+        def __call__(self, records: DataFrame, out: BatchWriter) -> None:
+            attempts.append(out.batch_id)
+            raise ValueError(f"no such firmware in batch {out.batch_id}")
+
+    metrics = PipelineMetrics()
+    supervisor = Supervisor("telemetry", config.stream.restart, metrics)
+    assert supervise(spark, config, make_batch=FailingEveryTime, supervisor=supervisor) == 1
+    assert supervisor.gave_up is not None
+    assert supervisor.gave_up.reason.startswith("failed the same way 3 times in ")
+    assert supervisor.gave_up.reason.endswith(" (restart.max_restarts: 2)")
+    assert "no such firmware in batch 0" in supervisor.gave_up.error
+    assert attempts == [0, 0, 0] and metrics.restarts("telemetry", config.stream.query_name) == 2
+
+
 def wait_for_rows(store: TableStore, name: str, rows: int) -> None:
     wait_until(lambda: store.exists(name) and store.read_arrow(name).num_rows >= rows, f"{rows} in {name}")
 

@@ -14,7 +14,7 @@ import pytest
 
 from broker_edge.config.loader import ConfigError
 from pipelines.metrics import PipelineMetrics
-from pipelines.supervisor import RestartConfig, Supervisor, error_name, unrecoverable
+from pipelines.supervisor import GaveUp, RestartConfig, Supervisor, error_name, unrecoverable
 
 WORKER_LOST = (
     "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch "
@@ -144,7 +144,14 @@ def test_the_failure_is_named_by_its_innermost_error_and_transient_ones_are_rest
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("initial_backoff_s", 0.0), ("max_backoff_s", 0.5), ("healthy_after_s", -1.0)]
+    ("key", "value"),
+    [
+        ("initial_backoff_s", 0.0),
+        ("max_backoff_s", 0.5),
+        ("healthy_after_s", -1.0),
+        ("max_restarts", -1),
+        ("restart_window_s", 0.0),
+    ],
 )
 def test_restart_settings_are_checked(key, value):
     with pytest.raises(ConfigError, match=key):
@@ -210,3 +217,49 @@ def test_a_broker_whose_store_was_replaced_is_data_loss_not_restarted():
     gave_up = supervisor.check()
     assert gave_up is not None and gave_up.reason == "broker's store replaced: data loss (failOnDataLoss)"
     assert len(started) == 1
+
+
+def fail_at(
+    supervisor: Supervisor, started: list[StandInQuery], clock: Clock, errors: list[str], every_s: float
+) -> GaveUp | None:
+    """Fail the running query with each of ``errors`` in turn, ``every_s`` seconds apart (each restart
+    waited out); the supervisor's answer to the last."""
+    gave_up = None
+    for error in errors:
+        started[-1].fail(error)
+        gave_up = supervisor.check()
+        if gave_up is not None:
+            return gave_up
+        clock.now += every_s
+        supervisor.check()
+    return gave_up
+
+
+BROKER_GONE = "sources.errors.BrokerUnreachableError: edge1 did not answer"
+STAGE_FAILED = "org.apache.spark.SparkException: Job aborted: Task 0 in stage {}.0 failed: ValueError: no row"
+
+
+def test_a_query_failing_the_same_way_max_restarts_times_within_the_window_stops_the_job():
+    """A continuous job restarted a query that failed the same way every time for ever (a WARNING a minute,
+    the job never exiting), so neither systemd nor a Databricks job saw a failure to alert on. After
+    ``max_restarts`` restarts for one failure within ``restart_window_s`` it gives up, exit status 1, the
+    reason naming the count; numbers in the error (a stage, a batch) do not make a failure another."""
+    config = RestartConfig(initial_backoff_s=1.0, max_backoff_s=1.0, max_restarts=3, restart_window_s=60.0)
+    supervisor, started, clock = supervised(config)
+    gave_up = fail_at(supervisor, started, clock, [STAGE_FAILED.format(n) for n in range(10)], every_s=5.0)
+    assert gave_up is not None
+    assert gave_up.reason == "failed the same way 4 times in 15 s (restart.max_restarts: 3)"
+    assert len(started) == 4 and supervisor.metrics.restarts("telemetry", "telemetry") == 3
+
+
+def test_failures_that_differ_or_are_spaced_beyond_the_window_keep_being_restarted():
+    config = RestartConfig(initial_backoff_s=1.0, max_backoff_s=1.0, max_restarts=3, restart_window_s=60.0)
+    supervisor, started, clock = supervised(config)
+    assert fail_at(supervisor, started, clock, [WORKER_LOST, BROKER_GONE] * 5, 5.0) is None
+    assert len(started) == 11
+    spaced, started, clock = supervised(config)
+    assert fail_at(spaced, started, clock, [WORKER_LOST] * 10, every_s=30.0) is None  # 3 in any 60 s
+    assert len(started) == 11
+    endless, started, clock = supervised(RestartConfig(max_restarts=0, max_backoff_s=1.0))
+    assert fail_at(endless, started, clock, [WORKER_LOST] * 30, every_s=1.0) is None  # 0: for ever
+    assert len(started) == 31
