@@ -15,6 +15,9 @@ told with the next line written):
 - ``LogSummary``, for expected conditions that repeat (publishes refused while a partition changes hands, a
   store short of file descriptors): one line per interval per kind, the next one saying how many were left
   out since the last.
+- ``FailingWrites``, for a file written again and again (the sessions file, the retained file, the QoS 2
+  journal) that cannot be written: an ERROR when its writes start failing, naming the file and why, then
+  one reminder per ``REMINDER_S`` at most while they keep failing, and a WARNING when one works again.
 
 Sans-IO: ``RefusalLog`` is handed the time, ``LogSummary`` reads its clock.
 """
@@ -26,12 +29,22 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["LINES_PER_WINDOW", "WINDOW_S", "LogSummary", "Logger", "RefusalLog"]
+__all__ = [
+    "LINES_PER_WINDOW",
+    "REMINDER_S",
+    "WINDOW_S",
+    "FailingWrites",
+    "LogSummary",
+    "Logger",
+    "RefusalLog",
+]
 
 Logger = logging.Logger | logging.LoggerAdapter
 
 LINES_PER_WINDOW = 20
 WINDOW_S = 10.0
+REMINDER_S = 60.0
+"""How often ``FailingWrites`` says at most that a file's writes still fail."""
 
 
 class _Allowance:
@@ -121,3 +134,83 @@ class LogSummary:
             message += " (and %d more like it since the last such line)"
             args = (*args, left_out)
         self.logger.log(level, message, *args, extra=extra)
+
+
+class FailingWrites:
+    """The lines of one file's writes failing (see the module docstring): ``failed(exc)`` after each failed
+    write, ``succeeded()`` after each one that worked. ``what`` names the writes ("writing persistent
+    sessions"), ``consequence`` what their failing costs (said in the first line)."""
+
+    __slots__ = (
+        "_failures",
+        "_last_said",
+        "_since",
+        "clock",
+        "consequence",
+        "logger",
+        "path",
+        "reminder_s",
+        "what",
+    )
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        path: object,
+        consequence: str = "",
+        reminder_s: float = REMINDER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.what = what
+        self.path = path
+        self.consequence = consequence
+        self.reminder_s = reminder_s
+        self.clock = clock
+        self._since: float | None = None
+        """When the writes started failing; None while they work."""
+        self._last_said = 0.0
+        self._failures = 0
+        """Failed writes since the last line said."""
+
+    @property
+    def failing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """A write failed: an ERROR if it is the first since the writes worked, or a reminder once
+        ``reminder_s`` passed since the last line; else nothing (counted for the next reminder)."""
+        now = self.clock()
+        self._failures += 1
+        if self._since is None:
+            self._since, self._last_said, self._failures = now, now, 0
+            consequence = f" ({self.consequence})" if self.consequence else ""
+            self.logger.error(
+                "%s to %s failed: %s%s; said again at most every %.0f s until it works again",
+                self.what,
+                self.path,
+                exc,
+                consequence,
+                self.reminder_s,
+            )
+        elif now - self._last_said >= self.reminder_s:
+            self.logger.error(
+                "%s to %s still fails, for %.0f s now (%d failed writes since the last line): %s",
+                self.what,
+                self.path,
+                now - self._since,
+                self._failures,
+                exc,
+            )
+            self._last_said, self._failures = now, 0
+
+    def succeeded(self) -> None:
+        """A write worked: a WARNING when the writes were failing until now."""
+        since = self._since
+        if since is None:
+            return
+        self._since, self._failures = None, 0
+        self.logger.warning(
+            "%s to %s works again, after failing for %.0f s", self.what, self.path, self.clock() - since
+        )

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker_edge.observe.refusal_log import FailingWrites
+
 if TYPE_CHECKING:
     from broker_edge.engine.routing.router import Router
 
@@ -38,7 +40,12 @@ class Qos2Journal:
         self.directory = directory
         self.generation = max(self._generations(), default=0) + 1
         self._fd: int | None = None
-        self._failed = False
+        self._said = FailingWrites(
+            log,
+            "writing incoming QoS 2 ids",
+            directory / f"{JOURNAL_PREFIX}<n>",
+            "until a file can be written, a broker killed meanwhile may log a resent QoS 2 PUBLISH again",
+        )
         self._open()
 
     def _generations(self) -> list[int]:
@@ -57,17 +64,9 @@ class Qos2Journal:
             self._fd = os.open(self._path(self.generation), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             self._fd = None
-            self._fail(exc)
-
-    def _fail(self, exc: OSError) -> None:
-        if not self._failed:
-            log.error(
-                "writing incoming QoS 2 ids to %s failed: %s (until the next session snapshot, a broker"
-                " killed meanwhile may log a resent QoS 2 PUBLISH again)",
-                self.directory,
-                exc,
-            )
-        self._failed = True
+            self._said.failed(exc)
+        else:
+            self._said.succeeded()
 
     def record(self, client_id: str, packet_id: int, held: bool) -> None:
         """One id of ``client_id``'s session held (PUBREC due) or released (PUBCOMP due)."""
@@ -78,13 +77,12 @@ class Qos2Journal:
         try:
             os.write(fd, line.encode())
         except OSError as exc:
-            self._fail(exc)
+            self._said.failed(exc)
 
     def rotate(self) -> int:
         """Start the next generation (a snapshot is being captured); returns it."""
         self._close()
         self.generation += 1
-        self._failed = False
         self._open()
         return self.generation
 

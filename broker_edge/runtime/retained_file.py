@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.records import message_of_frame, record_fields
+from broker_edge.observe.refusal_log import FailingWrites
 from broker_edge.storage.record import FrameError, crc32c, decode_frame, encode_frame
 from broker_edge.storage.segment import fsync_directory
 
@@ -111,6 +112,7 @@ class RetainedFile:
         self._next_write = loop.time() + interval_s
         self._written = router.retained.changes
         self._writing: asyncio.Future[None] | None = None
+        self._said = FailingWrites(log, "saving retained messages", self.path, "the last file stays")
 
     def restore(self) -> int:
         """Read the file (if any) and retain its messages again; returns how many were kept."""
@@ -161,11 +163,12 @@ class RetainedFile:
         return f"moved to {aside}"
 
     def tick(self, now: float) -> None:
-        """Write the set in the background when it changed and the interval passed (the sweep calls it)."""
+        """Write the set in the background when it changed, or the last write failed, and the interval
+        passed (the sweep calls it)."""
         if now < self._next_write or (self._writing is not None and not self._writing.done()):
             return
         self._next_write = now + self.interval_s
-        if self.router.retained.changes != self._written:
+        if self.router.retained.changes != self._written or self._said.failing:
             self._writing = self.loop.run_in_executor(None, self._write, self._capture())
 
     async def close(self) -> None:
@@ -192,6 +195,8 @@ class RetainedFile:
             os.replace(temporary, self.path)
             fsync_directory(str(self.path.parent))
         except OSError as exc:
-            log.error("retained messages not saved to %s: %s (the last file stays)", self.path, exc)
+            self._said.failed(exc)
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+        else:
+            self._said.succeeded()

@@ -32,6 +32,7 @@ from broker_edge.engine.sessions.snapshot import (
     parse,
     restore,
 )
+from broker_edge.observe.refusal_log import FailingWrites
 from broker_edge.runtime.qos2_journal import Qos2Journal
 from broker_edge.storage.segment import fsync_directory
 
@@ -73,6 +74,9 @@ class SessionStore:
         self._writing: asyncio.Future[None] | None = None
         self.journal = Qos2Journal(directory)
         router.qos2_journal = self.journal.record
+        self._said = FailingWrites(
+            log, "writing persistent sessions", self.path, "the last file written stays"
+        )
 
     # -- start ----------------------------------------------------------------------------------------------
 
@@ -194,8 +198,9 @@ class SessionStore:
         return self.log_store.end_offsets()
 
     def _write(self, document: dict[str, Any]) -> None:
-        """Replace the file atomically with ``document``; a failure (a full disk) is logged, the old file
-        stays, and the next interval writes again."""
+        """Replace the file atomically with ``document``; a failure (a full disk, the directory removed) is
+        logged when the writes start failing and at most once a minute after (``FailingWrites``), the old
+        file stays, and the next interval writes again."""
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
             data = json.dumps(add_checks(document), separators=(",", ":")).encode()
@@ -208,6 +213,8 @@ class SessionStore:
             fsync_directory(str(self.path.parent))
             self.journal.forget_before(document["journal_from"])
         except (OSError, ValueError) as exc:
-            log.error("writing persistent sessions to %s failed: %s", self.path, exc)
+            self._said.failed(exc)
             with contextlib.suppress(OSError):  # a full disk: give back what part of it took
                 os.unlink(temporary)
+        else:
+            self._said.succeeded()
