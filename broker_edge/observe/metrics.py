@@ -295,6 +295,12 @@ class BrokerMetrics:
         self.sessions = gauge("sessions", "Sessions, by state (online/offline).", ["state"])
         self.log_appends_total = counter("log_appends", "Records appended to topic logs.")
         self.log_bytes_total = counter("log_bytes", "Bytes appended to topic logs.")
+        self.metrics_pages_built_total = counter(
+            "metrics_pages_built", "Pages of /metrics built (one answers every request that waited for it)."
+        )
+        self.metrics_page_build_seconds_total = counter(
+            "metrics_page_build_seconds", "Seconds the event loop spent building pages of /metrics."
+        )
 
         self.sessions_online = self.sessions.labels(state="online")
         self.sessions_offline = self.sessions.labels(state="offline")
