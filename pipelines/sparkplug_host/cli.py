@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone sparkplug-host",
         description="Publish this host application's Sparkplug B STATE (online while it runs, its will "
-        "offline) and ask edge nodes whose births it has not seen for a rebirth.",
+        "offline) and ask edge nodes whose births it has not seen or cannot read, or whose sequence numbers "
+        "stay out of order, for a rebirth.",
         epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached or refused it "
         "(CONNACK reason, TLS alert), or another host with this id took its connection over; 2 a wrong "
         "command line; 3 optional dependencies missing. A "
@@ -76,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rebirth-interval", type=seconds, default=30.0, help="seconds between two requests to one node"
+    )
+    parser.add_argument(
+        "--reorder-timeout",
+        type=seconds,
+        default=2.0,
+        help="seconds a born node's sequence numbers skipped may take to arrive (or after one repeated) "
+        "before the node is asked for a rebirth (default 2; 0: at once)",
     )
     parser.add_argument(
         "--reconnect-delay",
@@ -137,6 +145,7 @@ def host_of(args: argparse.Namespace) -> SparkplugHost:
         port,
         args.host_id,
         rebirth_interval_s=args.rebirth_interval,
+        reorder_timeout_s=args.reorder_timeout,
         retry_s=args.reconnect_delay,
         username=args.username,
         password=args.password_file,

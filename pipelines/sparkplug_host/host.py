@@ -12,11 +12,13 @@ It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node who
 this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
 connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
 born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
-quarantines as unreadable is none), and so does data naming a metric its birth does not define; it asks
-that node for a rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not retained: the node births
-itself and every device again), at most once per ``rebirth_interval_s`` per node. The telemetry job reads
-the births from the brokers' logs; the rebirth brings a birth into the log when the one a node sent has been
-deleted by retention or was never received.
+quarantines as unreadable is none), and so does data naming a metric its birth does not define; and so
+does a born node's sequence number that skips some or came already, when the
+``reorder_timeout_s`` window it opens (:mod:`.reorder`, Sparkplug 3.0, 5.8) elapses before the numbers
+skipped arrive. It asks that node for a rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not
+retained: the node births itself and every device again), at most once per ``rebirth_interval_s`` per node.
+The telemetry job reads the births from the brokers' logs; the rebirth brings a birth into the log when the
+one a node sent has been deleted by retention or was never received.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pipelines.payloads.sparkplug.topics import (
     parse_topic,
     state_topic,
 )
+from pipelines.sparkplug_host.reorder import Sequence
 
 log = logging.getLogger("pipelines.sparkplug_host")
 
@@ -66,6 +69,13 @@ class HostState:
     """The devices of each born edge node born since its last NBIRTH (by DBIRTH, not dead since), with
     what their DBIRTH declares."""
     asked_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    sequences: dict[tuple[str, str], Sequence] = field(default_factory=dict)
+    """Each born edge node's sequence numbers since its NBIRTH (its Reorder Timeout window)."""
+
+    def close(self) -> None:
+        """End every Reorder Timeout window (its timer): the connection they were opened on is gone."""
+        for sequence in self.sequences.values():
+            sequence.close()
 
 
 class SparkplugHost:
@@ -78,6 +88,7 @@ class SparkplugHost:
         host_id: str,
         *,
         rebirth_interval_s: float = 30.0,
+        reorder_timeout_s: float = 2.0,
         keep_alive_s: int = 30,
         retry_s: float = 1.0,
         username: str | None = None,
@@ -93,6 +104,8 @@ class SparkplugHost:
         self.host_id = host_id
         self.topic = state_topic(host_id)
         self.rebirth_interval_s = rebirth_interval_s
+        self.reorder_timeout_s = reorder_timeout_s
+        """Seconds the numbers a born node's sequence skipped may take to arrive before a rebirth request."""
         self.keep_alive_s = keep_alive_s
         self.retry_s = retry_s
         """Seconds between two attempts to connect again once the connection is lost (:meth:`run`)."""
@@ -114,6 +127,7 @@ class SparkplugHost:
     async def start(self) -> None:
         """Connect (clean session, the death as will), subscribe, then publish the birth."""
         self.connected_ms = int(self.clock() * 1000)
+        self.state.close()
         self.state = HostState()
         self.born = False
         self.stopping = False
@@ -196,6 +210,7 @@ class SparkplugHost:
         is still publishing ends first, and none starts after: the death is the last STATE retained."""
         self.stopping = True
         self.born = False  # its own death comes back to it: not a stray STATE to answer
+        self.state.close()
         await asyncio.gather(*self._answers, return_exceptions=True)
         if self.client is not None and self.client.connected:
             await self.client.publish(self.topic, state_payload(False, self.connected_ms), 1, retain=True)
@@ -238,8 +253,10 @@ class SparkplugHost:
         if kind == "NBIRTH":
             birth = birth_of(payload)
             if birth is not None:
+                self._forget(node)
                 state.born[node], state.births[node] = _bdseq(payload), birth
                 state.devices[node] = {}  # its devices are born again after it
+                state.sequences[node] = Sequence.after_birth(_seq(payload) or 0)
             else:  # the telemetry job quarantines it: no birth in force, the one before ended
                 self._forget(node)
         elif kind == "NDEATH":
@@ -250,11 +267,39 @@ class SparkplugHost:
         elif node not in state.born:
             if kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH"):
                 self._ask_rebirth(topic, node)
-        elif kind == "NDATA":
-            if undefined_metric(payload, state.births[node]):
-                self._ask_rebirth(topic, node)
-        elif kind in ("DBIRTH", "DDEATH", "DDATA") and topic.device_id is not None:
-            self._device_message(topic, node, payload)
+        else:
+            self._follow_sequence(topic, node, payload)
+            if kind == "NDATA":
+                if undefined_metric(payload, state.births[node]):
+                    self._ask_rebirth(topic, node)
+            elif kind in ("DBIRTH", "DDEATH", "DDATA") and topic.device_id is not None:
+                self._device_message(topic, node, payload)
+
+    def _follow_sequence(self, topic: SparkplugTopic, node: tuple[str, str], payload: bytes) -> None:
+        """A born node's message with a sequence number: one out of order opens a Reorder Timeout window
+        (its timer), one that makes the sequence whole again closes it (the timer ends)."""
+        sequence = self.state.sequences.get(node)
+        seq = _seq(payload)
+        if sequence is None or seq is None:
+            return
+        whole = sequence.take(seq)
+        if whole and sequence.timer is not None:
+            sequence.close()
+            self.stats["reordered"] += 1
+        elif not whole and sequence.timer is None:
+            self.stats["out_of_order"] += 1
+            loop = asyncio.get_running_loop()
+            sequence.timer = loop.call_later(self.reorder_timeout_s, self._reorder_timeout, topic, node)
+
+    def _reorder_timeout(self, topic: SparkplugTopic, node: tuple[str, str]) -> None:
+        """The Reorder Timeout elapsed with numbers still missing, or after one that came twice."""
+        sequence = self.state.sequences.get(node)
+        if sequence is None or sequence.whole:
+            return
+        sequence.close()
+        self.stats["reorder_timeouts"] += 1
+        log.debug("edge node %s/%s: sequence numbers out of order past the reorder timeout", *node)
+        self._ask_rebirth(topic, node)
 
     def _device_message(self, topic: SparkplugTopic, node: tuple[str, str], payload: bytes) -> None:
         """A born node's device: born by a DBIRTH the job takes (one it quarantines is none), ended by a
@@ -279,6 +324,9 @@ class SparkplugHost:
         self.state.born.pop(node, None)
         self.state.births.pop(node, None)
         self.state.devices.pop(node, None)
+        sequence = self.state.sequences.pop(node, None)
+        if sequence is not None:
+            sequence.close()
 
     def _ask_rebirth(self, topic: SparkplugTopic, node: tuple[str, str]) -> None:
         now = self.clock()
@@ -292,6 +340,18 @@ class SparkplugHost:
             command, rebirth_request(int(now * 1000)), 0
         ):
             self.stats["rebirth_requests"] += 1
+
+
+def _seq(payload: bytes) -> int | None:
+    """The sequence number of an edge node's message (0 when left out, as a proto3 encoder leaves a 0 out);
+    None when it is empty (a retained message cleared: no message of the node's) or does not parse."""
+    if not payload:
+        return None
+    try:
+        seq = read_payload(payload).seq
+    except PayloadError:
+        return None
+    return 0 if seq is None else seq
 
 
 def _bdseq(payload: bytes) -> int | None:

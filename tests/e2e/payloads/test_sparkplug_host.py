@@ -594,3 +594,68 @@ def test_tls_to_a_plain_listener_says_the_handshake_was_cut_and_how_to_connect_p
         f"timestone sparkplug-host: {address}: TLS failed: the connection closed during the TLS handshake "
         "(a plain MQTT listener? it is reached without --tls, --cafile, --certfile)"
     ]
+
+
+def numbered(seq: int) -> bytes:
+    """An NDATA of the node ``reordering`` births, by alias, with sequence number ``seq``."""
+    return encode([MetricOut(float(seq), "Double", alias=1, with_datatype=False)], timestamp_ms=seq, seq=seq)
+
+
+def reordering(port: int, reorder_timeout_s: float) -> SparkplugHost:
+    return SparkplugHost(
+        "127.0.0.1", port, "timestone", rebirth_interval_s=0, reorder_timeout_s=reorder_timeout_s
+    )
+
+
+@pytest.mark.sparkplug(
+    "tck-id-operational-behavior-host-reordering-param",
+    "tck-id-operational-behavior-host-reordering-start",
+    "tck-id-operational-behavior-host-reordering-rebirth",
+)
+def test_a_number_missing_or_repeated_past_the_reorder_timeout_brings_a_rebirth_request(broker):
+    """The host followed no sequence number: a message lost or sent twice went by without a word. A
+    number that skips some, or one that came already, opens a Reorder Timeout window (``--reorder-timeout``);
+    when it elapses with them still missing, or after the repeat, the node is asked for a rebirth."""
+    args = build_parser().parse_args(["--reorder-timeout", "0.2"])
+    assert host_of(args).reorder_timeout_s == 0.2
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+
+    async def scenario() -> None:
+        sparkplug = reordering(broker.port, 0.2)
+        await sparkplug.start()
+        for sent in ([0, 1, 3], [0, 1, 1]):  # 2 missing; 1 twice
+            node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 0)
+            for seq in sent[1:]:
+                node.publish("spBv1.0/plant1/NDATA/gw9", numbered(seq), 0)
+            [request] = await expect(commands, 1)
+            assert request.topic == "spBv1.0/plant1/NCMD/gw9"
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 0)
+        for seq in (1, 2):
+            node.publish("spBv1.0/plant1/NDATA/gw9", numbered(seq), 0)
+        await asyncio.to_thread(commands.expect_none, 0.6)  # in order: no window, no request
+        assert sparkplug.stats["rebirth_requests"] == sparkplug.stats["reorder_timeouts"] == 2
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.sparkplug("tck-id-operational-behavior-host-reordering-success")
+def test_a_number_that_arrives_late_within_the_reorder_timeout_ends_the_window_without_a_request(broker):
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+
+    async def scenario() -> None:
+        sparkplug = reordering(broker.port, 1.0)
+        await sparkplug.start()
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 0)
+        for seq in (1, 2, 4, 3, 5):  # 3 after 4, at once
+            node.publish("spBv1.0/plant1/NDATA/gw9", numbered(seq), 0)
+        await asyncio.to_thread(commands.expect_none, 1.5)  # past the timeout
+        assert sparkplug.stats["reordered"] == 1 and sparkplug.stats["reorder_timeouts"] == 0
+        assert sparkplug.state.sequences[("plant1", "gw9")].timer is None
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
