@@ -12,13 +12,14 @@ It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node who
 this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
 connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
 born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
-quarantines as unreadable is none), and so does data naming a metric its birth does not define; and so
-does a born node's sequence number that skips some or came already, when the
-``reorder_timeout_s`` window it opens (:mod:`.reorder`, Sparkplug 3.0, 5.8) elapses before the numbers
-skipped arrive. It asks that node for a rebirth (an NCMD setting ``Node Control/Rebirth``, QoS 0, not
-retained: the node births itself and every device again), at most once per ``rebirth_interval_s`` per node.
-The telemetry job reads the births from the brokers' logs; the rebirth brings a birth into the log when the
-one a node sent has been deleted by retention or was never received.
+quarantines as unreadable is none), and so does data naming a metric its birth does not define; so does a
+birth it cannot take (one giving an alias to two metrics, [tck-id-payloads-alias-uniqueness], or otherwise
+unreadable, as the telemetry job quarantines it), at once; and so does a born node's sequence number that
+skips some or came already, when the ``reorder_timeout_s`` window it opens (:mod:`.reorder`, Sparkplug 3.0,
+5.8) elapses before the numbers skipped arrive. It asks that node for a rebirth (an NCMD setting ``Node
+Control/Rebirth``, QoS 0, not retained: the node births itself and every device again), at most once per
+``rebirth_interval_s`` per node. The telemetry job reads the births from the brokers' logs; the rebirth brings
+a birth into the log when the one a node sent has been deleted by retention or was never received.
 """
 
 from __future__ import annotations
@@ -259,6 +260,7 @@ class SparkplugHost:
                 state.sequences[node] = Sequence.after_birth(_seq(payload) or 0)
             else:  # the telemetry job quarantines it: no birth in force, the one before ended
                 self._forget(node)
+                self._ask_rebirth(topic, node)
         elif kind == "NDEATH":
             if node in state.born:
                 born, death = state.born[node], _bdseq(payload)
@@ -310,8 +312,9 @@ class SparkplugHost:
             birth = birth_of(payload)
             if birth is not None:
                 devices[topic.device_id] = birth
-            else:
+            else:  # quarantined: no birth in force for the device; a rebirth births it again
                 devices.pop(topic.device_id, None)
+                self._ask_rebirth(topic, node)
         elif topic.message_type == "DDEATH":
             devices.pop(topic.device_id, None)
         else:

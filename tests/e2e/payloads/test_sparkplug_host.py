@@ -659,3 +659,34 @@ def test_a_number_that_arrives_late_within_the_reorder_timeout_ends_the_window_w
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_birth_whose_aliases_are_not_unique_brings_a_rebirth_request_at_once(broker):
+    """[tck-id-payloads-alias-uniqueness] A birth giving one alias to two metrics is none (the telemetry
+    job quarantines it, and the data after it): the host forgot the birth before it but asked nothing until
+    the node's next data. It asks for a rebirth at once. Alias 0 is an alias like any other."""
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+    level = MetricOut(1.5, "Double", name="Level", alias=0)
+    flow, twice = (MetricOut(2.5, "Double", name="Flow", alias=alias) for alias in (1, 0))
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        birth = encode([bdseq_metric(0), level, flow], timestamp_ms=1, seq=0)
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", birth)
+        by_alias_0 = encode([MetricOut(1.0, "Double", alias=0, with_datatype=False)], timestamp_ms=2, seq=1)
+        node.publish("spBv1.0/plant1/NDATA/gw9", by_alias_0)
+        await asyncio.to_thread(commands.expect_none, 0.3)  # alias 0 defined: nothing to ask
+        node.publish("spBv1.0/plant1/DBIRTH/gw9/pump", encode([level, twice], timestamp_ms=3, seq=2))
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw9"
+        ambiguous = encode([bdseq_metric(0), level, twice], timestamp_ms=4, seq=0)
+        node.publish("spBv1.0/plant1/NBIRTH/gw8", ambiguous)
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw8"
+        assert sparkplug.stats["rebirth_requests"] == 2
+        await sparkplug.stop()
+
+    asyncio.run(scenario())

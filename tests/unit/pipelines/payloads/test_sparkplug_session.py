@@ -569,3 +569,32 @@ def test_a_gateways_messages_handed_over_in_any_order_and_split_anywhere_are_rea
     rows += EdgeNodeSession.from_bytes(session.to_bytes()).process(rng.sample(sent[cut:], len(sent) - cut))
     assert kinds(rows, REJECTED) == []
     assert not any(row["seq_gap"] for row in rows)
+
+
+def test_alias_0_is_an_alias_and_a_birth_giving_one_alias_to_two_metrics_puts_none_in_force():
+    """[tck-id-payloads-alias-uniqueness] Alias 0 is a number like any other (not "no alias"): data by it
+    read by the birth's name for it. A birth giving one alias to two metrics would make data by it ambiguous:
+    it is quarantined, no birth is in force, and the data after it are quarantined too."""
+    level = MetricOut(1.5, "Double", name="Level", alias=0)
+    flow = MetricOut(2.5, "Double", name="Flow", alias=0)
+    by_alias_0 = encode([MetricOut(9.5, "Double", alias=0, with_datatype=False)], timestamp_ms=2, seq=1)
+    good = EdgeNodeSession().process(
+        [
+            record(NODE.format("NBIRTH"), encode([bdseq_metric(0), level], timestamp_ms=1, seq=0), 1),
+            record(NODE.format("NDATA"), by_alias_0, 2),
+        ]
+    )
+    read = [(r["metric"], r["alias"], r["value_double"]) for r in kinds(good, METRIC)]
+    assert read[-1] == ("Level", 0, 9.5)
+    session = EdgeNodeSession()
+    rows = session.process(
+        [
+            record(NODE.format("NBIRTH"), encode([bdseq_metric(0), level, flow], timestamp_ms=1, seq=0), 1),
+            record(NODE.format("NDATA"), by_alias_0, 2),
+        ]
+    )
+    assert [(r["reason"], r["detail"]) for r in kinds(rows, REJECTED)] == [
+        (REASON_MALFORMED, "sparkplug_b: metric 2 ('Flow'): alias 0 is 'Level''s too"),
+        (REASON_UNKNOWN_ALIAS, "NDATA: edge node plant1/gw1 has no NBIRTH in force"),
+    ]
+    assert kinds(rows, METRIC) == [] and session.birth is None
