@@ -63,6 +63,7 @@ from broker_edge.uplink.wire import (
     encode_batch,
     ends_of,
     site_ends_of,
+    site_oldest_of,
 )
 
 if TYPE_CHECKING:
@@ -310,17 +311,22 @@ class UplinkHub:
                 if gaps:
                     self._record_gaps(site, status, gaps)
                 if batch.site_ends:
-                    self._take_report(site, status, batch.site_ends)
+                    self._take_report(site, status, batch.site_ends, batch.site_oldest)
                 await ws.send_bytes(encode(ACK, {"seq": batch.seq, "ends": ends}))
             elif decoded.kind == STATE:
-                self._take_report(site, status, site_ends_of(decoded.header.get("site_ends", {})))
+                header = decoded.header
+                reported = site_ends_of(header.get("site_ends", {}))
+                self._take_report(site, status, reported, site_oldest_of(header.get("site_oldest", {})))
             else:
                 raise WireError(f"unexpected message kind {decoded.kind}")
 
-    def _take_report(self, site: str, status: SiteStatus, ends: dict[str, list[int]]) -> None:
-        """The site's report of its logs' ends, for its lag; a site reporting more topics than this broker
-        keeps logs (``storage.max_topics``) has the rest left out, said at WARNING once a connection."""
-        left_out = status.report(ends, self.store.config.max_topics)
+    def _take_report(
+        self, site: str, status: SiteStatus, ends: dict[str, list[int]], oldest: dict[str, int]
+    ) -> None:
+        """The site's report of its logs' ends (and of the oldest record of those new here), for its lag; a
+        site reporting more topics than this broker keeps logs (``storage.max_topics``) has the rest left
+        out, said at WARNING once a connection."""
+        left_out = status.report(ends, self.store.config.max_topics, oldest)
         if left_out and not status.report_bound_said:
             status.report_bound_said = True
             log.warning(

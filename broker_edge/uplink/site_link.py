@@ -604,7 +604,8 @@ class SiteLink:
             batch = await self._build(seq, positions, pending)
             if batch is None:
                 if loop.time() >= next_state:
-                    await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
+                    ends, oldest = self._changed_ends()
+                    await ws.send_bytes(encode(STATE, {"site_ends": ends, "site_oldest": oldest}))
                     next_state = loop.time() + config.heartbeat_s
                 idle_s = ELSEWHERE_POLL_S if self.elsewhere_ends else config.heartbeat_s
                 with contextlib.suppress(TimeoutError):
@@ -613,7 +614,7 @@ class SiteLink:
                     pending.update(dict.fromkeys(self.topics()))
                 continue
             if loop.time() >= next_state:
-                batch.site_ends = self._changed_ends()
+                batch.site_ends, batch.site_oldest = self._changed_ends()
                 next_state = loop.time() + config.heartbeat_s
             data = encode_batch(batch, config.compression)
             if self.hub_limit is not None and len(data) > self.hub_limit:
@@ -675,22 +676,31 @@ class SiteLink:
         )
         self.gap_records += start - position
 
-    def _changed_ends(self) -> dict[str, list[int]]:
-        """The ends of the logs changed since they were last reported, as many as fit a quarter of the hub's
-        largest message (the others go in the next report)."""
+    def _changed_ends(self) -> tuple[dict[str, list[int]], dict[str, int]]:
+        """The ends of the logs changed since they were last reported, and of those the hub holds nothing
+        of the time of each one's oldest record (read once while it stays the oldest unsent: the hub's lag
+        on a topic new to it), as many as fit a quarter of the hub's largest message (the others go in the
+        next report)."""
         store = self.store
         room = None if self.hub_limit is None else self.hub_limit // 4
         changed: dict[str, list[int]] = {}
+        oldest: dict[str, int] = {}
         for topic in self.topics():
             end = store.committed_end(topic)
             if self._reported.get(topic) != end:
+                timestamp = None
+                if self.hub_ends.get(topic, 0) == 0:
+                    timestamp = self._timestamp(topic, store.start_offset(topic))
                 if room is not None:
-                    room -= len(topic.encode()) + _END_JSON_BYTES
+                    size = len(topic.encode()) + _END_JSON_BYTES
+                    room -= size if timestamp is None else 2 * size
                     if room < 0 and changed:
                         break
                 self._reported[topic] = end
                 changed[topic] = [end, store.log_info(topic).last_append_ms or 0]
-        return changed
+                if timestamp is not None:
+                    oldest[topic] = timestamp
+        return changed, oldest
 
 
 _END_JSON_BYTES = 48

@@ -32,36 +32,48 @@ class SiteStatus:
     """Connections refused while the site was connected from another broker (two using its certificate)."""
     site_ends: dict[str, list[int]] = field(default_factory=dict)
     """The site's last report: topic → [end, last append ms]."""
+    site_oldest: dict[str, int] = field(default_factory=dict)
+    """Of the topics reported while the hub held nothing of them: the time of the oldest record (ms)."""
     report_bound_said: bool = False
     """Whether this connection's reports past the bound on their topics were said."""
 
-    def report(self, ends: dict[str, list[int]], most_topics: int) -> int:
-        """Take the site's report of its logs' ``ends``, holding at most ``most_topics`` topics: the topics
-        known keep being updated, new ones past the bound are left out. Returns how many were left out."""
+    def report(self, ends: dict[str, list[int]], most_topics: int, oldest: dict[str, int]) -> int:
+        """Take the site's report of its logs' ``ends`` (and ``oldest``, the time of the oldest record of
+        those the hub holds nothing of), holding at most ``most_topics`` topics: the topics known keep
+        being updated, new ones past the bound are left out. Returns how many were left out."""
         known = self.site_ends
+        left_out = 0
         if len(known) + len(ends) <= most_topics:
             known.update(ends)
-            return 0
-        left_out = 0
-        for topic, end in ends.items():
-            if topic in known or len(known) < most_topics:
-                known[topic] = end
-            else:
-                left_out += 1
+        else:
+            for topic, end in ends.items():
+                if topic in known or len(known) < most_topics:
+                    known[topic] = end
+                else:
+                    left_out += 1
+        for topic, timestamp in oldest.items():
+            if topic in known:
+                self.site_oldest[topic] = timestamp
         return left_out
 
     def lag(self, store: LogStore) -> tuple[int, float]:
-        """Records the site reported that the hub does not hold, and the seconds between the site's newest
-        record and the hub's newest of a lagging topic (the largest)."""
+        """Records the site reported that the hub does not hold, and the seconds the hub is behind on a
+        lagging topic (the largest): between the site's newest record and the hub's newest of it, or for a
+        topic the hub holds nothing of, the age of its oldest record on the site (when the site said it)."""
         records = 0
         seconds = 0.0
+        now_ms = time.time() * 1000
         for topic, (end, last_ms) in self.site_ends.items():
             name = site_topic(self.site_id, topic)
             held = store.durable_end(name) if name in store else 0
             if end > held:
                 records += end - held
                 hub_ms = store.log_info(name).last_append_ms if name in store else None
-                behind = (last_ms - hub_ms) / 1000 if hub_ms is not None else 0.0
+                if hub_ms is not None:
+                    behind = (last_ms - hub_ms) / 1000
+                else:
+                    oldest = self.site_oldest.get(topic)
+                    behind = (now_ms - oldest) / 1000 if oldest is not None else 0.0
                 seconds = max(seconds, behind, 0.0)
         return records, seconds
 

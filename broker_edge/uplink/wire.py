@@ -20,7 +20,9 @@ The conversation (docs/uplink.md):
   acknowledged: the next ``HELLO`` says where to resume).
 
 ``site_ends`` is ``{topic: [end, last_append_ms]}`` of the site's logs (the ones changed since the last
-report), which the hub turns into lag in records and seconds.
+report), which the hub turns into lag in records and seconds; ``site_oldest`` (``{topic: time_ms}``, in a
+``BATCH`` or ``STATE`` beside it) gives, of those the hub holds nothing of, the time of each one's oldest
+record: how old the hub's lag on them is.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ __all__ = [
     "message_limit_of",
     "seq_of",
     "site_ends_of",
+    "site_oldest_of",
     "too_large",
 ]
 
@@ -106,6 +109,8 @@ class Batch:
     topics: list[BatchTopic]
     frames: bytes
     site_ends: dict[str, list[int]] = field(default_factory=dict)
+    site_oldest: dict[str, int] = field(default_factory=dict)
+    """Of the logs in ``site_ends`` the hub holds nothing of: the time of each one's oldest record."""
 
 
 def encode(kind: int, header: dict[str, Any], body: bytes = b"") -> bytes:
@@ -181,6 +186,8 @@ def encode_batch(batch: Batch, codec: str, kind: int = BATCH) -> bytes:
         "topics": [[part.topic, part.first, part.count, part.size] for part in batch.topics],
         "site_ends": batch.site_ends,
     }
+    if batch.site_oldest:
+        header["site_oldest"] = batch.site_oldest
     return encode(kind, header, compress(codec, batch.frames))
 
 
@@ -194,12 +201,13 @@ def decode_batch(message: Message, limit: int) -> Batch:
             raise WireError(f"unknown codec {bounds.shown(codec)}")
         topics = _batch_topics(header.get("topics"), limit)
         site_ends = _site_ends(header.get("site_ends", {}))
+        site_oldest = _site_oldest(header.get("site_oldest", {}))
     except bounds.OutOfBounds as error:
         raise WireError(f"bad batch header: {error}") from None
     frames = decompress(codec, message.body, limit)
     if sum(part.size for part in topics) != len(frames):
         raise WireError("the batch's topics do not add up to its frames")
-    return Batch(seq, topics, frames, site_ends)
+    return Batch(seq, topics, frames, site_ends, site_oldest)
 
 
 def _batch_topics(value: object, limit: int) -> list[BatchTopic]:
@@ -232,6 +240,20 @@ def _site_ends(value: object) -> dict[str, list[int]]:
             bounds.time_ms(item[1], f"last_append_ms of {topic!r}"),
         ]
     return ends
+
+
+def _site_oldest(value: object) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise bounds.OutOfBounds("site_oldest must be an object")
+    return {topic: bounds.time_ms(item, f"site_oldest of {topic!r}") for topic, item in value.items()}
+
+
+def site_oldest_of(value: object) -> dict[str, int]:
+    """A STATE's ``site_oldest`` (``{topic: time_ms}``), checked (``WireError`` otherwise)."""
+    try:
+        return _site_oldest(value)
+    except bounds.OutOfBounds as error:
+        raise WireError(f"bad site_oldest: {error}") from None
 
 
 def site_ends_of(value: object) -> dict[str, list[int]]:

@@ -24,7 +24,8 @@ from broker_edge.uplink.wire import (
 @pytest.mark.parametrize("codec", ["zstd", "zlib", "none"])
 def test_a_batch_comes_back_as_it_was_sent(codec: str) -> None:
     frames = b"a" * 300 + b"b" * 200
-    batch = Batch(7, [BatchTopic("t/a", 10, 3, 300), BatchTopic("t/b", 0, 2, 200)], frames, {"t/a": [13, 99]})
+    topics = [BatchTopic("t/a", 10, 3, 300), BatchTopic("t/b", 0, 2, 200)]
+    batch = Batch(7, topics, frames, {"t/a": [13, 99], "t/c": [4, 120]}, {"t/c": 80})
     data = encode_batch(batch, codec)
     assert decode_batch(decode(data), limit=1000) == batch
     if codec != "none":
@@ -99,6 +100,8 @@ def test_a_batch_that_unpacks_past_the_limit_is_refused() -> None:
         ({"codec": "none", "topics": []}, b"", "bad batch header"),
         ({"seq": 1, "codec": "none", "topics": [["t", 0]]}, b"", "bad batch header"),
         ({"seq": 1, "codec": "none", "topics": [], "site_ends": {"t": 3}}, b"", "bad batch header"),
+        ({"seq": 1, "codec": "none", "topics": [], "site_oldest": {"t": -1}}, b"", "site_oldest of 't'"),
+        ({"seq": 1, "codec": "none", "topics": [], "site_oldest": [5]}, b"", "site_oldest must be an object"),
     ],
 )
 def test_a_bad_batch_is_refused(header: dict, body: bytes, why: str) -> None:
