@@ -4,11 +4,15 @@ it answers (``broker_edge.observe.metrics_pages``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 
+from broker_edge.observe.metrics import BrokerMetrics
+from broker_edge.runtime.admin_http import create_admin_app, start_admin_server
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.observability.metrics_pipeliners import MetricsPipeliners
@@ -62,3 +66,35 @@ def test_a_scrape_right_after_a_publish_counts_it_while_pages_are_built_flat_out
         publisher.publish("devices/1/telemetry", b"21.5", qos=1)  # acknowledged: counted by the broker
         received = sample(scrape(broker), "timestone_broker_messages_received_total", listener="tcp", qos="1")
         assert received == sent
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+async def scrapes_in_both_formats(metrics: BrokerMetrics) -> list[tuple[str, str]]:
+    """A scrape, then six at once in turns of text and OpenMetrics (those wait for the next build); each
+    answer's (content type, body)."""
+    runner, port = await start_admin_server(create_admin_app(metrics, dict), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    async def scrape_as(session: aiohttp.ClientSession, accept: str) -> tuple[str, str]:
+        async with session.get(url, headers={"Accept": accept}) as answer:
+            assert answer.status == 200
+            return answer.headers["Content-Type"], await answer.text()
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            await scrape_as(session, "")
+            return await asyncio.gather(*(scrape_as(session, OPENMETRICS if n % 2 else "") for n in range(6)))
+    finally:
+        await runner.cleanup()
+
+
+def test_requests_sharing_a_build_each_get_the_format_they_asked_for() -> None:
+    metrics = BrokerMetrics()
+    metrics.log_appends_total.inc(3)
+    answers = asyncio.run(asyncio.wait_for(scrapes_in_both_formats(metrics), 20))
+    for n, (content_type, body) in enumerate(answers):
+        assert content_type.startswith("application/openmetrics-text" if n % 2 else "text/plain")
+        assert body.endswith("# EOF\n") == bool(n % 2)
+        assert "timestone_broker_log_appends_total 3.0" in body
