@@ -50,6 +50,8 @@ from pipelines.payloads.sparkplug.topics import (
 from pipelines.sparkplug_host.reorder import Sequence
 
 log = logging.getLogger("pipelines.sparkplug_host")
+#: The messages of a born edge node that carry its next sequence number (not commands: a host's have none).
+NUMBERED = ("NDATA", "DBIRTH", "DDATA", "DDEATH")
 
 
 def state_payload(online: bool, timestamp_ms: int) -> bytes:
@@ -270,7 +272,8 @@ class SparkplugHost:
             if kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH"):
                 self._ask_rebirth(topic, node)
         else:
-            self._follow_sequence(topic, node, payload)
+            if kind in NUMBERED:
+                self._follow_sequence(topic, node, payload)
             if kind == "NDATA":
                 if undefined_metric(payload, state.births[node]):
                     self._ask_rebirth(topic, node)

@@ -653,8 +653,12 @@ def test_a_number_that_arrives_late_within_the_reorder_timeout_ends_the_window_w
         node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 0)
         for seq in (1, 2, 4, 3, 5):  # 3 after 4, at once
             node.publish("spBv1.0/plant1/NDATA/gw9", numbered(seq), 0)
+            if seq == 2:  # another host's command to a device: no number of the node's sequence
+                command = encode([MetricOut(1.0, "Double", name="Setpoint")], timestamp_ms=3, seq=None)
+                node.publish("spBv1.0/plant1/DCMD/gw9/pump", command, 0)
         await asyncio.to_thread(commands.expect_none, 1.5)  # past the timeout
-        assert sparkplug.stats["reordered"] == 1 and sparkplug.stats["reorder_timeouts"] == 0
+        assert sparkplug.stats["out_of_order"] == sparkplug.stats["reordered"] == 1
+        assert sparkplug.stats["reorder_timeouts"] == 0
         assert sparkplug.state.sequences[("plant1", "gw9")].timer is None
         await sparkplug.stop()
 
