@@ -75,7 +75,8 @@ HANDSHAKE_TIMEOUT_S = 30.0
 MAX_DOWN_BYTES = 16 * 1024 * 1024
 """Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
 CHECKED_AT_ONCE = 512
-"""Logs the retention check looks at between two turns of the event loop."""
+"""Logs the retention check (and a report, of records' times) looks at between two turns of the event
+loop."""
 ELSEWHERE_POLL_S = 0.5
 """How often a cluster site's link holder looks again at the logs it holds no copy of (nothing wakes it
 when another member appends to them)."""
@@ -604,7 +605,7 @@ class SiteLink:
             batch = await self._build(seq, positions, pending)
             if batch is None:
                 if loop.time() >= next_state:
-                    ends, oldest = self._changed_ends()
+                    ends, oldest = await self._changed_ends()
                     await ws.send_bytes(encode(STATE, {"site_ends": ends, "site_oldest": oldest}))
                     next_state = loop.time() + config.heartbeat_s
                 idle_s = ELSEWHERE_POLL_S if self.elsewhere_ends else config.heartbeat_s
@@ -614,7 +615,7 @@ class SiteLink:
                     pending.update(dict.fromkeys(self.topics()))
                 continue
             if loop.time() >= next_state:
-                batch.site_ends, batch.site_oldest = self._changed_ends()
+                batch.site_ends, batch.site_oldest = await self._changed_ends()
                 next_state = loop.time() + config.heartbeat_s
             data = encode_batch(batch, config.compression)
             if self.hub_limit is not None and len(data) > self.hub_limit:
@@ -676,20 +677,26 @@ class SiteLink:
         )
         self.gap_records += start - position
 
-    def _changed_ends(self) -> tuple[dict[str, list[int]], dict[str, int]]:
+    async def _changed_ends(self) -> tuple[dict[str, list[int]], dict[str, int]]:
         """The ends of the logs changed since they were last reported, and of those the hub holds nothing
         of the time of each one's oldest record (read once while it stays the oldest unsent: the hub's lag
         on a topic new to it), as many as fit a quarter of the hub's largest message (the others go in the
-        next report)."""
+        next report). It gives way to other work every ``CHECKED_AT_ONCE`` records read."""
         store = self.store
         room = None if self.hub_limit is None else self.hub_limit // 4
         changed: dict[str, list[int]] = {}
         oldest: dict[str, int] = {}
+        read = 0
         for topic in self.topics():
+            if topic not in store:  # gone while this report gave way (the store's limits)
+                continue
             end = store.committed_end(topic)
             if self._reported.get(topic) != end:
                 timestamp = None
                 if self.hub_ends.get(topic, 0) == 0:
+                    read += 1
+                    if read % CHECKED_AT_ONCE == 0:
+                        await asyncio.sleep(0)
                     timestamp = self._timestamp(topic, store.start_offset(topic))
                 if room is not None:
                     size = len(topic.encode()) + _END_JSON_BYTES
