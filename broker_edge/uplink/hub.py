@@ -62,6 +62,8 @@ from broker_edge.uplink.wire import (
     encode,
     encode_batch,
     ends_of,
+    ends_pages,
+    message_limit_of,
     site_ends_of,
     site_oldest_of,
 )
@@ -88,6 +90,9 @@ REPLACED_NOTICE_S = 1.0
 SAID_TOPICS = 20
 """Topics named one line each when a site's copies end past this hub's logs (the rest are counted)."""
 DOWN_POLL_S = 0.5
+ENDS_PAGE_BYTES = 1024 * 1024
+"""Most bytes of topics' ends in one ``ENDS`` message, for a site that says what it takes (half of that at
+most): its topics' ends go in as many pages as they need."""
 """How often a cluster member asks again for downlinked logs it holds no copy of (nothing wakes it)."""
 
 
@@ -276,11 +281,15 @@ class UplinkHub:
     async def _answer_hello(
         self, ws: web.WebSocketResponse, site: str, status: SiteStatus, hello: Message
     ) -> None:
-        """``ENDS``: where each of the site's topics ends here, durable; then the downlink it asked for."""
+        """``ENDS``: where each of the site's topics ends here, durable (in pages that fit the largest message
+        the site says it takes); then the downlink it asked for."""
         self.status.contact(status)
         down = _downlink_request(hello.header, self.config.downlink_of(site))
+        takes = message_limit_of(hello.header.get("max_message_bytes"))  # None: one message, as before
         ends = await mirrored_ends(self.logs, site_topic(site, ""))  # a previous connection's appends count
-        await ws.send_bytes(encode(ENDS, {"ends": ends, "max_message_bytes": self.config.max_message_bytes}))
+        page_bytes = None if takes is None else min(takes // 2, ENDS_PAGE_BYTES)
+        for page in ends_pages(ends, self.config.max_message_bytes, page_bytes):
+            await ws.send_bytes(encode(ENDS, page))
         log.info("site %s connected (%d topics held)", site, len(ends))
         if down is not None:
             self._check_down_ends(site, down)

@@ -47,6 +47,7 @@ from broker_edge.uplink.wire import (
     STATE,
     VERSION,
     Batch,
+    Message,
     WireError,
     decode,
     decode_batch,
@@ -72,6 +73,8 @@ log = logging.getLogger("broker_edge.uplink.site_link")
 T = TypeVar("T")
 
 HANDSHAKE_TIMEOUT_S = 30.0
+HUB_MESSAGE_BYTES = 16 * 1024 * 1024
+"""Largest message taken from the hub, as it travels (a page of its ``ENDS``, a downlink batch)."""
 MAX_DOWN_BYTES = 16 * 1024 * 1024
 """Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
 CHECKED_AT_ONCE = 512
@@ -424,7 +427,7 @@ class SiteLink:
                         ssl=context,
                         proxy=config.proxy,
                         heartbeat=config.keepalive_s,
-                        max_msg_size=16 * 1024 * 1024,
+                        max_msg_size=HUB_MESSAGE_BYTES,
                         timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
                     ) as ws,
                 ):
@@ -455,27 +458,22 @@ class SiteLink:
             delay = min(delay * 2, config.reconnect_max_s)
 
     async def _converse(self, ws: ClientWebSocketResponse) -> None:
-        import aiohttp
 
         config = self.config
         hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
+        hello["max_message_bytes"] = HUB_MESSAGE_BYTES  # the hub's ENDS come in pages that fit it
         if self.logs is None and self.store.store_id is not None:  # a cluster's members take turns: unsaid
             hello["source"] = self.store.store_id
         downlink = await self._downlink_request()
         if downlink is not None:
             hello["downlink"] = downlink
         await ws.send_bytes(encode(HELLO, hello))
-        message = await ws.receive(timeout=HANDSHAKE_TIMEOUT_S)
-        if message.type != aiohttp.WSMsgType.BINARY:  # closed under the HELLO (a link cut): dial again
-            raise ConnectionError(f"the hub's connection ended before it answered ({message.type.name})")
-        answer = decode(message.data)
-        if answer.kind == ERROR:
-            kind = SiteConnected if answer.header.get("refusal") == SITE_CONNECTED else WireError
-            raise kind(f"the hub refused: {answer.header.get('message')}")
-        if answer.kind != ENDS:
-            raise WireError("the hub did not answer HELLO with its ends")
+        answer = await self._hub_answer(ws)
         self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")
         self.hub_limit = message_limit_of(answer.header.get("max_message_bytes"))
+        while answer.header.get("more") is True:  # the hub's ends in pages: a site of many topics
+            answer = await self._hub_answer(ws)
+            self.hub_ends.update(ends_of(answer.header.get("ends"), "the hub's ends"))
         follow_hub_ends(self.store, self.hub_ends, member=self.logs is not None)
         self.connected = True
         self._acknowledged = False
@@ -488,6 +486,23 @@ class SiteLink:
             await self._send(ws, window, reader)
         finally:
             reader.cancel()
+
+    async def _hub_answer(self, ws: ClientWebSocketResponse) -> Message:
+        """The hub's next ``ENDS`` (a page of them) after the ``HELLO``; its refusal as ``WireError``
+        (``SiteConnected``: the site is connected from another broker)."""
+        import aiohttp
+
+        message = await ws.receive(timeout=HANDSHAKE_TIMEOUT_S)
+        if message.type != aiohttp.WSMsgType.BINARY:  # closed under the HELLO (a link cut): dial again
+            why = f": {message.data}" if message.type == aiohttp.WSMsgType.ERROR else ""
+            raise ConnectionError(f"the hub's connection ended before it answered ({message.type.name}{why})")
+        answer = decode(message.data)
+        if answer.kind == ERROR:
+            kind = SiteConnected if answer.header.get("refusal") == SITE_CONNECTED else WireError
+            raise kind(f"the hub refused: {answer.header.get('message')}")
+        if answer.kind != ENDS:
+            raise WireError("the hub did not answer HELLO with its ends")
+        return answer
 
     async def _read_acks(self, ws: ClientWebSocketResponse, window: _Window) -> None:
         import aiohttp

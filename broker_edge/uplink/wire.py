@@ -11,7 +11,9 @@ The conversation (docs/uplink.md):
   max_message_bytes}: where each of the site's topics ends on the hub, durable, and the largest message it
   takes. The site sends every record from there: nothing twice, nothing skipped; its batches fit the hub's
   largest message. ``source`` is the site broker's store identity: a hub refuses a site already connected
-  from another one (``ERROR`` with ``refusal`` ``site_connected``).
+  from another one (``ERROR`` with ``refusal`` ``site_connected``). A ``HELLO``'s ``max_message_bytes`` is
+  the largest message the site takes: the hub then sends ``ENDS`` in pages that fit it, each but the last
+  with ``more`` (a site of any number of topics).
 - site → hub ``BATCH`` {seq, codec, topics: [[topic, first, count, size]], site_ends}; hub → site ``ACK``
   {seq, ends} once the batch is durable on the hub (or ``ERROR`` {message}, then the hub closes).
 - site → hub ``STATE`` {site_ends} when idle: the site's log ends, so the hub knows its lag.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,7 @@ __all__ = [
     "encode",
     "encode_batch",
     "ends_of",
+    "ends_pages",
     "join_frames",
     "message_limit_of",
     "seq_of",
@@ -281,6 +284,25 @@ def seq_of(value: object) -> int:
         return bounds.integer(value, "seq", 0, MAX_SEQ)
     except bounds.OutOfBounds as error:
         raise WireError(str(error)) from None
+
+
+def ends_pages(ends: dict[str, int], limit: int, page_bytes: int | None) -> Iterator[dict[str, Any]]:
+    """The ``ENDS`` headers that say ``ends`` (``limit``: the hub's largest message): one, when
+    ``page_bytes`` is None (a site that does not say what it takes), else pages of at most about
+    ``page_bytes`` of ends each (at least one topic), all but the last with ``more``."""
+    if page_bytes is None:
+        yield {"ends": ends, "max_message_bytes": limit}
+        return
+    page: dict[str, int] = {}
+    size = 0
+    for topic, end in ends.items():
+        entry = len(json.dumps(topic)) + len(str(end)) + 2  # "topic":end,
+        if page and size + entry > page_bytes:
+            yield {"ends": page, "max_message_bytes": limit, "more": True}
+            page, size = {}, 0
+        page[topic] = end
+        size += entry
+    yield {"ends": page, "max_message_bytes": limit}
 
 
 def message_limit_of(value: object) -> int | None:

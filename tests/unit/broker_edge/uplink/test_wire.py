@@ -8,6 +8,7 @@ import pytest
 
 from broker_edge.uplink.wire import (
     BATCH,
+    ENDS,
     HELLO,
     Batch,
     BatchTopic,
@@ -17,6 +18,7 @@ from broker_edge.uplink.wire import (
     encode,
     encode_batch,
     ends_of,
+    ends_pages,
     seq_of,
 )
 
@@ -140,3 +142,14 @@ def test_ends_and_seq_of_the_hub_are_offsets_and_integers() -> None:
     for bad_seq in (-1, 2.0, False, "7", None, float("inf")):
         with pytest.raises(WireError, match="seq"):
             seq_of(bad_seq)
+
+
+def test_the_hubs_ends_go_in_pages_that_fit_what_the_site_takes() -> None:
+    ends = {f"site/dev-{n:05d}/temp": n for n in range(1000)}
+    pages = list(ends_pages(ends, 5000, 2048))
+    assert len(pages) > 10
+    assert [page.get("more", False) for page in pages] == [True] * (len(pages) - 1) + [False]
+    assert all(len(encode(ENDS, page)) <= 2048 + 100 for page in pages)
+    assert {topic: end for page in pages for topic, end in page["ends"].items()} == ends
+    assert list(ends_pages(ends, 5000, None)) == [{"ends": ends, "max_message_bytes": 5000}]
+    assert [page["ends"] for page in ends_pages({"t": 1, "u": 2}, 5000, 1)] == [{"t": 1}, {"u": 2}]
