@@ -85,6 +85,10 @@ REPLACED_TIMES = 5
 REPLACED_WINDOW_S = 60.0
 """A site whose open connection is replaced ``REPLACED_TIMES`` times within this many seconds is said at
 ERROR: two brokers use its certificate (a site that reconnects after a cut replaces its connection once)."""
+SOURCE_HOLD_S = 60.0
+"""How long a site whose connection ended without the site closing it (a cut) is kept for the broker it came
+from: another broker with its certificate is refused meanwhile, while the first dials again (its backoff is
+at most ``uplink.reconnect_max_s``, 30 s by default)."""
 REPLACED_NOTICE_S = 1.0
 """How long a replaced connection's ERROR may take to send (one cut silently may never take it)."""
 SAID_TOPICS = 20
@@ -115,6 +119,8 @@ class UplinkHub:
         self._replaced: dict[str, collections.deque[float]] = {}
         """When each site's open connection was last replaced by a new one (the last ``REPLACED_TIMES``)."""
         self._replaced_said: dict[str, float] = {}
+        self._kept: dict[str, tuple[str, str | None, float]] = {}
+        """Sites whose connection was cut, kept for their broker: its source, address, and when it ended."""
         self._sources: dict[str, tuple[str, str | None] | None] = {}
         """The broker each connected site's connection comes from (its ``HELLO``'s ``source``) and its
         address; None for a site that does not say (an earlier version, or a site cluster's member)."""
@@ -172,12 +178,12 @@ class UplinkHub:
             await ws.close()
             return ws
         source = _source_of(hello.header)
+        taken = self._taken_by_another(site, source)
+        if taken is not None:
+            await self._refuse_second(ws, site, status, taken, request.remote)
+            return ws
         previous = self._sockets.get(site)
         if previous is not None:
-            held = self._sources.get(site)
-            if source is not None and held is not None and held[0] != source:
-                await self._refuse_second(ws, site, status, held[1], request.remote)
-                return ws
             await self._replace(site, previous, request.remote)
         lock = self._locks.setdefault(site, asyncio.Lock())
         async with lock:
@@ -187,8 +193,10 @@ class UplinkHub:
             self._sources[site] = (source, request.remote) if source is not None else None
             status.connected = True
             status.report_bound_said = False
+            closed_by_site = False
             try:
                 await self._converse(ws, site, status, hello)
+                closed_by_site = ws.close_code == WSCloseCode.OK
             except (WireError, MirrorRefused) as error:
                 log.warning("site %s: %s: closing its connection", site, error)
                 if not ws.closed:
@@ -201,6 +209,7 @@ class UplinkHub:
                     del self._sockets[site]
                     self._sources.pop(site, None)
                     status.connected = False
+                    self._keep_for(site, source, request.remote, closed_by_site)
                 await ws.close()
         return ws
 
@@ -214,23 +223,52 @@ class UplinkHub:
             raise WireError(f"expected HELLO version {VERSION} first")
         return decoded
 
+    def _taken_by_another(self, site: str, source: str | None) -> str | None:
+        """Why ``site`` is not ``source``'s now (None: it is, or either does not say): connected from
+        another broker, or kept for one whose connection was cut less than ``SOURCE_HOLD_S`` ago."""
+        if source is None:
+            return None
+        connected = self._sources.get(site)
+        if connected is not None:
+            return f"is already connected from {connected[1]}" if connected[0] != source else None
+        kept = self._kept.get(site)
+        if kept is None:
+            return None
+        holder, remote, ended = kept
+        now = time.monotonic()
+        if holder == source or now - ended >= SOURCE_HOLD_S:
+            del self._kept[site]
+            return None
+        return (
+            f"was connected from {remote} {now - ended:.0f} s ago and its connection ended without a close "
+            f"(a cut): it is kept for that broker {SOURCE_HOLD_S - (now - ended):.0f} s more"
+        )
+
+    def _keep_for(self, site: str, source: str | None, remote: str | None, closed_by_site: bool) -> None:
+        """After ``site``'s connection from ``source`` ended: kept for that broker ``SOURCE_HOLD_S`` when it
+        ended without the site closing it (a cut: the broker dials again), free when the site closed it."""
+        if source is None or closed_by_site:
+            self._kept.pop(site, None)
+        else:
+            self._kept[site] = (source, remote, time.monotonic())
+
     async def _refuse_second(
-        self, ws: web.WebSocketResponse, site: str, status: SiteStatus, holder: str | None, remote: str | None
+        self, ws: web.WebSocketResponse, site: str, status: SiteStatus, why: str, remote: str | None
     ) -> None:
-        """Refuse a connection of ``site`` from another broker (another ``source``) than the one connected
-        from ``holder``: two brokers use its certificate, and their records would mix in its logs at the
-        same offsets. Said at ERROR here and in the ``ERROR`` the site logs, and counted."""
+        """Refuse a connection of ``site`` from another broker (another ``source``) than the one it is
+        connected from, or kept for (``why``): two brokers use its certificate, and their records would mix
+        in its logs at the same offsets. Said at ERROR here and in the ``ERROR`` the site logs; counted."""
         status.refused_connections += 1
         message = (
-            f"site {site!r} is already connected from {holder} by another broker (another data directory): "
-            f"this connection from {remote} is refused, so that the hub's copy of the site holds one "
-            "broker's records. Are two brokers using its certificate?"
+            f"site {site!r} {why} by another broker (another data directory): this connection from "
+            f"{remote} is refused, so that the hub's copy of the site holds one broker's records. Are two "
+            "brokers using its certificate?"
         )
         log.error(
-            "site %s is already connected from %s by another broker: refused its connection from %s (two "
-            "brokers using its certificate?); %s keeps the connected one's records only",
+            "site %s %s by another broker: refused its connection from %s (two brokers using its "
+            "certificate?); %s keeps the other's records only",
             site,
-            holder,
+            why,
             remote,
             site_topic(site, "#"),
         )

@@ -80,6 +80,8 @@ MAX_DOWN_BYTES = 16 * 1024 * 1024
 CHECKED_AT_ONCE = 512
 """Logs the retention check (and a report, of records' times) looks at between two turns of the event
 loop."""
+STOP_CLOSE_S = 2.0
+"""How long a stopping site waits for the hub to answer its close."""
 ELSEWHERE_POLL_S = 0.5
 """How often a cluster site's link holder looks again at the logs it holds no copy of (nothing wakes it
 when another member appends to them)."""
@@ -146,6 +148,8 @@ class SiteLink:
         """The committed ends of the logs carried that this member holds no copy of (its last look)."""
         self._turn_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._ws: ClientWebSocketResponse | None = None
+        """The connection to the hub while one is open."""
         self._reported: dict[str, int] = {}
         self._said_at_risk = 0
         """Logs with unsent records at risk said in their own line in the current retention check."""
@@ -394,6 +398,12 @@ class SiteLink:
         ]
 
     async def stop(self) -> None:
+        """Close the connection (the hub frees the site for another broker at once: a connection that ends
+        without a close keeps it for this one a while), then stop."""
+        ws = self._ws
+        if ws is not None and not ws.closed:
+            with contextlib.suppress(Exception):  # a link already gone: nothing to tell
+                await asyncio.wait_for(ws.close(), STOP_CLOSE_S)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -432,6 +442,7 @@ class SiteLink:
                     ) as ws,
                 ):
                     self.hub = hub
+                    self._ws = ws
                     await self._converse(ws)
             except SiteConnected as error:  # another broker holds this site's link: said louder, backed off
                 refused = True
@@ -454,6 +465,7 @@ class SiteLink:
                 if self.connected and not refused:  # a link that worked ended: dial again soon
                     delay = config.reconnect_min_s
                 self.connected = False
+                self._ws = None
             await asyncio.sleep(delay)
             delay = min(delay * 2, config.reconnect_max_s)
 
