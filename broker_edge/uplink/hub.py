@@ -328,6 +328,7 @@ class UplinkHub:
         page_bytes = None if takes is None else min(takes // 2, ENDS_PAGE_BYTES)
         for page in ends_pages(ends, self.config.max_message_bytes, page_bytes):
             await ws.send_bytes(encode(ENDS, page))
+            await asyncio.sleep(0)  # a site of many topics: other sites' work goes on between pages
         log.info("site %s connected (%d topics held)", site, len(ends))
         if down is not None:
             self._check_down_ends(site, down)

@@ -296,13 +296,21 @@ def ends_pages(ends: dict[str, int], limit: int, page_bytes: int | None) -> Iter
     page: dict[str, int] = {}
     size = 0
     for topic, end in ends.items():
-        entry = len(json.dumps(topic)) + len(str(end)) + 2  # "topic":end,
+        entry = _json_bytes(topic) + len(str(end)) + 2  # "topic":end,
         if page and size + entry > page_bytes:
             yield {"ends": page, "max_message_bytes": limit, "more": True}
             page, size = {}, 0
         page[topic] = end
         size += entry
     yield {"ends": page, "max_message_bytes": limit}
+
+
+def _json_bytes(text: str) -> int:
+    """Bytes of ``text`` as a JSON string in a header, at most: each character escaped as ``\\uXXXX`` but
+    for plain ASCII (a surrogate pair, 12 bytes, for a character past the BMP, which counts as two here)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return len(text) + 2
+    return 6 * len(text.encode("utf-16-le")) // 2 + 2
 
 
 def message_limit_of(value: object) -> int | None:

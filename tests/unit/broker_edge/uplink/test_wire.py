@@ -153,3 +153,11 @@ def test_the_hubs_ends_go_in_pages_that_fit_what_the_site_takes() -> None:
     assert {topic: end for page in pages for topic, end in page["ends"].items()} == ends
     assert list(ends_pages(ends, 5000, None)) == [{"ends": ends, "max_message_bytes": 5000}]
     assert [page["ends"] for page in ends_pages({"t": 1, "u": 2}, 5000, 1)] == [{"t": 1}, {"u": 2}]
+
+
+@pytest.mark.parametrize("name", ["température/capteur-{}", "sensor/\U0001f321-{}", 'a"quoted\\name\t{}'])
+def test_pages_of_ends_fit_whatever_characters_the_topics_hold(name: str) -> None:
+    ends = {name.format(n): n for n in range(300)}
+    pages = list(ends_pages(ends, 5000, 1024))
+    assert all(len(encode(ENDS, page)) <= 1024 + 100 for page in pages)
+    assert {topic: end for page in pages for topic, end in page["ends"].items()} == ends
