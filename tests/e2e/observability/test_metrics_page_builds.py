@@ -15,7 +15,7 @@ from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.runtime.admin_http import create_admin_app, start_admin_server
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.observability.metrics_pipeliners import MetricsPipeliners
+from tests.e2e.http_pipeliners import HttpPipeliners
 from tests.e2e.observability.test_broker_observability import sample, scrape
 
 NO_RATE_LIMITS = {"messages_per_second_per_client": 0, "new_connections_per_second": 0}
@@ -25,10 +25,10 @@ PAGES_BUILT = "timestone_broker_metrics_pages_built_total"
 
 
 @pytest.fixture
-def pipelined(start_broker) -> Iterator[tuple[RunningBroker, MetricsPipeliners]]:
+def pipelined(start_broker) -> Iterator[tuple[RunningBroker, HttpPipeliners]]:
     """A broker and 60 connections pipelining ``GET /metrics`` at it (its admin endpoint holds 64)."""
     broker = start_broker(limits=NO_RATE_LIMITS)
-    pipeliners = MetricsPipeliners(broker.broker.admin_port, connections=60).start()
+    pipeliners = HttpPipeliners(broker.broker.admin_port, connections=60).start()
     try:
         assert wait_for(lambda: pipeliners.answers >= 600, timeout=30)
         yield broker, pipeliners
