@@ -40,8 +40,8 @@ guard:
 - **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
   callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
   that way, whatever its frames declare. With ``read_turns`` every read goes to an ``Intake``
-  (``http.read_gate``) that hands it on to aiohttp when it likes, the socket not read meanwhile: the MQTT
-  listeners' turns of the loop bound what aiohttp parses, whatever the bytes (one-byte HTTP chunks).
+  (``http.read_gate``), which hands it to aiohttp as the loop's turns have room (one-byte HTTP chunks),
+  and every request waits for its turn of the loop's HTTP work before it is handled (``work_turn``).
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent (a share counted as its reader's when
@@ -401,6 +401,8 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
     guarded.busy = True
     guarded.disarm()
     try:
+        if guarded.intake is not None:  # requests begin one at a time, the loop resting between them
+            await guarded.intake.work_turn()
         response = await handler(request)
         if guarded.closing:  # it gave way for a new connection (``waiting``): closed after its answer
             if response.prepared:

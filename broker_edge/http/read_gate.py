@@ -1,14 +1,25 @@
 """A guarded socket's reads taken before aiohttp parses them (``guard.start_guarded_site(read_turns=...)``):
 the taker (an ``Intake``) hands them on to aiohttp (``ReadGate.feed``) when it likes and may stop the
 socket's reading meanwhile, so that what aiohttp parses per turn of the loop is bounded as the MQTT
-listeners' reads are, whatever the bytes are (HTTP chunks of one byte, WebSocket frames of none)."""
+listeners' reads are, whatever the bytes are (HTTP chunks of one byte, WebSocket frames of none). It also
+gives the socket's requests their turns of the loop (``Intake.work_turn``): parsed, a request of a few
+dozen bytes still costs its handling, and pipelined, a few hundred of them were handled in one turn."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["HeldTransport", "Intake", "ReadGate", "ReadTaker"]
+__all__ = ["WORK_REST", "HeldTransport", "Intake", "ReadGate", "ReadTaker", "WorkTurns", "work_turn"]
+
+WORK_REST = 1.0
+"""How many times its own time the loop rests from HTTP work after a piece before it begins the next: the
+pieces then take at most half of the loop's time, however many requests ask."""
+MAX_WORK_REST_S = 0.1
+"""The longest rest after one piece (one slowed by a pause of the whole process)."""
 
 
 class ReadGate(Protocol):
@@ -42,9 +53,88 @@ class Intake(Protocol):
     def close(self) -> None:
         """The socket is gone: what it kept is dropped."""
 
+    async def work_turn(self) -> None:
+        """Wait for the turn of the next piece of work of the socket's requests (a request's handling, a
+        chunk of a listing): one piece at a time, every socket of the loop's endpoints in line
+        (``WorkTurns``), so that however many requests come at once the loop serves its devices between
+        two."""
+
 
 ReadTaker = Callable[[ReadGate], Intake]
 """What makes the ``Intake`` of each socket of a site as it opens."""
+
+
+class WorkTurns:
+    """The turns of one loop's HTTP work (``Intake.work_turn``): one piece at a time (a request's handling
+    begun, a chunk of a listing, a slice of a read), in the order they asked, each begun once the loop has
+    rested ``rest`` times the last piece's time since it ended (what ran meanwhile, MQTT included, is part
+    of the rest). Pipelined, a few hundred requests were begun in one turn of the loop, and seventy
+    listings each listed a chunk of milliseconds in every turn: the loop, busy with them all along, left
+    the commitlog's thread the interpreter only every switch interval, and a publisher's PUBACK waited
+    tens to hundreds of milliseconds. ``pieces`` and ``seconds`` count the pieces and their time."""
+
+    def __init__(self, rest: float = WORK_REST) -> None:
+        self.rest = rest
+        self.pieces = 0
+        self.seconds = 0.0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._working = False
+        """A piece was begun and its time not counted yet (``_ended`` does, once it has run)."""
+        self._began = 0.0
+        self._rested_at = 0.0
+        """When (``time.monotonic``) the loop has rested enough after the last piece to begin the next."""
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def turn(self) -> None:
+        """Wait for the turn of a piece of work, begun when this returns (at once when nothing waits)."""
+        loop = asyncio.get_running_loop()
+        if not self._working and not self._waiting and time.monotonic() >= self._rested_at:
+            self._begin(loop)
+            return
+        future = loop.create_future()
+        self._waiting.append(future)
+        self._schedule(loop)
+        await future
+        self._began = time.monotonic()
+
+    def _begin(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._working = True
+        self._began = time.monotonic()
+        loop.call_soon(self._ended, loop)  # right after the piece, which runs before it in the loop's line
+
+    def _ended(self, loop: asyncio.AbstractEventLoop) -> None:
+        ended = time.monotonic()
+        took = ended - self._began
+        self.pieces += 1
+        self.seconds += took
+        self._working = False
+        self._rested_at = ended + min(self.rest * took, MAX_WORK_REST_S)
+        self._schedule(loop)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have the first waiting piece begin once the loop has rested (unless a piece is under way)."""
+        if self._working or self._timer is not None or not self._waiting:
+            return
+        self._timer = loop.call_later(max(self._rested_at - time.monotonic(), 0.0), self._next, loop)
+
+    def _next(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():  # (one whose request went away waits no more)
+                future.set_result(None)
+                self._begin(loop)
+                return
+
+
+async def work_turn(gate: ReadGate | None) -> None:
+    """Wait for the turn of the next piece of work of a request on ``gate`` (``Intake.work_turn``); on a
+    socket without an intake (or none), let the loop go round once."""
+    intake = gate.intake if gate is not None else None
+    if intake is None:
+        await asyncio.sleep(0)
+    else:
+        await intake.work_turn()
 
 
 class HeldTransport:

@@ -32,7 +32,9 @@ socket aiohttp serves is one too (``SocketTurns``: a WebSocket's, the admin endp
 API's): every byte it reads is taken before aiohttp parses it, so frames that carry no packet (empty
 fragments of a WebSocket message that never ends) and HTTP bodies of one-byte chunks are bound as packets
 are. Its messages are handled in a task, which takes their packets with
-``spend_packets`` and waits for ``next_turn`` (their bytes were counted as the socket read them).
+``spend_packets`` and waits for ``next_turn`` (their bytes were counted as the socket read them). An HTTP
+request's work waits for turns of its own (``work_turn``, ``http.read_gate.WorkTurns``): one piece of it at
+a time, the loop resting after each as long as it took.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
+
+from broker_edge.http.read_gate import WorkTurns
 
 if TYPE_CHECKING:
     from broker_edge.http.read_gate import ReadGate
@@ -106,6 +110,7 @@ class ReadTurns:
         "packets",
         "packets_left",
         "turns_cut",
+        "work",
     )
 
     def __init__(
@@ -132,6 +137,8 @@ class ReadTurns:
         self._waiters: list[asyncio.Future[None]] = []
         """Readers in tasks (``next_turn``) waiting for a later turn."""
         self._scheduled = False
+        self.work = WorkTurns()
+        """The turns of the loop's HTTP requests' work (``SocketTurns.work_turn``)."""
 
     def take(self, reader: TurnReader, data: bytes) -> bytes | None:
         """What of ``data`` (just read by ``reader``) to handle now: all of it, the part that fits this
@@ -361,6 +368,9 @@ class SocketTurns:
 
     def close(self) -> None:
         self.turns.forget(self)
+
+    async def work_turn(self) -> None:
+        await self.turns.work.turn()
 
     def pause_for_turn(self) -> None:
         self.gate.hold_reading()
