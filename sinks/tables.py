@@ -566,6 +566,12 @@ def action_executions() -> TableSpec:
                 True,
                 "when the message last sent to the device expires (null: sent before this column)",
             ),
+            column(
+                "sending_at",
+                TimestampType(),
+                True,
+                "when a tick marked the row as being sent, before publishing (null once recorded as sent)",
+            ),
         ),
         properties=CHANGE_DATA_FEED,
         merge_keys=("action_id", "device_id"),

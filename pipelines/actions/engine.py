@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pipelines.actions.engine_compliance import Compliance
-from pipelines.actions.engine_sending import ROW_DELETED
+from pipelines.actions.engine_sending import ROW_DELETED, Turn
 from pipelines.actions.engine_summary import Summaries
 from pipelines.actions.engine_tables import ACTIONS, DEVICES, EXECUTIONS, SUMMARY, counts_after
 from pipelines.actions.feed_rows import latest_rows
@@ -165,6 +165,7 @@ class ActionsEngine(Summaries, Compliance):
             for (action_id, device_id), device_reports in by_key.items():
                 updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
                 if updated is not None:
+                    updated = replace(updated, sending_at=None)  # the device has it: it was sent
                     action = retrying.get(action_id)
                     changed.append(self._after_failure(action, updated, started) if action else updated)
             self.tables.write_executions(changed, f"{app_id}/executions", batch_id)
@@ -214,17 +215,21 @@ class ActionsEngine(Summaries, Compliance):
             return
         known, counts = self.tables.executions_and_counts(open_ids)
         changed: list[Execution] = []
+        turns: dict[str, Turn] = {}
         summarised = set()
         lost: dict[str, tuple[int, str]] = {}
         for action_id in open_ids:
             action = actions[action_id]
             rows = dict(known.get(action_id, {}))
             try:
-                moved = self._advance(action, rows, now, expired_by)
+                moved, turn = self._advance(action, rows, now, expired_by)
             except Exception as error:  # one action a broker refuses holds no other back
                 self._held_back(action_id, error)
                 continue
-            self._failing.pop(action_id, None)
+            if turn.sends:
+                turns[action_id] = turn
+            else:
+                self._failing.pop(action_id, None)
             if not any(row.state == QUEUED and row.published_at is None for row in rows.values()):
                 self._unsent.discard(action_id)
             changed += moved
@@ -239,6 +244,7 @@ class ActionsEngine(Summaries, Compliance):
         if not summarised:
             return
         self._tick_batch = max(self._tick_batch + 1, now)
+        changed = self._publish_turns(turns, changed, now)
         self.tables.write_executions(changed, f"{self.app_id}/tick/executions", self._tick_batch)
         self._summarise(
             sorted(summarised),
@@ -247,6 +253,33 @@ class ActionsEngine(Summaries, Compliance):
             counts_after(counts, known, changed),
             lost=lost,
         )
+
+    def _publish_turns(self, turns: dict[str, Turn], changed: list[Execution], now: int) -> list[Execution]:
+        """Publish what the tick sends, each action's turn marked as being sent first, all in one merge (a
+        job that stops before it records them knows that they may have gone out: ``docs/ota.md``, "Sends a
+        job did not record"). Returns ``changed`` with the rows sent recorded as sent, and without those of
+        an action whose publish failed: they stay marked, and are sent again at the next tick."""
+        marked = [replace(row, sending_at=now) for turn in turns.values() for row in turn.sent]
+        self.tables.write_executions(marked, f"{self.app_id}/tick/sending", self._tick_batch)
+        failed: set[tuple[str, str]] = set()
+        recorded: dict[tuple[str, str], Execution] = {}
+        for action_id, turn in turns.items():
+            keys = {(row.action_id, row.device_id) for row in turn.sent}
+            try:
+                turn.publish()
+            except Exception as error:  # refused (a topic quota): the others go on
+                self._held_back(action_id, error)
+                failed |= keys
+                if self._unsent is not None:  # an action not clocked is looked at again, for its marked rows
+                    self._unsent.add(action_id)
+                continue
+            self._failing.pop(action_id, None)
+            recorded.update(
+                {(r.action_id, r.device_id): replace(r, version=r.version + 1) for r in turn.sent}
+            )
+        return [
+            recorded.get(key, row) for row in changed if (key := (row.action_id, row.device_id)) not in failed
+        ]
 
     def _end_deleted(self, now: int) -> None:
         """Cancel the actions not ended whose row was deleted from ``actions`` (``_deleted``), decided from
@@ -272,9 +305,10 @@ class ActionsEngine(Summaries, Compliance):
 
     def _advance(
         self, action: Action, rows: dict[str, Execution], now: int, expired_by: int
-    ) -> list[Execution]:
+    ) -> tuple[list[Execution], Turn]:
         """One tick of one action: joiners queued, timeouts (and their retries), expired messages, the
-        schedule's end, what is due sent. Returns the rows it changed, each once."""
+        schedule's end, what is due to be sent (its turn, not published yet). Returns the rows it changed,
+        each once (those of the turn as sent), and the turn."""
         changed: dict[str, Execution] = {}
 
         def put(row: Execution) -> None:
@@ -289,13 +323,15 @@ class ActionsEngine(Summaries, Compliance):
             put(self._after_failure(action, row, now))
         for row in self._expire(action, rows, now, expired_by):
             put(row)
+        turn = Turn([], [])
         if action.schedule.ended(now):
             for row in self._end(action, rows, now):
                 put(row)
         else:
-            for row in self._send(action, rows, now):
+            turn = self._turn(action, rows, now)
+            for row in turn.sent:
                 put(row)
-        return list(changed.values())
+        return list(changed.values()), turn
 
     @staticmethod
     def _ended_row(action_id: str, state: str | None, replayed: bool) -> None:

@@ -4,13 +4,14 @@ tick, retries, timeouts, the schedule's end, and the cancel messages of a stop."
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from pipelines.actions.engine_base import EngineBase, _devices, _reached_and_open, _retry_message, _utc
 from pipelines.actions.model import Action, cancel_message
 from pipelines.actions.phases import phase_of_devices
-from pipelines.actions.release import Release, due
+from pipelines.actions.publisher import Outgoing
+from pipelines.actions.release import Release, due, fired_rule
 from pipelines.actions.retries import retry
 from pipelines.actions.schedule import END_CANCEL
 from pipelines.actions.states import (
@@ -30,6 +31,25 @@ log = logging.getLogger("pipelines.actions.engine")
 
 ROW_DELETED = "its row was deleted from actions"
 """The reason of an action that had not ended when its row was deleted from the ``actions`` table."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one action sends at once: its publishes, not made yet, and its rows as they are once sent."""
+
+    sends: list[Callable[[], None]]
+    sent: list[Execution]
+
+    def publish(self) -> None:
+        for send in self.sends:
+            send()
+
+
+def unrecorded(rows: Iterable[Execution]) -> list[Execution]:
+    """Rows a tick marked as being sent and never recorded as sent, the device not heard from since."""
+    return sorted(
+        (r for r in rows if r.sending_at is not None and r.awaiting_device), key=lambda r: r.device_id
+    )
 
 
 class Sending(EngineBase):
@@ -73,17 +93,29 @@ class Sending(EngineBase):
         return [sent.get(device_id, row) for device_id, row in rows.items()]
 
     def _send(self, action: Action, rows: Mapping[str, Execution], now: int) -> list[Execution]:
-        """Send what ``release.due`` says is due and record it: first messages, then retries."""
+        """Send what ``release.due`` says is due and return the rows as sent (a new action's fan-out: a
+        batch that stopped before it recorded them is replayed, and publishes again)."""
+        turn = self._turn(action, rows, now)
+        turn.publish()
+        return turn.sent
+
+    def _turn(self, action: Action, rows: Mapping[str, Execution], now: int) -> Turn:
+        """What ``action`` sends now, not sent yet: first messages and retries that are due, and the
+        messages of rows a tick marked as being sent and never recorded (``Execution.sending_at``: the
+        device may have it or not; it acts once per action id, so it is sent again), unless an abort
+        rule fired."""
         release = due(action, rows, now)
         if release.phase is not None:
             self._phases[action.id] = release.phase
-        if not release:
-            return []
-        self._publish_first(action, rows, release, now)
+        again = [] if fired_rule(action, rows) is not None else unrecorded(rows.values())
+        if not release and not again:
+            return Turn([], [])
+        sends = self._first_sends(action, rows, release, now)
         for attempt in sorted({row.attempt for row in release.retries}):
             ids = [row.device_id for row in release.retries if row.attempt == attempt]
             message = _retry_message(action, now, attempt, self.message_expiry_s)
-            self.publisher.publish_many(self._listed_messages(ids, message, self._expires_in(action, now)))
+            sends.append(self._publishing(self._listed_messages(ids, message, self._expires_in(action, now))))
+        sends += self._sends_again(action, again)
         expires_at = action.expires_at(now, self.message_expiry_s)
         sent = [
             replace(
@@ -95,27 +127,61 @@ class Sending(EngineBase):
             replace(row, retry_at=None, version=row.version + 1, updated_at=now, expires_at=expires_at)
             for row in release.retries
         ]
-        return sent
+        sent += [replace(row, version=row.version + 1, sending_at=None) for row in again]
+        return Turn(sends, sent)
 
-    def _publish_first(
+    def _publishing(self, messages: list[Outgoing]) -> Callable[[], None]:
+        return lambda: self.publisher.publish_many(messages)
+
+    def _first_sends(
         self, action: Action, rows: Mapping[str, Execution], release: Release, now: int
-    ) -> None:
+    ) -> list[Callable[[], None]]:
         if not release.first:
-            return
+            return []
         topic = action.shared_topic
         untouched = all(row.published_at is None for row in rows.values())
         if topic is not None and untouched and len(release.first) == len(rows):
             message = action.message(now, expiry_s=self.message_expiry_s)
-            self.publisher.publish(topic, message, self._expires_in(action, now))
-            log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
-            return
-        self.publisher.publish_many(
-            self._listed_messages(
-                release.first,
-                lambda ids: action.message(now, ids, expiry_s=self.message_expiry_s),
-                self._expires_in(action, now),
-            )
+            expires_in = self._expires_in(action, now)
+
+            def broadcast() -> None:
+                self.publisher.publish(topic, message, expires_in)
+                log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
+
+            return [broadcast]
+        messages = self._listed_messages(
+            release.first,
+            lambda ids: action.message(now, ids, expiry_s=self.message_expiry_s),
+            self._expires_in(action, now),
         )
+        return [self._publishing(messages)]
+
+    def _sends_again(self, action: Action, rows: list[Execution]) -> list[Callable[[], None]]:
+        """The messages of rows marked as being sent by a tick that did not record them, as they were
+        issued then (same time, attempt and expiry)."""
+        sends = []
+        for issued_at, attempt, expires_at in sorted({(r.updated_at, r.attempt, r.expires_at) for r in rows}):
+            ids = [
+                r.device_id
+                for r in rows
+                if (r.updated_at, r.attempt, r.expires_at) == (issued_at, attempt, expires_at)
+            ]
+            expiry_s = self.message_expiry_s
+            if expires_at is not None:
+                expiry_s = max(1, (expires_at - max(action.created_at_ms, issued_at)) // 1000)
+            message = _retry_message(action, issued_at, attempt, expiry_s)
+            expires_in = (
+                expires_at if expires_at is not None else action.expires_at(issued_at, expiry_s)
+            ) - self.clock()
+            sends.append(self._publishing(self._listed_messages(ids, message, expires_in)))
+        if rows:
+            log.warning(
+                "action %s: sent again to %s that a tick marked as being sent and did not record (the job "
+                "stopped or the publish failed in between)",
+                action.id,
+                _devices(len(rows)),
+            )
+        return sends
 
     def _retrying(self, action_ids: list[str]) -> dict[str, Action]:
         """The actions of ``action_ids`` with retry rules that may still send something."""

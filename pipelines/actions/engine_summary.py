@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from pipelines.actions.abort import first_fired
 from pipelines.actions.engine_base import _devices, _ts, _utc
-from pipelines.actions.engine_sending import Sending
+from pipelines.actions.engine_sending import Sending, unrecorded
 from pipelines.actions.engine_tables import (
     ACTIONS,
     SUMMARY,
@@ -156,6 +156,7 @@ class Summaries(Sending):
     def _abort(self, action: Action, summary: dict, app_id: str, batch_id: int, now: int) -> dict:
         """Stop an aborted action and write its rollback; the summary's fields that change."""
         rows = self.tables.executions([action.id]).get(action.id, {})
+        may_have_it = [row.device_id for row in unrecorded(rows.values())]  # canceled by the stop
         stopped = self._stop(
             action, rows, ACTION_ABORTED, f"action aborted: {summary['aborted_by']} reached", now
         )
@@ -164,7 +165,7 @@ class Summaries(Sending):
             rows[row.device_id] = row
         changes: dict = {"counts": state_counts([r.state for r in rows.values()])}
         if action.rollback is not None:
-            installed = [d for d, r in rows.items() if r.state == SUCCEEDED]
+            installed = sorted({d for d, r in rows.items() if r.state == SUCCEEDED}.union(may_have_it))
             changes.update(self._roll_back(action, installed, summary["reason"], now))
         log.warning("action %s aborted: %s", action.id, changes.get("reason", summary["reason"]))
         return changes

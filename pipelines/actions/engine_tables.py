@@ -51,6 +51,7 @@ TIME_COLUMNS = (
     "finished_at",
     "retry_at",
     "expires_at",
+    "sending_at",
 )
 
 

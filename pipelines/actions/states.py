@@ -60,7 +60,11 @@ class Execution:
     ``published_at`` is when the action message first went out for this device (one broadcast, or its turn
     in a paced rollout); ``attempt`` counts from 1 and grows with every retry; ``retry_at`` is when a retry
     is due (None once it went out); ``phase`` is the device's phase of a phased rollout (from 1);
-    ``expires_at`` is when the message last sent expires (None: sent by a job before the column).
+    ``expires_at`` is when the message last sent expires (None: sent by a job before the column);
+    ``sending_at`` is when a tick marked the row as being sent, before it published the message, and is
+    None once the tick recorded that the message went out: a row still marked was sent by a tick that
+    stopped in between (the device may have the action, or not), ``docs/ota.md``, "Sends a job did not
+    record".
     """
 
     action_id: str
@@ -78,6 +82,7 @@ class Execution:
     phase: int | None = None
     retry_at: int | None = None
     expires_at: int | None = None
+    sending_at: int | None = None
 
     @property
     def terminal(self) -> bool:

@@ -1,0 +1,171 @@
+"""A tick of the actions job killed after it published a turn of a rollout and before it recorded it.
+
+The devices of that turn have the action, but their rows were still ``QUEUED`` and unsent in
+``action_executions``: a job started again thought they were never sent, so a cancel or an abort coming
+first reached only the devices recorded as sent (no cancel message, no rollback for the others), and their
+reports were left out as about an action never sent to them. The job now marks a turn's rows as being sent,
+in one merge, before it publishes them: a job started again treats them as sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pipelines.actions.buckets import bucket_of, report_topic
+from pipelines.actions.job import ActionsJob, start_actions_job
+from pipelines.actions.operator import cancel_action
+from pipelines.actions.phases import rollout_order
+from pipelines.actions.rollback import rollback_id
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.ota.conftest import (
+    ActionsStack,
+    action_row,
+    actions_stack,
+    device_report,
+    summary,
+    wait_for,
+    write_actions,
+)
+from tests.e2e.ota.test_rollout_aborts import ROLLBACK, rule
+from tests.fleet_harness import quiet_devices
+
+EVERY_TURN_AT_ONCE = 1_000_000
+"""A rate (per minute) at which the fan-out sends the first device and the next tick all the others."""
+
+
+class Killed(BaseException):
+    """The job's process dying: nothing of the tick runs after it (not an ``Exception`` the tick handles)."""
+
+
+def kill_the_ticker_after_it_publishes(
+    job: ActionsJob, monkeypatch: pytest.MonkeyPatch, armed: threading.Event | None = None
+) -> threading.Event:
+    """The job's ticker dies right after a tick's first publish went out (acknowledged by the broker), before
+    the tick records anything: the first such tick once ``armed`` is set (at once without it). The event
+    returned is set then."""
+    killed = threading.Event()
+    publish_many = job.engine.publisher.publish_many
+
+    def publishing(*args, **kwargs):
+        result = publish_many(*args, **kwargs)
+        ticker = threading.current_thread().name == "actions-ticker"
+        if ticker and (armed is None or armed.is_set()) and not killed.is_set():
+            killed.set()
+            raise Killed("the actions job died after its tick published, before it recorded the sends")
+        return result
+
+    monkeypatch.setattr(job.engine.publisher, "publish_many", publishing)
+    return killed
+
+
+def execution(stack: ActionsStack, action_id: str, device_id: str) -> dict:
+    """The row of ``device_id``'s execution of ``action_id`` ({} before there is one)."""
+    rows = stack.store.read_arrow("action_executions").to_pylist()
+    return next((r for r in rows if (r["action_id"], r["device_id"]) == (action_id, device_id)), {})
+
+
+def restart_after(stack: ActionsStack, while_stopped: Callable[[], None]) -> None:
+    """Stop the job (the rest of the killed process), do ``while_stopped``, start it again."""
+    stack.job.stop()
+    while_stopped()
+    stack.job = start_actions_job(stack.spark, stack.config, stack.store)
+
+
+def test_a_cancel_reaches_the_devices_a_killed_tick_sent_the_action_to(spark, tmp_path, monkeypatch):
+    """Three devices that hang after IN_PROGRESS: the fan-out sends the first, the next tick the other two
+    and dies. The operator cancels the action while no job runs; the job started again sends the cancel to
+    all three, which stop (before, only the first heard of it and the other two went on for ever)."""
+    behaviour = quiet_devices(silent_attempts=1)
+    with actions_stack(spark, tmp_path, {"count": 3, "groups": ["g"]}, behaviour) as stack:
+        devices = sorted(d.device_id for d in stack.fleet.devices)
+        killed = kill_the_ticker_after_it_publishes(stack.job, monkeypatch)
+        write_actions(
+            stack.store, [action_row("ks-1", device_ids=devices, max_per_minute=EVERY_TURN_AT_ONCE)], 0
+        )
+        wait_for(killed.is_set, what="a tick sending the action")
+
+        def cancel() -> None:
+            stack.harness.wait_until(
+                lambda: all(
+                    d.actions.get("ks-1") and d.actions["ks-1"].state == "IN_PROGRESS"
+                    for d in stack.fleet.devices
+                ),
+                30,
+            )
+            assert cancel_action(stack.store, "ks-1")
+
+        restart_after(stack, cancel)
+        wait_for(
+            lambda: all(d.actions["ks-1"].state == "CANCELED" for d in stack.fleet.devices),
+            what="every device that has the action canceling it",
+        )
+        wait_for(
+            lambda: (summary(stack.store, "ks-1") or {}).get("canceled_count") == 3, what="3 rows CANCELED"
+        )
+        assert (summary(stack.store, "ks-1") or {}).get("action_state") == "CANCELED"
+
+
+def test_an_abort_rolls_back_the_devices_a_killed_tick_sent_the_build_to(spark, tmp_path, monkeypatch):
+    """The fan-out sends a device the test plays, which reports IN_PROGRESS and nothing more; ticks send the
+    build to simulated devices one every two seconds, and one dies after its publish. The devices install it
+    while no job runs. The job started again times the first device out at its first tick, which fires the
+    abort rule: the rollback goes to every device that installed the build (before, not to the one the
+    killed tick sent it to, which kept it)."""
+    silent = "r-silent"
+    with actions_stack(spark, tmp_path, {"count": 6, "groups": ["g"]}, quiet_devices()) as stack:
+        fleet = sorted(d.device_id for d in stack.fleet.devices)
+        action_id = next(
+            f"kr-{n}" for n in range(1000) if rollout_order(f"kr-{n}", [silent, *fleet])[0] == silent
+        )
+        device = PahoClient(stack.broker.port, silent)
+        try:
+            armed = threading.Event()
+            killed = kill_the_ticker_after_it_publishes(stack.job, monkeypatch, armed)
+            row = action_row(
+                action_id,
+                device_ids=[silent, *fleet],
+                max_per_minute=30,
+                timeout_s=2,
+                abort_rules=[rule("timed_out", 10.0, 1)],
+                rollback=ROLLBACK,
+            )
+            write_actions(stack.store, [row], 0)
+            wait_for(
+                lambda: execution(stack, action_id, silent).get("published_at") is not None, what="fan-out"
+            )
+            topic = report_topic(bucket_of(silent, stack.config.device_buckets))
+            device.publish(topic, device_report(action_id, silent, "IN_PROGRESS"), qos=1)
+            wait_for(lambda: execution(stack, action_id, silent).get("state") == "IN_PROGRESS", what="report")
+            timed_out_at = execution(stack, action_id, silent)["started_at"].timestamp() + 2
+            armed.set()
+            wait_for(killed.is_set, what="a tick sending the build")
+
+            holders: list[str] = []
+
+            def installed_while_stopped() -> None:
+                holders.extend(sorted(d.device_id for d in stack.fleet.devices if action_id in d.actions))
+                stack.harness.wait_until(lambda: stack.fleet.finished(action_id) == len(holders), 30)
+                firmware = {d.device_id: d.firmware for d in stack.fleet.devices if d.device_id in holders}
+                assert firmware == dict.fromkeys(holders, "2.0.0")
+                wait_for(lambda: time.time() > timed_out_at + 0.5, what="the first device's timeout")
+
+            restart_after(stack, installed_while_stopped)
+            wait_for(
+                lambda: (summary(stack.store, action_id) or {}).get("action_state") == "ABORTED", what="abort"
+            )
+            aborted = summary(stack.store, action_id) or {}
+            assert aborted["rollback_action_id"] == rollback_id(action_id), aborted["reason"]
+            rollback = [
+                r for r in stack.store.read_arrow("actions").to_pylist() if r["id"] == rollback_id(action_id)
+            ]
+            assert rollback[0]["target"]["device_ids"] == holders
+            wait_for(
+                lambda: all(d.firmware == "1.0.0" for d in stack.fleet.devices),
+                what="every device that installed the build rolled back",
+            )
+        finally:
+            device.disconnect()
