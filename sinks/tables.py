@@ -611,6 +611,20 @@ def action_summary() -> TableSpec:
                 "devices whose action message expired before they took it (null in rows written before "
                 "the state existed: 0)",
             ),
+            column(
+                "accepted_payload",
+                StringType(),
+                True,
+                "the kind and payload the job took the action in with (JSON): what it sends, whatever the "
+                "row says later",
+            ),
+            column(
+                "payload_change",
+                StringType(),
+                True,
+                "a change of the row's kind or payload after the job took the action in, refused "
+                "(null: none)",
+            ),
         ),
         merge_keys=("action_id",),
     )

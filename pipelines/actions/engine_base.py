@@ -8,6 +8,7 @@ instance and its lock.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -108,6 +109,8 @@ class EngineBase:
         """Actions with rows of other content under their id, warned about once."""
         self._no_target: dict[str, str] = {}
         """Actions fanned out to no device that none will ever join, with why: completed by their summary."""
+        self._payload_changes: dict[str, str] = {}
+        """Actions whose row's kind or payload changed after they were taken in, with what was said."""
         self._failing: dict[str, str] = {}
         """Actions whose last tick failed, with the error said about it."""
         self._unsent: set[str] | None = None
@@ -208,5 +211,27 @@ class EngineBase:
             self._valid = (table, valid)
         valid = self._valid[1]
         if ids is None:
-            return list(valid.values())
-        return [valid[key] for key in dict.fromkeys(ids) if key in valid]
+            return [self._as_accepted(action) for action in valid.values()]
+        return [self._as_accepted(valid[key]) for key in dict.fromkeys(ids) if key in valid]
+
+    def _as_accepted(self, action: Action) -> Action:
+        """``action`` doing what it was taken in with (``action_summary.accepted_payload``): a kind or
+        payload changed in place since is refused, with a WARNING once per change and the summary's
+        ``payload_change`` saying so; the devices not sent it yet get the build the phase gates and abort
+        rules judged."""
+        accepted = self.tables.accepted_payloads().get(action.id)
+        if accepted is None or accepted == action.build:
+            return action
+        kept = action.with_build(accepted)
+        was, now = json.loads(accepted), json.loads(action.build)
+        fields = [
+            k if k == "kind" else f"payload.{k}" for k in sorted({*was, *now}) if was.get(k) != now.get(k)
+        ]
+        change = (
+            f"payload changed in place after the action started ({', '.join(fields)}): refused, it goes on "
+            "with the payload it started with (write a new action to send another)"
+        )
+        if self._payload_changes.get(action.id) != change:
+            self._payload_changes[action.id] = change
+            log.warning("action %s: %s", action.id, change)
+        return kept

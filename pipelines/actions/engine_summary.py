@@ -78,6 +78,8 @@ class Summaries(Sending):
                 "aborted_by": before.get("aborted_by"),
                 "rollback_action_id": before.get("rollback_action_id"),
                 "phase": self._phases.get(action_id, before.get("phase")),
+                "accepted_payload": before.get("accepted_payload") or (action.build if action else None),
+                "payload_change": self._payload_changes.get(action_id, before.get("payload_change")),
             }
             if summary["action_state"] in FINAL_ACTION_STATES:
                 pass
@@ -112,6 +114,8 @@ class Summaries(Sending):
                     "rollback_action_id": s["rollback_action_id"],
                     "phase": s["phase"],
                     "retries_count": retries.get(action_id, 0),
+                    "accepted_payload": s["accepted_payload"],
+                    "payload_change": s["payload_change"],
                 }
                 for action_id, s in summaries.items()
             ],

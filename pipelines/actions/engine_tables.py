@@ -68,6 +68,8 @@ class EngineTables:
         self._cached_version = -1
         self._unusable: set[str | None] = set()
         """Device ids of ``devices`` that are no topic level, warned about."""
+        self._accepted: tuple[pa.Table, dict[str, str]] | None = None
+        """The summary snapshot last read for :meth:`accepted_payloads`, and what they were in it."""
         self._snapshots: dict[str, tuple[int, pa.Table]] = {}
         """The small tables (a row per action, or per group and version) as last read, by name: (Delta
         version, rows)."""
@@ -131,6 +133,14 @@ class EngineTables:
         )
         gone = pc.invert(pc.is_in(summary["action_id"], value_set=self.read(ACTIONS)["id"]))
         return sorted(summary.filter(pc.and_(unended, gone))["action_id"].to_pylist())
+
+    def accepted_payloads(self) -> dict[str, str]:
+        """Each summarised action's ``accepted_payload`` (the kind and payload it was taken in with)."""
+        table = self.read(SUMMARY)
+        if self._accepted is None or self._accepted[0] is not table:
+            ids, builds = table["action_id"].to_pylist(), table["accepted_payload"].to_pylist()
+            self._accepted = (table, {a: b for a, b in zip(ids, builds, strict=True) if b is not None})
+        return self._accepted[1]
 
     def summary_rows(self, action_ids: list[str]) -> dict[str, dict]:
         """Each summarised action's ``action_summary`` row."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -77,6 +77,17 @@ class Action:
             created_at_ms=to_ms(row.get("created_at")) or 0,
             cancel=bool(row.get("cancel")),
         )
+
+    @property
+    def build(self) -> str:
+        """What the action does, as JSON (its kind and payload): what ``action_summary.accepted_payload``
+        keeps of the row the job took the action in with."""
+        return json.dumps({"kind": self.kind, **self.payload}, sort_keys=True, separators=(",", ":"))
+
+    def with_build(self, build: str) -> Action:
+        """This action doing what ``build`` (a :attr:`build`) says instead of what its row says."""
+        payload = json.loads(build)
+        return replace(self, kind=payload.pop("kind"), payload=payload)
 
     @property
     def max_per_minute(self) -> int | None:
