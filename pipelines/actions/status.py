@@ -9,6 +9,7 @@ finished (the first few, and how many).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -183,6 +184,16 @@ def _target(row: dict) -> str:
     return "all devices" if target.get("all") else "none"
 
 
+def _as_sent(row: dict, summary: dict | None) -> dict:
+    """``row`` with the kind and payload the actions job took the action in with and sends
+    (``accepted_payload``), whatever the row says now."""
+    accepted = (summary or {}).get("accepted_payload")
+    if not accepted:
+        return row
+    payload = json.loads(accepted)
+    return {**row, "kind": payload.pop("kind", None), "payload": payload}
+
+
 def _what(row: dict) -> str:
     payload = row.get("payload") or {}
     if row.get("kind") == "ota":
@@ -309,7 +320,7 @@ def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
         lines += [
             f"created   {_time(row.get('created_at'))} by {row.get('created_by') or '-'}",
             f"target    {_target(row)}",
-            f"what      {_what(row)}",
+            f"what      {_what(_as_sent(row, status.summary))}",
             f"rollout   {_rollout(row)}",
         ]
         when = _when(row)
@@ -341,6 +352,8 @@ def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
             lines.append(f"progress  {progress}")
         if summary.get("reason"):
             lines.append(f"reason    {summary['reason']}")
+        if summary.get("payload_change"):
+            lines.append(f"refused   {summary['payload_change']}")
     waiting = (
         _waiting_for(row, now_ms) if row is not None and now_ms is not None and not status.ended else None
     )

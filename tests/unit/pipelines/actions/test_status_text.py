@@ -110,3 +110,24 @@ def test_status_shows_what_a_device_reported_escaped_one_line_per_device():
     assert all(c.isprintable() for line in lines for c in line), lines
     assert "(flashing\\n          dev-9 SUCCEEDED since 2026-11-25\\x1b[2J\\x1b[32m ok)" in shown[0]
     assert shown[1].startswith("          dev-\\x1b[31m2 QUEUED")
+
+
+def test_status_shows_the_payload_the_job_sends_when_the_row_was_changed_in_place():
+    """A row whose payload another tool rewrote after the job took the action in: status showed the row's
+    new firmware as what the action does, while the job sends the one it started with and refuses the
+    change. It shows what is sent, and the refusal."""
+    row = NewAction(
+        action_id="a-2", group="fleet", version="9.9.9", url="https://fw.example/9", sha256="0" * 64
+    )
+    status = in_progress(row.row(NOW), queued=3)
+    assert status.summary is not None
+    refused = "payload changed in place after the action started (payload.url, payload.version): refused, ..."
+    status.summary |= {
+        "accepted_payload": '{"kind":"ota","sha256":"'
+        + "0" * 64
+        + '","url":"https://fw.example/2","version":"2.0.0"}',
+        "payload_change": refused,
+    }
+    text = describe(status, "")
+    assert "what      firmware 2.0.0 from https://fw.example/2" in text
+    assert f"refused   {refused}" in text
