@@ -24,6 +24,7 @@ from broker_edge.offsets_api.results import (
     Fetched,
     PartitionExtent,
     PartitionFetch,
+    RemovedPositions,
     TopicResult,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "PartitionExtent",
     "PartitionFetch",
     "PositionOutOfRangeError",
+    "RemovedPositions",
     "TopicResult",
     "UnknownTopicError",
     "retry_wait_s",
@@ -265,6 +267,16 @@ class OffsetsClient:
             int(value["removed"]),
             self.store,
         )
+
+    def removed_since(self, partition: int, since: int, patterns: Sequence[str] = ()) -> RemovedPositions:
+        """The topics matching `patterns` (every topic when empty) whose records retention deleted with
+        their segments at or past position `since`, and where the broker's account of them begins
+        (`NotFound`-coded `OffsetsApiError` from a broker older than the account)."""
+        query: list[tuple[str, object]] = [("since", since), *(("pattern", pattern) for pattern in patterns)]
+        status, _, data = self._request("GET", f"/v1/partitions/{partition}/removed", query, None, 0)
+        self._raise_for(status, data)
+        body = json.loads(data)
+        return RemovedPositions(int(body["accounted_from"]), dict(body["removed_below"]))
 
     # -- transport -----------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
     GET /v1/partitions                                     each partition's [start, end) in positions
     GET /v1/partitions/{p}/position?timestamp_ms=          the position of the first record at or after a time
     GET /v1/partitions/{p}/records?position=&max_entries=&max_bytes=&pattern=...   (Arrow)
+    GET /v1/partitions/{p}/removed?since=&pattern=...      topics whose records retention deleted past `since`
 
 A reader of many topics (the Spark source over 100,000 device topics) keeps one position per partition
 instead of an offset per topic (docs/offsets-api.md, docs/commitlog.md "Whole partitions"). Positions are
@@ -58,6 +59,7 @@ def add_partition_routes(
         "/v1/partitions/{partition}/position", handlers.position_for_timestamp, expect_handler=expect
     )
     app.router.add_get("/v1/partitions/{partition}/records", handlers.records, expect_handler=expect)
+    app.router.add_get("/v1/partitions/{partition}/removed", handlers.removed, expect_handler=expect)
 
 
 def position_out_of_range(error: PositionOutOfRange) -> ApiError:
@@ -108,6 +110,22 @@ class _PartitionHandlers:
         position = self.store.position_for_timestamp(partition, timestamp)
         return web.json_response({"partition": partition, "timestamp_ms": timestamp, "position": position})
 
+    async def removed(self, request: web.Request) -> web.Response:
+        """The topics matching `pattern` whose records retention deleted with their segments at or past
+        position `since` (``removed_account``): a reader that finds positions it has not read deleted asks
+        whether its topics lost records there."""
+        partition = self._partition(request)
+        since = int_param(request.query.get("since"), "since", 0, 0, MAX_OFFSET)
+        patterns = _patterns(request)
+        try:
+            removed = self.store.removed_below(partition, since, patterns or None)
+        except ValueError as error:
+            raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}", parameter="pattern") from None
+        return web.json_response(
+            {"partition": partition, "since": since, "accounted_from": removed.accounted_from,
+             "removed_below": removed.topics}
+        )  # fmt: skip
+
     async def records(self, request: web.Request) -> web.Response:
         partition = self._partition(request)
         query = request.query
@@ -122,10 +140,7 @@ class _PartitionHandlers:
         max_bytes = int_param(
             query.get("max_bytes"), "max_bytes", limits.default_batch_bytes, 1, limits.max_bytes
         )
-        patterns = query.getall("pattern", [])
-        if any(not pattern for pattern in patterns):
-            message = "a pattern is a non-empty MQTT filter"
-            raise ApiError(400, codes.BAD_REQUEST, message, parameter="pattern")
+        patterns = _patterns(request)
         hold(request, max_bytes + ANSWER_OVERHEAD)  # what the read and the answer built from it may hold
         try:
             topics, frames, next_position, lost, damaged, removed = await self._read(
@@ -184,6 +199,14 @@ class _PartitionHandlers:
                 await asyncio.sleep(0)
                 slice_end = time.monotonic() + SLICE_S
         return topics, frames, position, lost, damaged, removed
+
+
+def _patterns(request: web.Request) -> list[str]:
+    patterns = request.query.getall("pattern", [])
+    if any(not pattern for pattern in patterns):
+        message = "a pattern is a non-empty MQTT filter"
+        raise ApiError(400, codes.BAD_REQUEST, message, parameter="pattern")
+    return patterns
 
 
 class _Frames:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from broker_edge.offsets_api.errors import OffsetsApiError
 
-__all__ = ["BatchFetch", "Fetched", "PartitionExtent", "PartitionFetch", "TopicResult"]
+__all__ = ["BatchFetch", "Fetched", "PartitionExtent", "PartitionFetch", "RemovedPositions", "TopicResult"]
 
 T = TypeVar("T")
 
@@ -61,6 +61,20 @@ class PartitionExtent:
     partition: int
     start_position: int
     end_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedPositions:
+    """What retention deleted of a partition's topics (`GET /v1/partitions/{p}/removed`)."""
+
+    accounted_from: int
+    """Positions deleted at or past it are accounted for by topic; below it, the broker cannot tell."""
+    removed_below: dict[str, int]
+    """Per topic that lost records past the position asked about: one past its newest deleted record."""
+
+    def accounts_for(self, position: int) -> bool:
+        """Whether every position deleted at or past `position` is accounted for."""
+        return position >= self.accounted_from
 
 
 @dataclass(frozen=True, slots=True)

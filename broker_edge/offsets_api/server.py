@@ -194,7 +194,9 @@ def unreadable_answer(request: web.Request, error: OSError) -> web.Response:
     return answer
 
 
-REPEATABLE_PARAMETERS = frozenset({("/v1/partitions/{partition}/records", "pattern")})
+REPEATABLE_PARAMETERS = frozenset(
+    {("/v1/partitions/{partition}/records", "pattern"), ("/v1/partitions/{partition}/removed", "pattern")}
+)
 """The (path, query parameter) a request may give more than once: each ``pattern`` of a partition's read
 is one more filter."""
 

@@ -41,6 +41,7 @@ from .quarantine import QUARANTINE_FILE, QuarantinedLog, set_aside
 from .read_cache import ReadCache
 from .recent import RecentWindows
 from .recovery import open_partitions
+from .removed_account import ACCOUNT_FILE, RemovedAccount
 from .replicated_log import ReplicatedLog
 from .retention import RetentionReport
 from .sealer import Sealer
@@ -145,6 +146,10 @@ class LogStore(Appends, Reads, Admin):
             sync=self.config.durability != "none",
             reserve=self._reserve_at_open(),
         )
+        self._removed = RemovedAccount(
+            os.path.join(self.layout.log, ACCOUNT_FILE), self.config.durability != "none", self._partitions
+        )
+        self._removed.open()
         table = self._table
         report.logs = len(table)
         report.records = sum(table.durable) - sum(table.start)

@@ -17,6 +17,7 @@ from .errors import (
 from .partition_log import PartitionLog
 from .quarantine import QuarantinedLog
 from .record import PREFIX
+from .removed_account import removed_positions
 from .retention import RetentionReport, retention_pass
 from .segment import Segment
 from .store_state import StoreState, _check_offset
@@ -63,16 +64,19 @@ class Admin(StoreState):
             rule.retention_bytes is not None for rule in self.rules.rules
         )
         report = RetentionReport()
+        deleting: list[tuple[PartitionLog, list[Segment]]] = []
         for report in retention_pass(
             self._partitions,
             self._table,
             self._log_config,
             now_ms,
-            self._delete_segments,
+            lambda part, segments: deleting.append((part, segments)),
             size_limits,
             self._shortest_age(),
         ):
             yield report
+            while deleting:
+                yield from self._delete_accounted(*deleting.pop(0), report)
         if report.topics_moved:
             self._read_cache.drop_below(self._table.start.__getitem__)
         sealer = self._sealer
@@ -115,6 +119,34 @@ class Admin(StoreState):
             self._recent.forget((part.number, segment.number))
         assert self._sealer is not None
         self._sealer.delete_after_snapshot(segments)
+
+    def _delete_accounted(
+        self, part: PartitionLog, segments: list[Segment], report: RetentionReport
+    ) -> Iterator[RetentionReport]:
+        """Record what the topics of `segments` lose with them (``removed_account``), durably, a slice of
+        groups at a time (yielding `report` between), then delete them; when the account cannot be written,
+        keep them (a later pass deletes them once it is)."""
+        account = self._removed
+        assert account is not None
+        removed: list[tuple[int, int]] = []
+        unknown: list[tuple[int, int]] = []  # a segment whose records cannot be placed: no account below
+        for segment in segments:
+            try:
+                removed += yield from removed_positions(part, segment, report)
+            except OSError:
+                unknown.append((part.number, segment.base + segment.row_count))
+        try:
+            account.record(removed, unknown, [(part.number, segment.number) for segment in segments])
+        except OSError as error:
+            log.error(
+                "retention keeps %d segments of partition %d: the account of what they hold (%s) cannot be "
+                "written: %s",
+                len(segments), part.number, account.path, error.strerror or error,
+            )  # fmt: skip
+            report.segments_deleted -= len(segments)
+            report.bytes_deleted -= sum(segment.size for segment in segments)
+            return
+        self._delete_segments(part, segments)
 
     def retention_of(self, topic: str) -> LogConfig:
         """The retention `topic`'s log is kept under (its persist rule's, or the store's)."""

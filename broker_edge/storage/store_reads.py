@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker_edge.storage.store")
 
-__all__ = ["PartitionInfo", "PartitionRecords", "Reads"]
+__all__ = ["PartitionInfo", "PartitionRecords", "Reads", "RemovedSince"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,16 @@ class PartitionInfo:
     partition: int
     start: int
     end: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedSince:
+    """`Reads.removed_below`'s answer."""
+
+    accounted_from: int
+    """Deleted positions at or past it are accounted for; below it, not known."""
+    topics: dict[str, int]
+    """Topic -> one past the position of its newest record deleted with a segment."""
 
 
 class Reads(StoreState):
@@ -411,6 +421,28 @@ class Reads(StoreState):
         return position_for_timestamp(
             self._partition_for_reads(partition), timestamp_ms, self.config.max_record_bytes
         )
+
+    def removed_below(self, partition: int, since: int, patterns: Sequence[str] | None) -> RemovedSince:
+        """Topics of `partition` matching `patterns` (None: every topic) whose records retention deleted
+        with their segments at or past position `since` (each with `removed_below`, see
+        ``removed_account``), and the position the account begins at: below it, what was deleted is not
+        known. Raises `ValueError` for a malformed filter."""
+        account = self._removed
+        assert account is not None
+        part = self._partition_for_reads(partition)
+        for pattern in patterns or ():
+            check_filter(pattern)
+        matches = self._filters.matcher(patterns)
+        column, partitions = account.removed_below, self._table.partition
+        topics = {
+            self._names[topic_id]: below
+            for topic_id, below in enumerate(column)
+            if below > since
+            and topic_id < len(partitions)
+            and partitions[topic_id] == part.number
+            and matches(topic_id)
+        }
+        return RemovedSince(account.from_position(partition), topics)
 
     def _partition_for_reads(self, partition: int) -> PartitionLog:
         if self._replicated:

@@ -47,6 +47,7 @@ from .persistence import PersistenceRules
 from .quarantine import LogQuarantined, QuarantinedLog
 from .read_cache import ReadCache
 from .recent import RecentWindows
+from .removed_account import RemovedAccount
 from .sealed_index import GroupBlocks
 from .sealer import Sealer
 from .topic_ids import TopicIds
@@ -170,6 +171,8 @@ class StoreState:
         self._filters = TopicFilters(self._names)
         self._partitions: list[PartitionLog] = []
         self._sealer: Sealer | None = None
+        self._removed: RemovedAccount | None = None
+        """What retention deleted, per topic (``removed_account``), set by `open`."""
         self._log_configs: list[LogConfig] = []
         self._created_by: dict[str, int] = {}
         self._asked: dict[str, int] = {}

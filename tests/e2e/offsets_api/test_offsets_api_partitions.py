@@ -14,6 +14,8 @@ from broker_edge.offsets_api import partitions, server
 from broker_edge.offsets_api.arrow_format import ARROW_SCHEMA
 from broker_edge.offsets_api.client import OffsetsApiError, OffsetsClient, PositionOutOfRangeError
 from broker_edge.offsets_api.errors import BadRequestError
+from broker_edge.storage import StorageConfig
+from broker_edge.storage.config import PersistRule
 from tests.e2e.offsets_api.api_harness import BASE_TIME_MS, ApiHarness, sample_record
 
 
@@ -119,6 +121,39 @@ def test_errors(api: ApiHarness):
     connection.close()
 
 
+def test_what_retention_deleted_is_told_per_topic_from_a_position_on(tmp_path: Path):
+    """`GET /v1/partitions/{p}/removed`: the topics matching the filters whose records went with deleted
+    segments at or past `since`, each with the position past its newest one, and where the account begins."""
+    rules = [PersistRule("debug/#", retention_ms=1000), PersistRule("#")]
+    harness = ApiHarness(tmp_path / "store", config=StorageConfig(group_commit_ms=1, segment_bytes=1024,
+                                                                  persist=rules))  # fmt: skip
+    try:
+        harness.append("debug/x", *(sample_record(0) for _ in range(40)))
+        harness.append("plant/1/temp", *(sample_record(10**6) for _ in range(10)))
+        harness.run(_retention(harness, BASE_TIME_MS + 10**6))
+        start = harness.store.partitions()[0].start
+        assert start > 0
+        with OffsetsClient(harness.base_url, retries=0) as client:
+            everything = client.removed_since(0, 0)
+            below = everything.removed_below["debug/x"]
+            assert everything.accounted_from == 0 and everything.accounts_for(0)
+            assert list(everything.removed_below) == ["debug/x"] and 0 < below <= start
+            assert client.removed_since(0, 0, ["plant/#"]).removed_below == {}
+            assert client.removed_since(0, below, ["debug/#", "plant/#"]).removed_below == {}
+            assert client.removed_since(0, below - 1, ["debug/#"]).removed_below == {"debug/x": below}
+            with pytest.raises(BadRequestError, match="pattern"):
+                client.removed_since(0, 0, ["a/#/b"])
+            with pytest.raises(BadRequestError, match="since"):
+                client.removed_since(0, -1)
+    finally:
+        harness.close()
+
+
+async def _retention(harness: ApiHarness, now_ms: int) -> None:
+    harness.store.wait_sealed()
+    assert harness.store.apply_retention(now_ms).segments_deleted
+
+
 def test_a_clusters_member_answers_404(tmp_path: Path):
     harness = ApiHarness(tmp_path / "store")
     harness.append("t", sample_record(0))
@@ -130,6 +165,9 @@ def test_a_clusters_member_answers_404(tmp_path: Path):
             assert caught.value.status == 404
             with pytest.raises(OffsetsApiError) as caught:
                 client.read_partition(0, 0)
+            assert caught.value.status == 404
+            with pytest.raises(OffsetsApiError) as caught:
+                client.removed_since(0, 0)
             assert caught.value.status == 404
     finally:
         harness.close()
