@@ -10,12 +10,16 @@ the broker passed over is data loss, handled per ``failOnDataLoss``:
   and the positions of a segment retention deleted while older ones stay, except before the partition's
   query-start mark: those were gone before the query began;
 * entries that failed their checks on the broker.
+
+Deleted positions are loss only when the broker's account of what retention deleted names a topic of the
+query among them, or cannot tell (``removed_topics``): positions that held only other topics' records
+(kept shorter than the query's) are passed over without a word.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -27,6 +31,7 @@ from broker_edge.offsets_api.client import OffsetsClient, PartitionFetch, Positi
 from .broker_stores import answer_store_matches
 from .offsets_planner import DataLossError, Slice
 from .partition_offsets import REMOVED_POSITIONS, partition_of
+from .removed_topics import RemovedTopics, removed_topics, removed_why
 from .slice_reader import FetchSettings, log_lost, to_source_batch
 from .topic_cover import TopicMatcher, sent_filters
 
@@ -66,9 +71,10 @@ def read_positions(
                 )
                 if not same_store:
                     break
+                asked = partial(removed_topics, fetch, client, partition, patterns=patterns)
                 if fetched is None:
-                    resume = _past_the_start(fetch, piece, position, refused)
-                    removed += resume - position
+                    resume, counted = _past_the_start(fetch, piece, position, refused, mark, asked)
+                    removed += counted
                     position = resume
                     continue
                 if fetched.next_position <= position:
@@ -79,7 +85,7 @@ def read_positions(
                 if keep is not None:
                     fetched = _kept(fetched, keep)
                 strict = position >= mark and not piece.from_log_start
-                records, positions = _passed_over(fetch, piece, position, fetched, strict)
+                records, positions = _passed_over(fetch, piece, position, fetched, strict, asked)
                 lost, removed = lost + records, removed + positions
                 position = fetched.next_position
                 for batch in fetched.table.to_batches():
@@ -121,30 +127,52 @@ def _kept(fetched: PartitionFetch, keep: TopicMatcher) -> PartitionFetch:
     return replace(fetched, table=table, lost=lost)
 
 
-def _past_the_start(fetch: FetchSettings, piece: Slice, position: int, error: PositionOutOfRangeError) -> int:
-    """Where to go on when `position` is no longer in the partition (raises `DataLossError` per the option).
+def _past_the_start(
+    fetch: FetchSettings,
+    piece: Slice,
+    position: int,
+    error: PositionOutOfRangeError,
+    mark: int,
+    asked: Callable[..., RemovedTopics],
+) -> tuple[int, int]:
+    """Where to go on when `position` is no longer in the partition, and the positions skipped that count
+    as loss (raises `DataLossError` per the option).
 
     Below its start: retention deleted the segment since planning (a range planned from the log's start of
-    a broker that was down is not loss). Past its end: the broker's data directory was replaced."""
+    a broker that was down is not loss, nor are positions that held none of the query's topics). Past its
+    end: the broker's data directory was replaced."""
     if position < error.start:
         resume = min(error.start, piece.end)
         if piece.from_log_start and position == piece.start:
-            return resume
-        why = REMOVED_POSITIONS
+            return resume, 0
+        topics = asked(since=max(position, mark))
+        if topics == {}:
+            return resume, 0
+        why = removed_why(topics)
     else:
         resume = piece.end
         why = "the partition ends before this range"
     if fetch.fail_on_data_loss:
         raise DataLossError(fetch.broker, piece.topic, position, why, error.start, error.end)
-    return resume
+    return resume, resume - position
 
 
 def _passed_over(
-    fetch: FetchSettings, piece: Slice, position: int, fetched: PartitionFetch, strict: bool
+    fetch: FetchSettings,
+    piece: Slice,
+    position: int,
+    fetched: PartitionFetch,
+    strict: bool,
+    asked: Callable[..., RemovedTopics],
 ) -> tuple[int, int]:
     """Records and positions the broker passed over in one read that count as data loss (raising per the
-    option)."""
+    option). Positions of a deleted segment that held none of the query's topics are not."""
     lost, removed = (sum(fetched.lost.values()), fetched.removed) if strict else (0, 0)
+    topics: RemovedTopics = None
+    if removed:
+        topics = asked(since=position)
+        if topics == {}:
+            removed = 0
     if not lost and not removed and not fetched.damaged:
         return 0, 0
     if fetch.fail_on_data_loss:
@@ -152,7 +180,7 @@ def _passed_over(
             why = f"{fetched.damaged} entries from position {position} are corrupt on the broker"
             raise DataLossError(fetch.broker, piece.topic, position, why)
         if not fetched.lost:
-            why = f"{REMOVED_POSITIONS} ({fetched.removed} positions)"
+            why = f"{removed_why(topics)} ({fetched.removed} positions)"
             raise DataLossError(fetch.broker, piece.topic, position, why)
         topic, count = next(iter(fetched.lost.items()))
         why = (

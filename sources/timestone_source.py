@@ -79,6 +79,7 @@ from .partition_offsets import (
     without_marks,
 )
 from .partition_reader import read_positions
+from .removed_topics import RemovedTopics, past_removed, removed_topics
 from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
 from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from .topic_cover import listing
@@ -281,7 +282,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                     self._target[broker] = _ends({broker: logs})[broker]
                     self._target_by_partition[broker] = self._by_partition[broker]
         current = self._stores_of(listings)
-        resumed = resumed_start(start, current, self.options.fail_on_data_loss)
+        resumed = self._past_removed(resumed_start(start, current, self.options.fail_on_data_loss))
         listed = self._listed(listings, self._target)
         end = plan_end_offsets(
             without_listed(resumed),
@@ -320,6 +321,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if missing:
             self._list_all(missing)
         start, planned = batch_bounds(start, end, self._stores, self.options.fail_on_data_loss)
+        start = self._past_removed(start, say=True)
         planned = without_listed({broker: keys for broker, keys in planned.items() if broker in self._fetch})
         plan = plan_partitions(
             without_marks(without_listed(start)),
@@ -474,6 +476,16 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return read_slices(partition.fetch, slices)
 
     # -- helpers -------------------------------------------------------------------------------------------
+
+    def _past_removed(self, offsets: dict, say: bool = False) -> dict:
+        """``past_removed`` over the brokers read by partition: positions deleted that held none of the
+        query's topics are not loss."""
+        listed = {broker: logs for broker, logs in self._listings.items() if self._by_partition.get(broker)}
+        return past_removed(offsets, listed, self._removed_topics, self.options.fail_on_data_loss, say)
+
+    def _removed_topics(self, broker: str, partition: int, since: int) -> RemovedTopics:
+        client = self._client(broker)
+        return removed_topics(self._fetch[broker], client, partition, since, self.options.topics)
 
     def _client(self, broker: str) -> OffsetsClient:
         client = self._clients.get(broker)

@@ -160,40 +160,80 @@ def test_topics_naming_every_device_topic_reads_those_and_no_other(edge: EdgeBro
     assert sorted(topics) == sorted(named)
 
 
-@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
-def test_positions_a_shorter_retention_removed_are_not_said_to_be_the_querys_records(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, fail_on_data_loss: str
-) -> None:
-    """A broker read by partition whose debug topics are kept shorter (a persistence rule) than the
-    query's: a query stopped past their retention met the partition's start above its position and said
-    'retention removed records not yet read' (failing, by default), or skipped '196 records lost', where
-    every record of its topics was there. The broker cannot tell which topics those entries held: the
-    source now says so."""
-    rules = [PersistRule("debug/#", qos=(0, 1, 2), retention_ms=1000), PersistRule("#", qos=(0, 1, 2))]
-    config = StorageConfig(group_commit_ms=1, segment_bytes=1024, persist=rules)
-    edge = EdgeBroker(tmp_path / "edge", config)
+RETENTION_NOW_MS = BASE_TIME_MS + 60_000
+
+
+def stopped_past_a_shorter_retention(
+    directory: Path, caplog: pytest.LogCaptureFixture, unread_ms: int | None, **options: str
+) -> tuple[int | str, str]:
+    """A broker read by partition whose debug topics and plant/1/temp are kept 1 s (persistence rules),
+    plant/2/temp without an age bound: the query reads plant/1/temp's first 5 records (old enough to go)
+    and stops; 100 old debug records come, plant/1/temp 5-7 stamped `unread_ms`, 100 old debug records,
+    plant/2/temp's 3, and retention deletes the segments holding only old records. Returns what the
+    restarted query read (rows) or the data loss it raised, and what it logged."""
+    rules = [
+        PersistRule("plant/1/temp", qos=(0, 1, 2), retention_ms=1000),
+        PersistRule("debug/#", qos=(0, 1, 2), retention_ms=1000),
+        PersistRule("#", qos=(0, 1, 2)),
+    ]
+    edge = EdgeBroker(directory, StorageConfig(group_commit_ms=1, segment_bytes=1024, persist=rules))
     try:
         edge.append("plant/1/temp", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(5)])
-        options = {"startingOffsets": "earliest", "failOnDataLoss": fail_on_data_loss}
-        source = reader(f"e1={edge.url}", **options)
+        source = reader(f"e1={edge.url}", startingOffsets="earliest", **options)
         start = source.initialOffset()
         read = source.latestOffset(start, ReadAllAvailable())
         assert rows(source, start, read) == 5
-        edge.append("debug/x", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(200)])
-        edge.append("plant/1/temp", [telemetry(number) for number in range(5, 8)])
-        assert edge.apply_retention(BASE_TIME_MS + 60_000) > 0  # the debug records' segments
+        edge.append("debug/x", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(100)])
+        edge.append("plant/1/temp", [telemetry(number, timestamp_ms=unread_ms) for number in range(5, 8)])
+        edge.append("debug/x", [telemetry(number, timestamp_ms=BASE_TIME_MS) for number in range(100, 200)])
+        edge.append("plant/2/temp", [telemetry(number) for number in range(3)])
+        assert edge.apply_retention(RETENTION_NOW_MS) > 0
+        assert edge.store.partitions()[0].start > read["e1"]["#p0"]  # positions the query had not read
 
-        with caplog.at_level("WARNING", logger="sources"):
+        with caplog.at_level("INFO", logger="sources"):
             try:
-                assert rows(source, read, source.latestOffset(read, ReadAllAvailable())) == 3
+                return rows(source, read, source.latestOffset(read, ReadAllAvailable())), caplog.text
             except DataLossError as error:
-                said = str(error)
-            else:
-                said = caplog.text
+                return str(error), caplog.text
     finally:
         edge.close()
-    assert "positions" in said and "maybe only of topics this query does not read" in said, said
-    assert "records lost" not in said and "removed records" not in said, said
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_positions_a_shorter_retention_removed_are_not_the_querys_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fail_on_data_loss: str
+) -> None:
+    """Positions deleted under a stopped query that held only records of a topic it does not read (debug/x)
+    and records of its own it had read (plant/1/temp's first 5) failed the restarted query as data loss
+    (or were skipped as positions), where every record of its topics was there: the broker could not tell
+    which topics a deleted segment held. It keeps that account now, and the query reads on, saying nothing
+    of loss."""
+    read, said = stopped_past_a_shorter_retention(
+        tmp_path / "edge", caplog, RETENTION_NOW_MS, failOnDataLoss=fail_on_data_loss
+    )
+    assert read == 6, read  # plant/1/temp 5-7 (stamped at retention's now: kept), plant/2/temp 0-2
+    assert "held no record of the query's topics" in said
+    assert "skipping" not in said and "lost" not in said, said
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_positions_deleted_with_records_the_query_had_not_read_are_its_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fail_on_data_loss: str
+) -> None:
+    """The same, plant/1/temp's records 5-7, which the query had not read, old enough to go: they went with
+    the debug records' segments: data loss naming the topic, or skipped and counted without
+    failOnDataLoss."""
+    read, said = stopped_past_a_shorter_retention(
+        tmp_path / "edge", caplog, BASE_TIME_MS, failOnDataLoss=fail_on_data_loss
+    )
+    why = "retention removed records not yet read of topics 'plant/1/temp'"
+    if fail_on_data_loss == "true":
+        assert isinstance(read, str) and "data loss on broker 'e1' partition 0 (positions)" in read, read
+        assert why in read and "next position to read 5" in read, read
+    else:
+        assert read == 3  # plant/2/temp 0-2
+        assert re.search(rf"skipping \d+ positions \(failOnDataLoss=false\) of broker 'e1' partition 0 "
+                         rf"\[5, \d+\): {why}", said), said  # fmt: skip
 
 
 def trimmed_broker(directory: Path) -> EdgeBroker:

@@ -13,6 +13,7 @@ from typing import cast
 import pytest
 
 from broker_edge.storage import StorageConfig
+from broker_edge.storage.config import PersistRule
 from sources.offsets_planner import DataLossError
 from sources.options import parse_options
 from sources.stream_api import ReadAllAvailable, ReadMaxRows
@@ -163,6 +164,36 @@ def test_records_retention_removed_before_the_query_began_are_not_loss_later_one
         read_batch(source, end, later)
     lenient = reader(rolling_edge, failOnDataLoss="false")
     assert sorted(read_batch(lenient, end, later)) == [("plant/young/temp", n) for n in range(60, 120)]
+
+
+def test_positions_deleted_between_planning_and_reading_with_only_other_topics_are_not_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch planned, then retention deleting segments of a topic kept shorter than the query's (debug/x)
+    before its task reads: below the partition's start (416) and between kept segments (removed
+    positions). The broker's account of what retention deleted says none of the query's topics lost
+    records there: the task reads every record of them, without data loss or a warning."""
+    rules = [PersistRule("debug/#", qos=(0, 1, 2), retention_ms=1000), PersistRule("#", qos=(0, 1, 2))]
+    config = StorageConfig(group_commit_ms=1, segment_bytes=1024, persist=rules)
+    broker = EdgeBroker(tmp_path / "edge", config)
+    young = BASE_TIME_MS + 60_000
+    try:
+        source = reader(broker, startingOffsets="earliest")
+        start = roundtrip(source.initialOffset())
+        for first in (0, 3):
+            broker.append("debug/x", [telemetry(n, timestamp_ms=BASE_TIME_MS) for n in range(100)])
+            broker.append("plant/1/temp", [telemetry(n, timestamp_ms=young) for n in range(first, first + 3)])
+        end = roundtrip(source.latestOffset(start, ReadAllAvailable()))
+        segments = [segment.number for segment in broker.store.partition_logs[0].segments]
+        assert broker.apply_retention(young) > 0
+        kept = [segment.number for segment in broker.store.partition_logs[0].segments]
+        assert kept[0] > segments[0] and kept != list(range(kept[0], kept[-1] + 1))  # below and between
+
+        with caplog.at_level("WARNING", logger="sources"):
+            assert sorted(read_batch(source, start, end)) == [("plant/1/temp", n) for n in range(6)]
+    finally:
+        broker.close()
+    assert caplog.text == ""
 
 
 def test_topic_offsets_stay_topic_offsets(edge: EdgeBroker) -> None:

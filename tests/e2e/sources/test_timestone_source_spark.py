@@ -15,9 +15,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from broker_edge.storage import StorageConfig
+from broker_edge.storage.config import PersistRule
 from sources.stream_api import ADMISSION_CONTROL
 from sources.timestone_source import SCHEMA
-from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, plain
+from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, plain, telemetry
 
 pytestmark = pytest.mark.spark
 
@@ -339,6 +341,55 @@ def test_a_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss
     skipping = BatchCollector()
     run_available_now(stream(timestone_spark, {"e": broker}, failOnDataLoss="false"), checkpoint, skipping)
     assert skipping.keys() == expected("e", "plant/1/temp", range(log_start, 300))
+
+
+def test_a_query_stopped_while_a_shorter_retention_deleted_segments_loses_only_what_its_topics_lost(
+    timestone_spark: SparkSession, tmp_path: Path
+) -> None:
+    """Read by partition, topics kept 1 s (debug/x, and plant/1/temp) share the partition with plant/2/temp
+    kept without an age bound. Between runs of the query, retention deletes segments of debug records and
+    of plant/1/temp records the query had read: the next run reads on without a word (it failed as data
+    loss, the broker keeping no account of the topics a deleted segment held). Then plant/1/temp records it
+    had not read go with debug records' segments (between kept ones, this time): the next run fails naming
+    plant/1/temp, and one with failOnDataLoss=false skips them and reads the rest."""
+    rules = [
+        PersistRule("debug/#", qos=(0, 1, 2), retention_ms=1000),
+        PersistRule("plant/1/temp", qos=(0, 1, 2), retention_ms=1000),
+        PersistRule("#", qos=(0, 1, 2)),
+    ]
+    broker = EdgeBroker(
+        tmp_path / "edge", StorageConfig(group_commit_ms=1, segment_bytes=1024, persist=rules)
+    )
+    checkpoint, now = tmp_path / "checkpoint", BASE_TIME_MS + 60_000
+
+    def stopped_then_deleted(plant_1: range, plant_2: range) -> None:
+        broker.append("debug/x", [telemetry(n, timestamp_ms=BASE_TIME_MS) for n in range(100)])
+        broker.append("plant/1/temp", [telemetry(n, timestamp_ms=BASE_TIME_MS) for n in plant_1])
+        broker.append("debug/x", [telemetry(n, timestamp_ms=BASE_TIME_MS) for n in range(100, 200)])
+        broker.append("plant/2/temp", [telemetry(n, timestamp_ms=now) for n in plant_2])
+        assert broker.apply_retention(now) > 0  # below the partition's start, or between kept segments
+
+    def run(**options: str) -> list[Key]:
+        collected = BatchCollector()
+        run_available_now(stream(timestone_spark, {"e": broker}, **options), checkpoint, collected)
+        return collected.keys()
+
+    try:
+        broker.append("plant/1/temp", [telemetry(n, timestamp_ms=BASE_TIME_MS) for n in range(5)])
+        assert run(startingOffsets="earliest") == expected("e", "plant/1/temp", range(5))
+
+        stopped_then_deleted(range(0), range(3))  # (plant/1/temp 0-4 read, deleted now)
+        assert run() == expected("e", "plant/2/temp", range(3))
+
+        stopped_then_deleted(range(5, 8), range(3, 6))
+        with pytest.raises(StreamingQueryException) as caught:
+            run_available_now(stream(timestone_spark, {"e": broker}), checkpoint, BatchCollector())
+        message = str(caught.value)
+        assert "data loss on broker 'e' partition 0 (positions)" in message
+        assert "retention removed records not yet read of topics 'plant/1/temp'" in message
+        assert run(failOnDataLoss="false") == expected("e", "plant/2/temp", range(3, 6))
+    finally:
+        broker.close()
 
 
 def test_bad_options_fail_at_load_naming_the_option(timestone_spark: SparkSession) -> None:
