@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
+from .clock import ClockJump, ClockJumps, aged_time
 from .config import LogConfig
 from .entry import HEAD_SIZE
 from .partition_log import PartitionLog
@@ -54,12 +55,14 @@ def retention_pass(
     delete: Callable[[PartitionLog, list[Segment]], None],
     size_limits: bool,
     shortest_ms: int | None = None,
+    jumps: ClockJumps | None = None,
 ) -> Iterator[RetentionReport]:
     """One pass over every partition; yields the report so far after each slice (the last yield is final).
 
     `shortest_ms`, the shortest `retention_ms` of any log (None: judge every sealed segment), spares reading
     the groups of a segment whose groups' oldest newest time, kept from the pass that read them all, is not
-    past it: none of them can be past retention by age (a sealed segment's groups never change)."""
+    past it: none of them can be past retention by age (a sealed segment's groups never change). `jumps`: the
+    wall clock's jumps, by which the groups' times of the segments written before them are moved (`clock`)."""
     report = RetentionReport()
     touched: dict[int, set[Segment]] = {}
     unusable: set[Segment] = set()  # segments whose groups cannot be read whole, or are impossible
@@ -70,7 +73,10 @@ def retention_pass(
             known = segment.oldest_group_ms
             if young_from is not None and known is not None and known >= young_from:
                 continue
-            alive = yield from _judge_by_age(part, segment, table, log_config, now_ms, report, unusable, said)
+            moved = jumps.for_segment(part.number, segment.number) if jumps is not None else []
+            alive = yield from _judge_by_age(
+                part, segment, table, log_config, now_ms, report, unusable, said, moved
+            )  # fmt: skip
             if not alive and _sealed_of(segment).groups:
                 touched.setdefault(part.number, set()).add(segment)
     if size_limits:
@@ -121,9 +127,11 @@ def _judge_by_age(
     report: RetentionReport,
     unusable: set[Segment],
     said: set[str],
+    moved: list[ClockJump],
 ) -> Generator[RetentionReport, None, bool]:
     """Move the starts of the topics whose groups in `segment` are past their age, once every group of it
-    is read and possible (yielding after each slice); returns whether a group of it is still alive."""
+    is read and possible (yielding after each slice); returns whether a group of it is still alive. A group's
+    age is its newest record's time moved by the clock's jumps after it (`moved`)."""
     alive, whole = False, True
     oldest = _NO_GROUP
     moves: list[tuple[Group, int]] = []
@@ -134,14 +142,15 @@ def _judge_by_age(
                 unusable.add(segment)
                 break
             for group in groups:
-                if group.newest_time < oldest:
-                    oldest = group.newest_time
+                newest = aged_time(group.newest_time, moved) if moved else group.newest_time
+                if newest < oldest:
+                    oldest = newest
                 topic_id = group.topic_id
                 end = part.live_end(topic_id, segment, group)
                 if table.start[topic_id] >= end or group.first_offset >= end:
                     continue  # nothing of it is above the start, or a truncation cut all of it
                 retention_ms = log_config(topic_id).retention_ms
-                if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
+                if retention_ms is not None and newest < now_ms - retention_ms and group.count:
                     moves.append((group, end))
                 else:
                     alive = True

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from broker_edge.log_info import LogInfo
 
+from .clock import Clock, ClockJumps
 from .config import StorageConfig
 from .disk_reserve import RESERVE_FILE, DiskReserve
 from .errors import (
@@ -95,8 +96,10 @@ class RecoveryReport:
 class LogStore(Appends, Reads, Admin):
     """The logs of one broker. Call `open()` first and `close()` at shutdown."""
 
-    def __init__(self, directory: str | Path, config: StorageConfig | None = None) -> None:
-        super().__init__(directory, config)
+    def __init__(
+        self, directory: str | Path, config: StorageConfig | None = None, clock: Clock | None = None
+    ) -> None:
+        super().__init__(directory, config, clock)
         self.replicated_log = ReplicatedLog(self)
         """The replicated-log interface (a cluster's replicas, the uplink): see ``replicated_log``."""
         self.store_id: str | None = None
@@ -170,6 +173,8 @@ class LogStore(Appends, Reads, Admin):
         self._keep_gaps(opened.gaps, opened.orphan_indexes)
         if any(part.segments for part in self._partitions):
             self._use_syncfs()
+        self._clock_jumps = ClockJumps(self.layout.meta, self._clock)
+        self._clock_jumps.step(self._clock.wall_ms())  # the reference the first pass compares with
         report.seconds = time.monotonic() - began
         _log_opened(self.directory, report)
         return report

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .clock import ClockJumps
 from .config import LogConfig
 from .errors import (
     StorageError,
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker_edge.storage.store")
 
 __all__ = ["Admin"]
-
-_time_ns = time.time_ns
 
 
 class Admin(StoreState):
@@ -58,7 +56,11 @@ class Admin(StoreState):
         return report
 
     def _retention(self, now_ms: int | None) -> Iterator[RetentionReport]:
-        now_ms = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        jumps = self._clock_jumps
+        if now_ms is None:
+            now_ms = self._clock.wall_ms()
+            if jumps is not None:
+                self._watch_clock(jumps, now_ms)
         self._roll_old_segments(now_ms)
         size_limits = self.config.retention_bytes is not None or any(
             rule.retention_bytes is not None for rule in self.rules.rules
@@ -73,10 +75,14 @@ class Admin(StoreState):
             lambda part, segments: deleting.append((part, segments)),
             size_limits,
             self._shortest_age(),
+            jumps,
         ):
             yield report
             while deleting:
                 yield from self._delete_accounted(*deleting.pop(0), report)
+        if jumps is not None and jumps.jumps:
+            jumps.forget_before([part.segments[0].number if part.segments else part.next_number
+                                 for part in self._partitions])  # fmt: skip
         if report.topics_moved:
             self._read_cache.drop_below(self._table.start.__getitem__)
         sealer = self._sealer
@@ -90,6 +96,17 @@ class Admin(StoreState):
             log.info(
                 "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted
             )
+
+    def _watch_clock(self, jumps: ClockJumps, now_ms: int) -> None:
+        """Keep a jump of the wall clock since the last pass (`clock`): records from before it are aged by
+        the time that passed."""
+        step, passed = jumps.step(now_ms)
+        if not step:
+            return
+        jumps.record(now_ms, step, passed, [part.next_number for part in self._partitions])
+        for part in self._partitions:
+            for segment in part.segments:
+                segment.oldest_group_ms = None  # their records' ages changed: judged again
 
     def _shortest_age(self) -> int | None:
         """The shortest `retention_ms` a log is kept under (None: no log has an age bound)."""

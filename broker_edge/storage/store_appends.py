@@ -8,7 +8,6 @@ partition; a topic over the store's limits (``max_topics``, a log set aside) is 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,6 @@ log = logging.getLogger("broker_edge.storage.store")
 
 __all__ = ["Appends"]
 
-_time_ns = time.time_ns
 _PartitionAppends = tuple[list[tuple[int, Sequence[RecordFields]]], list[int]]
 """A loop turn's appends to one partition, (topic id, records) each, and the index of each's batch."""
 
@@ -92,7 +90,7 @@ class Appends(StoreState):
         if not records:
             return self._table.next[topic_id]
         part = self._partitions[self._table.partition[topic_id]]
-        timestamp = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        timestamp = self._clock.wall_ms() if timestamp_ms is None else timestamp_ms
         first = part.append(topic_id, records, timestamp)
         self._committer.appended_many(part, len(records), part.last_append_size)
         return first
@@ -110,7 +108,7 @@ class Appends(StoreState):
         if self.config.durability == "fsync":
             self._asked = {}
             return [self._append_or_error(topic, records, None) for topic, records in batches]
-        timestamp = _time_ns() // 1_000_000
+        timestamp = self._clock.wall_ms()
         results, groups = self._writable_groups(batches)
         committer = self._committer
         for number, (appends, indexes) in groups.items():

@@ -28,6 +28,7 @@ from broker_edge.protocol.topics import topic_matches
 from . import record
 from .catalog import EMPTY_CRC
 from .catalog import HEADER as CATALOG_HEADER
+from .clock import Clock, ClockJumps
 from .config import LogConfig, StorageConfig
 from .entry import MAX_TOPIC_ID, RESTART, TRUNCATE
 from .errors import (
@@ -136,8 +137,14 @@ def _file_crc(path: str, size: int) -> int:
 class StoreState:
     """The state the store's parts share (see the module docstring)."""
 
-    def __init__(self, directory: str | Path, config: StorageConfig | None = None) -> None:
+    def __init__(
+        self, directory: str | Path, config: StorageConfig | None = None, clock: Clock | None = None
+    ) -> None:
         self.directory = str(directory)
+        self._clock = clock or Clock()
+        """The wall clock records are stamped and aged by, and the time passed (``clock``)."""
+        self._clock_jumps: ClockJumps | None = None
+        """The wall clock's jumps retention allows for, from `open` on."""
         self.layout = layout_of(self.directory)
         """Where the partition logs (`layout.log`) and the broker's own files (`layout.meta`) live."""
         self.config = config = config or StorageConfig()

@@ -8,11 +8,20 @@ from pathlib import Path
 import pytest
 
 from broker_edge.storage import InvalidRecord, LogStore, RecordTooLarge, StorageConfig, TooManyTopics
-from broker_edge.storage import store_appends as store_module
+from broker_edge.storage.clock import Clock
 from broker_edge.storage.persistence import LOGGED
 from tests.unit.broker_edge.storage.log_helpers import make_record, odd_record
 
 NOW_MS = 1_700_000_123_456
+
+
+class _Stopped(Clock):
+    """A wall clock that stays at `NOW_MS`: the appends of one turn and of many are stamped alike."""
+
+    __slots__ = ()
+
+    def wall_ms(self) -> int:
+        return NOW_MS
 
 
 def _plain(number: int, retain: bool = False) -> tuple:
@@ -52,7 +61,7 @@ def _turns() -> list[list[tuple[str, list[tuple]]]]:
 
 
 def _open(directory: Path, **settings) -> LogStore:
-    store = LogStore(directory, StorageConfig(**settings))
+    store = LogStore(directory, StorageConfig(**settings), clock=_Stopped())
     store.open()
     return store
 
@@ -86,9 +95,8 @@ def _state(store: LogStore) -> tuple[dict[str, bytes], list[tuple], list[int]]:
     ],
 )
 def test_many_topics_at_once_give_the_offsets_bytes_and_rows_of_each_batch_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: dict
+    tmp_path: Path, settings: dict
 ):
-    monkeypatch.setattr(store_module, "_time_ns", lambda: NOW_MS * 1_000_000)
     settings = {"durability": "none", **settings}
     alone, together = _open(tmp_path / "alone", **settings), _open(tmp_path / "together", **settings)
     firsts_alone, firsts_together = [], []

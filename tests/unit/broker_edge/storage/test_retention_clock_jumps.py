@@ -1,0 +1,126 @@
+"""Retention by age when the wall clock jumps: a box booted in 1970 until NTP sets the date, a clock stepped
+by a year either way. Records are aged by the time that passed, not by the clock's step."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage.clock import Clock
+from tests.unit.broker_edge.storage.log_helpers import BASE_TIME_MS
+
+DAY_MS = 86_400_000
+YEAR_MS = 365 * DAY_MS
+PASS_MS = 60_000
+"""The time between two retention passes (`storage.retention_interval_s`'s default)."""
+
+
+class SetClock(Clock):
+    """A clock the test moves: `advance` is time passing, `step` sets the wall clock alone (NTP, a user)."""
+
+    __slots__ = ("steady", "wall")
+
+    def __init__(self, wall_ms: int) -> None:
+        self.wall = wall_ms
+        self.steady = 10_000
+
+    def wall_ms(self) -> int:
+        return self.wall
+
+    def steady_ms(self) -> int:
+        return self.steady
+
+    def advance(self, ms: int) -> None:
+        self.wall += ms
+        self.steady += ms
+
+    def step(self, ms: int) -> None:
+        self.wall += ms
+
+
+def _store(directory: Path, clock: SetClock) -> LogStore:
+    store = LogStore(directory, StorageConfig(segment_bytes=4096, retention_ms=DAY_MS), clock=clock)
+    store.open()
+    return store
+
+
+def _fill(store: LogStore, topic: str, segments: int) -> int:
+    """Append to `topic`, stamped by the store's clock, until its partition has `segments` more segments
+    (the older ones sealed); returns the topic's end."""
+    partition = store.partition_logs[0]
+    until = len(partition.segments) + segments
+    while len(partition.segments) < until:
+        store.append_message(topic, b"x" * 100)
+        store.flush()
+    store.wait_sealed()
+    return store.log_info(topic).end_offset
+
+
+@pytest.mark.parametrize(
+    "booted_at_ms", [BASE_TIME_MS, 300_000], ids=["clock_stepped_a_year_forward", "booted_in_1970_then_ntp"]
+)
+def test_a_clock_jumping_forward_does_not_age_the_records_written_before_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, booted_at_ms: int
+):
+    """Before, the pass after the jump deleted every sealed segment at once (records of minutes ago looked a
+    year, or 56 years, old), whether or not a reader had them yet."""
+    clock = SetClock(booted_at_ms)
+    store = _store(tmp_path, clock)
+    _fill(store, "t", segments=3)
+    store.apply_retention()
+    clock.advance(PASS_MS)
+    clock.step(YEAR_MS if booted_at_ms == BASE_TIME_MS else BASE_TIME_MS - booted_at_ms)
+
+    with caplog.at_level(logging.WARNING, logger="broker_edge.storage.clock"):
+        report = store.apply_retention()
+
+    assert (report.segments_deleted, store.start_offset("t")) == (0, 0)
+    assert "the wall clock jumped forward by" in caplog.text
+    store.close()
+    reopened = _store(tmp_path, clock)  # the jump is kept across a restart
+    clock.advance(DAY_MS // 2)
+    assert reopened.apply_retention().segments_deleted == 0
+    clock.advance(DAY_MS // 2 + 2 * PASS_MS)  # a day has passed since they were written: they go
+    assert reopened.apply_retention().segments_deleted >= 3
+    assert reopened.start_offset("t") > 0
+    reopened.close()
+
+
+def test_records_stamped_after_a_forward_jump_are_aged_by_the_clock(tmp_path: Path):
+    clock = SetClock(BASE_TIME_MS)
+    store = _store(tmp_path, clock)
+    before = _fill(store, "t", segments=2)
+    store.apply_retention()
+    clock.advance(PASS_MS)
+    clock.step(YEAR_MS)
+    store.apply_retention()
+    _fill(store, "t", segments=2)
+    clock.advance(DAY_MS // 2)
+    assert store.apply_retention().segments_deleted == 0
+
+    clock.advance(DAY_MS // 2 + PASS_MS)
+    store.apply_retention()
+
+    assert store.start_offset("t") > before  # both sides of the jump went, each by its own age
+    store.close()
+
+
+def test_a_group_whose_last_record_is_stamped_earlier_is_aged_by_its_newest(tmp_path: Path):
+    """Times stepping back within a segment (a clock set back by less than a jump) neither age the group by
+    its last record's time nor break the time lookups."""
+    clock = SetClock(BASE_TIME_MS)
+    store = _store(tmp_path, clock)
+    for stamp in (10_000, 20_000, 5_000):
+        store.append_message("t", b"x", timestamp_ms=BASE_TIME_MS + stamp)
+    store.flush()
+    _fill(store, "filler", segments=1)
+
+    store.apply_retention(now_ms=BASE_TIME_MS + 20_000 + DAY_MS - 1)  # a day after 5_000 and 10_000
+    assert store.start_offset("t") == 0
+    assert store.offset_for_timestamp("t", BASE_TIME_MS + 15_000) == 1
+    store.apply_retention(now_ms=BASE_TIME_MS + 20_000 + DAY_MS + 1)
+    assert store.start_offset("t") == 3
+    store.close()
