@@ -8,8 +8,9 @@ deleted at once, read or not), or records stamped in the future (kept until the 
 `ClockJumps` watches the wall clock against one nobody sets (`CLOCK_BOOTTIME`, which counts a suspend) at
 every retention pass. When the wall clock moved more than `JUMP_MS` apart from the time that passed, the jump
 is said at WARNING and kept (in ``meta/clock-jumps``, so a restart keeps it): records written before it are
-aged by the time that passed since, not by the clock's step: records stamped at or before what the
-clock would show without a forward step are moved by it.
+aged by the time that passed since, not by the clock's step. Forward, records stamped at or before what the
+clock would show without the step are moved by it; back, the segments holding records from before are
+closed (rolled) and those of their records stamped after the corrected clock's time (in its future) are.
 Nothing of this runs per record: two clock reads per pass, and a few comparisons per group judged.
 """
 
@@ -93,13 +94,15 @@ class ClockJumps:
             return 0, 0
         passed = steady - last[1]
         step = wall_ms - last[0] - passed
-        return (step if step > JUMP_MS else 0), passed
+        return (step if abs(step) > JUMP_MS else 0), passed
 
     def record(self, wall_ms: int, step: int, passed: int, segment_ends: Sequence[int]) -> ClockJump:
         """Keep and say the jump of `step` found at `wall_ms`. `segment_ends`: per partition, the number below
-        which segments hold records from before now."""
+        which segments hold records from before now (the caller rolls the active segments first when the
+        clock went back, so that none holds records from both sides)."""
         unstepped = wall_ms - step  # what the clock would show had it not been stepped
-        jump = ClockJump(tuple(segment_ends), -_NEVER, unstepped, step)
+        low = -_NEVER if step > 0 else wall_ms  # back: those stamped after the corrected clock's now
+        jump = ClockJump(tuple(segment_ends), low, unstepped, step)
         self.jumps = [*self.jumps, jump][-MAX_JUMPS:]
         _save(self.path, self.jumps)
         log.warning(

@@ -450,6 +450,15 @@ class PartitionLog(Locating):
         self._roll(1)
         return True
 
+    def roll_now(self) -> bool:
+        """Roll the active segment if it holds records; returns whether it rolled (its new segment is then
+        to be written). Records appended from now on go to a segment of their own."""
+        active = self.active
+        if active is None or not active.size:
+            return False
+        self._roll(1)
+        return True
+
     def _roll(self, rows: int) -> Segment:
         """Start a new active segment with room for at least `rows` rows (an oversized first batch)."""
         previous = self.active

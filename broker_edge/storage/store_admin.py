@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from .clock import ClockJumps
@@ -99,11 +99,23 @@ class Admin(StoreState):
 
     def _watch_clock(self, jumps: ClockJumps, now_ms: int) -> None:
         """Keep a jump of the wall clock since the last pass (`clock`): records from before it are aged by
-        the time that passed."""
+        the time that passed. Back, the active segments are rolled first, so that no segment holds records
+        stamped on both sides of it, and the topics' index times (a running maximum) start again from the
+        corrected clock, so that the records after it are aged by their own times."""
         step, passed = jumps.step(now_ms)
         if not step:
             return
-        jumps.record(now_ms, step, passed, [part.next_number for part in self._partitions])
+        ends = [part.next_number for part in self._partitions]
+        if step < 0:
+            if self._committer.failure is None and self._committer.shortage is None:
+                self._roll_partitions(lambda part: part.roll_now())
+                index_ms = self._table.index_ms
+                for topic_id, stamp in enumerate(index_ms):
+                    if stamp > now_ms:
+                        index_ms[topic_id] = now_ms
+            # an active segment (not rolled: it goes on taking records) is left out: kept late, never early
+            ends = [part.active.number if part.active else part.next_number for part in self._partitions]
+        jumps.record(now_ms, step, passed, ends)
         for part in self._partitions:
             for segment in part.segments:
                 segment.oldest_group_ms = None  # their records' ages changed: judged again
@@ -120,9 +132,14 @@ class Admin(StoreState):
         committer = self._committer
         if committer.failure is not None or committer.shortage is not None:
             return
+        self._roll_partitions(lambda part: part.roll_if_old(now_ms))
+
+    def _roll_partitions(self, roll: Callable[[PartitionLog], bool]) -> None:
+        """`roll` each partition (whether it rolled), then write the new segments of those that did."""
+        committer = self._committer
         rolled = False
         for part in self._partitions:
-            if part.roll_if_old(now_ms):
+            if roll(part):
                 committer.touched(part)
                 rolled = True
         if rolled:

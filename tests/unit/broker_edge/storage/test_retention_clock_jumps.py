@@ -108,6 +108,55 @@ def test_records_stamped_after_a_forward_jump_are_aged_by_the_clock(tmp_path: Pa
     store.close()
 
 
+def _corrected_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> tuple[SetClock, LogStore, int]:
+    """A store whose clock ran a year ahead while 't' got records, then was set back to the right time."""
+    clock = SetClock(BASE_TIME_MS + YEAR_MS)
+    store = _store(tmp_path, clock)
+    ahead = _fill(store, "t", segments=2)
+    store.append_message("t", b"in the active segment")
+    store.flush()
+    store.apply_retention()
+    clock.advance(PASS_MS)
+    clock.step(-YEAR_MS)
+    with caplog.at_level(logging.WARNING, logger="broker_edge.storage.clock"):
+        store.apply_retention()
+    store.flush()  # the active segment rolled at the correction is written and sealed
+    store.wait_sealed()
+    return clock, store, ahead + 1
+
+
+def test_records_stamped_by_a_clock_ahead_go_a_retention_after_it_is_set_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Before, they were stamped a year in the future of the corrected clock and kept a year too long."""
+    clock, store, ahead = _corrected_back(tmp_path, caplog)
+    clock.advance(DAY_MS // 2)
+    assert store.apply_retention().segments_deleted == 0  # not early either
+
+    clock.advance(DAY_MS // 2 + PASS_MS)
+    store.apply_retention()
+
+    assert store.start_offset("t") == ahead  # the active segment's too: it was rolled at the correction
+    assert "the wall clock jumped back by 1.0 years" in caplog.text
+    store.close()
+
+
+def test_records_written_after_a_clock_is_set_back_go_by_their_own_age(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A topic's index time is the running maximum of its records' times (so that offset_for_timestamp can
+    bisect it); before, the year-ahead records kept every later record of the topic a year too."""
+    clock, store, _ = _corrected_back(tmp_path, caplog)
+    after = _fill(store, "t", segments=2)
+    clock.advance(DAY_MS + PASS_MS)
+
+    store.apply_retention()
+
+    assert store.start_offset("t") == after - 1  # every sealed segment went; the active one's record stays
+    assert store.offset_for_timestamp("t", clock.wall - DAY_MS // 2) == after  # written a day ago
+    store.close()
+
+
 def test_a_group_whose_last_record_is_stamped_earlier_is_aged_by_its_newest(tmp_path: Path):
     """Times stepping back within a segment (a clock set back by less than a jump) neither age the group by
     its last record's time nor break the time lookups."""
