@@ -16,6 +16,7 @@ Nothing of this runs per record: two clock reads per pass, and a few comparisons
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from .layout import write_meta_file
 
 __all__ = [
     "CLOCK_JUMPS_FILE",
+    "CLOCK_REFERENCE_FILE",
     "JUMP_MS",
     "Clock",
     "ClockJump",
@@ -38,6 +40,10 @@ log = logging.getLogger(__name__)
 
 CLOCK_JUMPS_FILE = "clock-jumps"
 """The jumps kept, in the store's ``meta/``."""
+
+CLOCK_REFERENCE_FILE = "clock-reference"
+"""Both clocks and the boot id at the last clean close, in ``meta/``: a restart in the same boot compares
+the clocks with them, so a jump while the broker was stopped is found too."""
 
 JUMP_MS = 60_000
 """How far the wall clock may drift from the time passed between two passes before it counts as a jump."""
@@ -59,6 +65,14 @@ class Clock:
 
     def steady_ms(self) -> int:
         return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
+
+    def boot_id(self) -> str | None:
+        """This boot's id (`steady_ms` counts from it; None: not known, not Linux)."""
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+                return file.read().strip() or None
+        except OSError:
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +98,35 @@ class ClockJumps:
         self.clock = clock
         self.jumps: list[ClockJump] = _load(self.path)
         self._last: tuple[int, int] | None = None  # (wall, steady) at the last pass
+        self._reference = os.path.join(meta, CLOCK_REFERENCE_FILE)
+
+    def start(self, wall_ms: int) -> None:
+        """Take the clocks at the last clean close as the first pass's reference if this is the same boot
+        (their difference then still means a jump), else `wall_ms` and the time passed now. The file is
+        removed: after a crash, a reference older than the jumps found since would find them again."""
+        saved = _read_reference(self._reference)
+        if saved is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._reference)
+        boot = self.clock.boot_id()
+        if saved is not None and boot is not None and saved[2] == boot and saved[1] <= self.clock.steady_ms():
+            self._last = (saved[0], saved[1])
+        else:
+            self._last = (wall_ms, self.clock.steady_ms())
+
+    def save_reference(self) -> None:
+        """Write both clocks and the boot id for the next start (`start`): at a clean close. A hint only,
+        not synced: a file lost or torn only means a jump while stopped is not found."""
+        boot = self.clock.boot_id()
+        if boot is None:
+            return
+        temporary = self._reference + ".tmp"
+        try:
+            with open(temporary, "w", encoding="ascii") as file:
+                file.write(f"{self.clock.wall_ms()} {self.clock.steady_ms()} {boot}\n")
+            os.replace(temporary, self._reference)
+        except OSError as error:
+            log.warning("%s cannot be written (%s)", self._reference, error)
 
     def step(self, wall_ms: int) -> tuple[int, int]:
         """How far the wall clock (now `wall_ms`) stepped apart from the time passed since the last call, and
@@ -131,6 +174,17 @@ def aged_time(newest_ms: int, jumps: list[ClockJump]) -> int:
         if jump.low_ms < newest_ms <= jump.high_ms:
             newest_ms += jump.add_ms
     return newest_ms
+
+
+def _read_reference(path: str) -> tuple[int, int, str] | None:
+    try:
+        with open(path, encoding="ascii") as file:
+            wall, steady, boot = file.read(200).strip().split(maxsplit=2)
+        return int(wall), int(steady), boot
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # torn or damaged: no reference, as after a reboot
+        return None
 
 
 def _load(path: str) -> list[ClockJump]:

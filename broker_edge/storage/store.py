@@ -174,7 +174,7 @@ class LogStore(Appends, Reads, Admin):
         if any(part.segments for part in self._partitions):
             self._use_syncfs()
         self._clock_jumps = ClockJumps(self.layout.meta, self._clock)
-        self._clock_jumps.step(self._clock.wall_ms())  # the reference the first pass compares with
+        self._clock_jumps.start(self._clock.wall_ms())  # the reference the first pass compares with
         report.seconds = time.monotonic() - began
         _log_opened(self.directory, report)
         return report
@@ -249,6 +249,8 @@ class LogStore(Appends, Reads, Admin):
         if not self._opened:
             return
         failure = self._committer.failure
+        if self._clock_jumps is not None:
+            self._clock_jumps.save_reference()
         if not unwritten and failure is None:
             try:
                 _write_marker(self.layout.meta_file(CLEAN_SHUTDOWN_MARKER))

@@ -40,6 +40,9 @@ class SetClock(Clock):
     def step(self, ms: int) -> None:
         self.wall += ms
 
+    def boot_id(self) -> str:
+        return "one boot"
+
 
 def _store(directory: Path, clock: SetClock) -> LogStore:
     store = LogStore(directory, StorageConfig(segment_bytes=4096, retention_ms=DAY_MS), clock=clock)
@@ -173,3 +176,51 @@ def test_a_group_whose_last_record_is_stamped_earlier_is_aged_by_its_newest(tmp_
     store.apply_retention(now_ms=BASE_TIME_MS + 20_000 + DAY_MS + 1)
     assert store.start_offset("t") == 3
     store.close()
+
+
+def test_a_jump_while_the_broker_is_stopped_is_found_at_the_next_start_of_the_same_boot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The box booted in 1970; the broker was stopped, NTP set the date, the broker started again: before,
+    its first pass deleted every record written in 1970."""
+    clock = SetClock(300_000)
+    store = _store(tmp_path, clock)
+    _fill(store, "t", segments=2)
+    store.close()
+    clock.advance(PASS_MS)
+    clock.step(BASE_TIME_MS)
+    reopened = _store(tmp_path, clock)
+    clock.advance(PASS_MS)
+
+    with caplog.at_level(logging.WARNING, logger="broker_edge.storage.clock"):
+        report = reopened.apply_retention()
+
+    assert (report.segments_deleted, reopened.start_offset("t")) == (0, 0)
+    assert "the wall clock jumped forward by 53.9 years" in caplog.text
+    reopened.close()
+
+
+def test_a_jump_found_while_running_is_not_found_again_after_a_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The reference of a clean close is taken once: after a crash, the next start compares with nothing
+    older than the jumps already found (it would say a jump that was kept already)."""
+    clock = SetClock(300_000)
+    store = _store(tmp_path, clock)
+    _fill(store, "t", segments=2)
+    store.close()
+    reopened = _store(tmp_path, clock)
+    clock.advance(PASS_MS)
+    clock.step(BASE_TIME_MS)
+    reopened.apply_retention()  # the jump is found and kept
+    reopened.file_pool.close()  # a crash: dropped without closing
+    after_crash = _store(tmp_path, clock)
+    clock.advance(DAY_MS + 2 * PASS_MS)
+    caplog.clear()
+
+    with caplog.at_level(logging.WARNING, logger="broker_edge.storage.clock"):
+        report = after_crash.apply_retention()
+
+    assert "jumped" not in caplog.text
+    assert report.segments_deleted >= 2  # aged from the jump once
+    after_crash.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.storage import LogStore
+from broker_edge.storage.clock import CLOCK_REFERENCE_FILE
 from broker_edge.storage.layout import open_layout
 from tests.unit.broker_edge.storage.layout2 import SESSIONS, as_layout_1, write_layout_2
 from tests.unit.broker_edge.storage.log_helpers import assert_matches, make_record
@@ -27,7 +28,8 @@ def assert_moved_whole(root: Path) -> None:
     store = LogStore(root)
     report = store.open()
     assert sorted(path.name for path in root.iterdir()) == ["log", "meta"]
-    assert sorted(path.name for path in (root / "meta").iterdir()) == ["LAYOUT", "STORE_ID", "sessions.json"]
+    moved = sorted(path.name for path in (root / "meta").iterdir() if path.name != CLOCK_REFERENCE_FILE)
+    assert moved == ["LAYOUT", "STORE_ID", "sessions.json"]  # (the clock's reference: a close's own)
     assert (root / "meta" / "LAYOUT").read_text() == "3\n"
     assert (root / "meta" / "sessions.json").read_text() == SESSIONS
     assert report.clean_shutdown  # the marker was carried over (and read: an open removes it)
