@@ -10,8 +10,8 @@ from collections.abc import Mapping
 import pyarrow as pa
 
 from pipelines.actions.abort import first_fired
-from pipelines.actions.engine_base import _devices, _ts, _utc
-from pipelines.actions.engine_sending import Sending, unrecorded
+from pipelines.actions.engine_base import _devices, _reached_and_open, _ts, _utc
+from pipelines.actions.engine_sending import Sending
 from pipelines.actions.engine_tables import (
     ACTIONS,
     SUMMARY,
@@ -160,7 +160,9 @@ class Summaries(Sending):
     def _abort(self, action: Action, summary: dict, app_id: str, batch_id: int, now: int) -> dict:
         """Stop an aborted action and write its rollback; the summary's fields that change."""
         rows = self.tables.executions([action.id]).get(action.id, {})
-        may_have_it = [row.device_id for row in unrecorded(rows.values())]  # canceled by the stop
+        # devices with the build and no final report (working on it, or sent it and not heard from, also by
+        # a tick that did not record it): the cancel may reach them after they installed it
+        may_have_it = [row.device_id for row in rows.values() if _reached_and_open(row)]
         stopped = self._stop(
             action, rows, ACTION_ABORTED, f"action aborted: {summary['aborted_by']} reached", now
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pyarrow.compute as pc
@@ -327,3 +328,35 @@ def test_a_job_killed_before_it_aborted_sends_no_further_phase_when_it_starts_ag
         executions = run.executions("kr-1")
         assert {d for d, r in executions.items() if r["published_at"] is not None} == first
         assert run.received("kr-1") == first
+
+
+def test_an_abort_rolls_back_the_devices_that_had_the_build_and_had_not_reported_its_end(tmp_path):
+    """An abort rule fires while devices are IN_PROGRESS with the build as far as the job has read (a job
+    started again whose first tick aborts before its reports stream read their SUCCEEDED, a final report
+    still on its way): they are sent the cancel message, which may come after they installed it, and the
+    rollback left them out, so they kept the bad build. The rollback now goes to every device that had the
+    build and had not reported a final state (one that never installed it is already at that version and
+    says so at once)."""
+    with rollout_run(tmp_path, quiet_devices(), count=3) as run:
+        fleet = sorted(d.device_id for d in run.fleet.devices)
+        rules = [rule("timed_out", 10.0, 1)]
+        row = action_row("ip-1", device_ids=["r-silent", *fleet], timeout_s=60, abort_rules=rules)
+        run.create(row | {"rollback": ROLLBACK})
+        run.harness.wait_until(lambda: finals(list(run.harness.reports), "ip-1") == 3, 20)
+        later = run.clock.at(30)  # the devices started half a minute after the silent one
+        started = [
+            replace(r, received_at=later) for r in run.harness.take_reports() if r.state == "IN_PROGRESS"
+        ]
+        started.append(
+            StatusReport("ip-1", "r-silent", "IN_PROGRESS", 1, run.clock.now, received_at=run.clock.now)
+        )
+        run.engine.on_reports(started, "reports", 0)  # their SUCCEEDED not read yet
+        run.tick_at(61)
+        summary = run.summary("ip-1")
+        assert (summary["action_state"], summary["rollback_action_id"]) == ("ABORTED", "ip-1-rollback")
+        actions = run.store.read_arrow("actions")
+        rollback = actions.filter(pc.equal(actions["id"], rollback_id("ip-1"))).to_pylist()
+        assert rollback[0]["target"]["device_ids"] == fleet
+        run.engine.on_action_rows(rollback, "fanout", 99)
+        run.feed(lambda reports: finals(reports, "ip-1-rollback") == 3)
+        assert {d.firmware for d in run.fleet.devices} == {"1.0.0"}
