@@ -45,11 +45,13 @@ from broker_edge.http.guard import (
     mark_authenticated,
     over_budget_response,
     read_body,
+    reads_of,
     settle,
     start_guarded_site,
     waiting,
 )
 from broker_edge.http.json_errors import http_error_answer
+from broker_edge.http.read_gate import ReadGate, work_in_thread, work_turn
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.security.access import EVERYONE, Access
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget
@@ -103,7 +105,8 @@ Authenticator = Callable[[web.Request], Access]
 log = logging.getLogger(__name__)
 
 LIST_CHUNK = 1024
-"""Logs listed between two yields to the event loop (about 4 ms of CPU: their `LogInfo`s, JSON and write)."""
+"""Logs listed in one piece of work (about 4 ms of CPU: their `LogInfo`s, JSON and write), each waiting for
+its turn of the loop (``read_gate.work_turn``)."""
 SLICE_S = 0.002
 """Work a multi-topic fetch, or a read of many records, does between two yields to the event loop."""
 READ_SLICE = 1024
@@ -472,16 +475,23 @@ class _Handlers:
             response.enable_chunked_encoding()
         await response.prepare(request)
         try:
-            await self._write_listing(Pace(request), response, itertools.chain([first], chunks), access)
+            listed = itertools.chain([first], chunks)
+            await self._write_listing(Pace(request), response, listed, access, reads_of(request))
         except ConnectionError:  # (the answer's status is sent: nothing else can be told)
             log.debug("%s closed its connection in the middle of a listing", request.remote)
         return response
 
     async def _write_listing(
-        self, pace: Pace, response: web.StreamResponse, chunks: Iterator[list[LogInfo]], access: Access
+        self,
+        pace: Pace,
+        response: web.StreamResponse,
+        chunks: Iterator[list[LogInfo]],
+        access: Access,
+        gate: ReadGate | None,
     ) -> None:
-        """The listing's body, a chunk of logs per write, the loop served between chunks, taken at
-        ``min_read_bytes_per_s`` at least (``http.guard.Pace``)."""
+        """The listing's body, a chunk of logs per write, each in a turn of the loop of its own
+        (``work_turn`` on ``gate``, the request's socket: seventy listings at once each took a chunk of a few
+        milliseconds in every turn), taken at ``min_read_bytes_per_s`` at least (``http.guard.Pace``)."""
         replicated = self.store.replicated_log.enabled
         await pace.write(response, b'{"logs": [')
         separator = b""
@@ -493,7 +503,7 @@ class _Handlers:
             if listed:
                 await pace.write(response, separator + json.dumps(listed)[1:-1].encode())
                 separator = b", "
-            await asyncio.sleep(0)
+            await work_turn(gate)
         await pace.write(response, b"]}")
         await response.write_eof()
 
@@ -531,12 +541,13 @@ class _Handlers:
         read = self.store.read_runs if output == "arrow" else self.store.read
         share = self._share([topic], max_bytes)
         hold(request, share)  # what the read and the answer built from it may hold
-        records = await read_in_slices(read, topic, offset, max_records, max_bytes)
+        gate = reads_of(request)
+        records = await read_in_slices(read, topic, offset, max_records, max_bytes, gate)
         if not records and wait_ms:
             settle(request, 0)  # nothing is held while it waits
             await self._wait_for_data(request, {topic: offset}, wait_ms)
             hold(request, self._share([topic], max_bytes))
-            records = await read_in_slices(read, topic, offset, max_records, max_bytes)
+            records = await read_in_slices(read, topic, offset, max_records, max_bytes, gate)
         info = self.store.log_info(topic)
         count, next_offset = _count_and_next(records, offset)
         positions = {
@@ -551,7 +562,7 @@ class _Handlers:
             RECORD_COUNT_HEADER: str(count),
         }
         metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
-        body = await _built(count, _records_body, output, topic, records, metadata)
+        body = await _built(gate, count, _records_body, output, topic, records, metadata)
         return web.Response(body=body, headers=headers, content_type=FORMATS[output])
 
     async def fetch_many(self, request: web.Request) -> web.Response:
@@ -561,19 +572,21 @@ class _Handlers:
         topics = [fetch.topic for fetch in fetches]
         settle(request, 0)
         hold(request, self._share(topics, max_bytes))
-        chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar, access)
+        gate = reads_of(request)
+        chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar, access, gate)
         if not chunks and wait_ms:
             settle(request, 0)
             await self._wait_for_data(request, positions, wait_ms, pattern)
             hold(request, self._share(topics, max_bytes))
-            chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar, access)
+            chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar, access, gate)
         if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
-            # built in a thread (the runs hold immutable bytes): 10,000 topics' rows are many milliseconds
-            body: Any = await asyncio.get_running_loop().run_in_executor(None, _arrow_body, chunks, metadata)
+            # built in a thread (the runs hold immutable bytes): 10,000 topics' rows are many milliseconds;
+            # one answer at a time, as a piece of the loop's HTTP work (``read_gate.work_in_thread``)
+            body: Any = await work_in_thread(gate, _arrow_body, chunks, metadata)
         else:
             count = sum(result.get("records", 0) for result in results.values())
-            body = await _built(count, _batch_lines, results, chunks)
+            body = await _built(gate, count, _batch_lines, results, chunks)
         return web.Response(body=body, content_type=FORMATS[output])
 
     async def _json_body(self, request: web.Request) -> dict:
@@ -612,13 +625,19 @@ class _Handlers:
         return fetches, max_bytes, wait_ms, output, pattern_param(body.get("pattern"))
 
     async def _fetch_round(
-        self, fetches: list[_Fetch], max_bytes: int, columnar: bool, access: Access = EVERYONE
+        self,
+        fetches: list[_Fetch],
+        max_bytes: int,
+        columnar: bool,
+        access: Access = EVERYONE,
+        gate: ReadGate | None = None,
     ) -> tuple[list[tuple[str, list[Any]]], dict[str, dict[str, Any]], dict[str, int]]:
         """Read every fetch within a shared byte budget; only the first non-empty topic may exceed it.
 
         Returns the records per topic (`Record`s, or `FrameRun`s when `columnar`), the per-topic results,
-        and the offset each topic was read from. Yields to the loop every `SLICE_S` of work, so that a fetch
-        of 10,000 topics never holds MQTT up for long.
+        and the offset each topic was read from. Waits for a turn of the loop (``work_turn`` on ``gate``, the
+        request's socket) after every `SLICE_S` of work, so that a fetch of 10,000 topics never holds MQTT
+        up for long.
         """
         chunks: list[tuple[str, list[Any]]] = []
         results: dict[str, dict[str, Any]] = {}
@@ -628,7 +647,7 @@ class _Handlers:
         slice_end = time.monotonic() + SLICE_S
         for number, fetch in enumerate(fetches):
             if number % 64 == 63 and time.monotonic() >= slice_end:
-                await asyncio.sleep(0)
+                await work_turn(gate)
                 slice_end = time.monotonic() + SLICE_S
             if not access.may_read(fetch.topic):
                 refusal = forbidden(fetch.topic, access)
@@ -643,7 +662,7 @@ class _Handlers:
             offset = positions[fetch.topic] = _resolve_offset(fetch.offset, info)
             try:
                 records = (
-                    await read_in_slices(read, fetch.topic, offset, fetch.max_records, budget)
+                    await read_in_slices(read, fetch.topic, offset, fetch.max_records, budget, gate)
                     if budget > 0
                     else []
                 )
@@ -675,13 +694,19 @@ class _Handlers:
 
 
 async def read_in_slices(
-    read: Callable[[str, int, int, int], list[Any]], topic: str, offset: int, max_records: int, max_bytes: int
+    read: Callable[[str, int, int, int], list[Any]],
+    topic: str,
+    offset: int,
+    max_records: int,
+    max_bytes: int,
+    gate: ReadGate | None = None,
 ) -> list[Any]:
     """What ``read(topic, offset, max_records, max_bytes)`` (``LogStore.read`` or ``read_runs``) returns,
     read ``READ_SLICE`` records at a time with the event loop served between slices (every ``SLICE_S`` of
-    work): 100,000 records read whole held MQTT up for a few hundred milliseconds. Only the first slice
-    may pass ``max_bytes`` (with its one record); an error met after some records (retention, a damaged
-    record) ends the read there, and the next read from its end says it."""
+    work, each waiting for its turn on ``gate``, the request's socket: ``work_turn``): 100,000 records
+    read whole held MQTT up for a few hundred milliseconds. Only the first slice may pass ``max_bytes``
+    (with its one record); an error met after some records (retention, a damaged record) ends the read
+    there, and the next read from its end says it."""
     items: list[Any] = []
     slice_end = time.monotonic() + SLICE_S
     while max_records > 0 and max_bytes > 0:
@@ -702,17 +727,17 @@ async def read_in_slices(
         max_records -= count
         max_bytes -= size
         if time.monotonic() >= slice_end:
-            await asyncio.sleep(0)
+            await work_turn(gate)
             slice_end = time.monotonic() + SLICE_S
     return items
 
 
-async def _built(count: int, build: Callable[..., Any], *args: Any) -> Any:
+async def _built(gate: ReadGate | None, count: int, build: Callable[..., Any], *args: Any) -> Any:
     """``build(*args)``: at once for an answer of a few records, else in a thread of the loop's executor
-    (the records it reads hold immutable bytes)."""
+    (the records it reads hold immutable bytes), as a piece of the work of the request on ``gate``."""
     if count <= INLINE_RECORDS:
         return build(*args)
-    return await asyncio.get_running_loop().run_in_executor(None, build, *args)
+    return await work_in_thread(gate, build, *args)
 
 
 def _records_body(

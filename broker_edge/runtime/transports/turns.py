@@ -42,9 +42,11 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from broker_edge.http.read_gate import WorkTurns
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from broker_edge.http.read_gate import ReadGate
@@ -371,6 +373,9 @@ class SocketTurns:
 
     async def work_turn(self) -> None:
         await self.turns.work.turn()
+
+    async def work_in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        return await self.turns.work.in_thread(work, *args)
 
     def pause_for_turn(self) -> None:
         self.gate.hold_reading()

@@ -6,6 +6,8 @@ they came, each turn began a request of every connection, or a chunk of every li
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -125,3 +127,45 @@ def test_pipelined_reads_and_refusals_begin_one_a_turn(
     assert set(statuses) == {status}  # a stranger's connection is closed at its 401, and opened again
     assert turns.most() <= MOST_PER_TURN
     assert sum(turns.pieces.values()) >= 2000
+
+
+def test_listings_asked_at_once_list_a_chunk_a_turn(offsets_broker: RunningBroker, monkeypatch):
+    broker = offsets_broker
+    turns = LoopTurns(broker)
+    store = broker.broker.store
+    monkeypatch.setattr(store, "iter_logs", turns.counted_chunks(store.iter_logs))
+    request = http_request("/v1/logs", headers={"Authorization": f"Bearer {TOKEN}"})
+
+    statuses = ask_flat_out(broker, broker.broker.offsets_port, request, 100, connections=20)
+
+    assert set(statuses) == {200}
+    assert turns.most() <= MOST_PER_TURN
+    assert sum(turns.pieces.values()) >= 100 * 3000 // 1024
+
+
+def test_fetches_asked_at_once_build_their_arrow_answers_one_at_a_time(offsets_broker, monkeypatch):
+    from broker_edge.offsets_api import server
+
+    building = Counter[str]()
+    lock = threading.Lock()
+
+    def counted_build(*args: Any) -> Any:
+        with lock:
+            building["now"] += 1
+            building["most"] = max(building["most"], building["now"])
+        try:
+            return build(*args)
+        finally:
+            with lock:
+                building["now"] -= 1
+
+    build = server._arrow_body
+    monkeypatch.setattr(server, "_arrow_body", counted_build)
+    fetches = [{"topic": f"plant/{number}/temp", "offset": 0} for number in range(20)]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    request = http_request("/v1/fetch", "POST", headers, json.dumps({"fetches": fetches}).encode())
+
+    statuses = ask_flat_out(offsets_broker, offsets_broker.broker.offsets_port, request, 300, connections=30)
+
+    assert set(statuses) == {200}
+    assert building["most"] == 1  # each in a thread, but one at a time
