@@ -50,6 +50,7 @@ OFFSETS_ENDPOINTS = {
         json.dumps({"fetches": [{"topic": t, "offset": 0} for t in FETCHED]}).encode(),
     ),
     "partitions": ("GET", "/v1/partitions", b""),
+    "partition": ("GET", "/v1/partitions/0/records?position=0&max_entries=2000", b""),
 }
 """The offsets API's endpoints: method, path, body."""
 

@@ -12,12 +12,12 @@ a broker's own: a cluster's member answers 404 here, and its readers use topic o
 A read is done in slices of `SLICE_S` of work with the event loop served between them, so a read of 4 MiB
 never holds MQTT up for long; its Arrow answer (tens of milliseconds of CPU for 50,000 rows of as many
 topics) is built in a thread of the loop's executor, which the loop's thread takes the interpreter back from
-every switch interval (5 ms).
+every switch interval (5 ms). Slices and answers are pieces of the loop's HTTP work: each waits for its
+turn, one at a time (``http.read_gate.WorkTurns``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from array import array
@@ -26,7 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from broker_edge.bounds import MAX_OFFSET
-from broker_edge.http.guard import hold
+from broker_edge.http.guard import hold, reads_of
+from broker_edge.http.read_gate import ReadGate, work_in_thread, work_turn
 from broker_edge.storage import LogStore, PositionOutOfRange
 
 from . import errors as codes
@@ -144,7 +145,7 @@ class _PartitionHandlers:
         hold(request, max_bytes + ANSWER_OVERHEAD)  # what the read and the answer built from it may hold
         try:
             topics, frames, next_position, lost, damaged, removed = await self._read(
-                partition, position, max_entries, max_bytes, patterns or None
+                partition, position, max_entries, max_bytes, patterns or None, reads_of(request)
             )
         except PositionOutOfRange as error:
             raise position_out_of_range(error) from None
@@ -160,15 +161,23 @@ class _PartitionHandlers:
             "removed": removed,
         }
         metadata = {PARTITION_METADATA_KEYS[key]: str(value).encode() for key, value in values.items()}
-        # the frames are copies joined from the segments' bytes (immutable): a thread may read them
-        body = await asyncio.get_running_loop().run_in_executor(None, _arrow_body, topics, frames, metadata)
+        # the frames are copies joined from the segments' bytes (immutable): a thread may read them, one
+        # answer at a time, as a piece of the loop's HTTP work (``read_gate.work_in_thread``)
+        body = await work_in_thread(reads_of(request), _arrow_body, topics, frames, metadata)
         return web.Response(body=body, content_type=ARROW_CONTENT_TYPE)
 
     async def _read(
-        self, partition: int, position: int, max_entries: int, max_bytes: int, patterns: list[str] | None
+        self,
+        partition: int,
+        position: int,
+        max_entries: int,
+        max_bytes: int,
+        patterns: list[str] | None,
+        gate: ReadGate | None = None,
     ) -> tuple[list[str], _Frames, int, dict[str, int], int, int]:
-        """Read in slices, serving the event loop between them (the read may go on after new appends: it
-        stops at `position + max_entries` whatever the partition's end has become)."""
+        """Read in slices, each after the last waiting for its turn of the loop's HTTP work (``work_turn``
+        on ``gate``, the request's socket; the read may go on after new appends: it stops at `position +
+        max_entries` whatever the partition's end has become)."""
         stop = position + max_entries
         topics: list[str] = []
         frames = _Frames()
@@ -196,7 +205,7 @@ class _PartitionHandlers:
             if stopped_early:
                 break
             if time.monotonic() >= slice_end:
-                await asyncio.sleep(0)
+                await work_turn(gate)
                 slice_end = time.monotonic() + SLICE_S
         return topics, frames, position, lost, damaged, removed
 

@@ -143,9 +143,25 @@ def test_listings_asked_at_once_list_a_chunk_a_turn(offsets_broker: RunningBroke
     assert sum(turns.pieces.values()) >= 100 * 3000 // 1024
 
 
-def test_fetches_asked_at_once_build_their_arrow_answers_one_at_a_time(offsets_broker, monkeypatch):
-    from broker_edge.offsets_api import server
+FETCHES = [{"topic": f"plant/{number}/temp", "offset": 0} for number in range(20)]
+ARROW_READS = {
+    "fetch": ("server", "POST", "/v1/fetch", json.dumps({"fetches": FETCHES}).encode()),
+    "partition": (
+        "partitions",
+        "GET",
+        "/v1/partitions/0/records?position=0&max_entries=200&max_bytes=65536",
+        b"",
+    ),
+}
+"""A batch fetch and a partition's read: the module building their Arrow answer (in a thread), method, path,
+body."""
 
+
+@pytest.mark.parametrize("read", sorted(ARROW_READS))
+def test_reads_asked_at_once_build_their_arrow_answers_one_at_a_time(offsets_broker, monkeypatch, read):
+    from broker_edge.offsets_api import partitions, server
+
+    module = {"server": server, "partitions": partitions}[ARROW_READS[read][0]]  # (loaded by the broker)
     building = Counter[str]()
     lock = threading.Lock()
 
@@ -159,11 +175,11 @@ def test_fetches_asked_at_once_build_their_arrow_answers_one_at_a_time(offsets_b
             with lock:
                 building["now"] -= 1
 
-    build = server._arrow_body
-    monkeypatch.setattr(server, "_arrow_body", counted_build)
-    fetches = [{"topic": f"plant/{number}/temp", "offset": 0} for number in range(20)]
+    build = module._arrow_body
+    monkeypatch.setattr(module, "_arrow_body", counted_build)
+    _, method, path, body = ARROW_READS[read]
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    request = http_request("/v1/fetch", "POST", headers, json.dumps({"fetches": fetches}).encode())
+    request = http_request(path, method, headers, body)
 
     statuses = ask_flat_out(offsets_broker, offsets_broker.broker.offsets_port, request, 300, connections=30)
 
