@@ -232,6 +232,9 @@ class BrokerCore:
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None:
         self._unattached.pop(conn, None)
+        certificate_ends = conn.terms.listener.certificate_ends
+        if certificate_ends is not None:
+            certificate_ends.forget(conn)
         if conn.terms.paused:
             self.slow_subscribers.resumed(conn)  # its publishers are read again
         if conn.refused is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from broker_edge.engine.connection.certificate_ends import CertificateEnds
 from broker_edge.engine.connection.states import NEW, NO_LIMIT
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 
@@ -178,6 +179,7 @@ class ListenerRuntime:
 
     __slots__ = (
         "allow_anonymous",
+        "certificate_ends",
         "checks_crl",
         "config",
         "metrics",
@@ -200,6 +202,9 @@ class ListenerRuntime:
         tls = config.tls
         self.checks_crl = tls is not None and tls.crlfile is not None
         """Client certificates are checked against CRLs: connections note theirs (``peer_certificate``)."""
+        self.certificate_ends = CertificateEnds() if tls is not None and tls.cafile else None
+        """Client certificates are verified: their connections are closed when their chain ends, and noted
+        for the CAs it needs (``peer_trust``)."""
         self.tls_contexts = (
             ServerContexts(lambda: server_ssl_context(tls), tls, f"listener {config.name}")
             if tls is not None

@@ -173,6 +173,8 @@ class TcpConnection(StreamConnection):
                 self.peer_uri = peer_timestone_uri(ssl_object)
             if self.terms.listener.checks_crl:
                 self.peer_certificate = certificate_id(ssl_object)
+            if self.terms.listener.certificate_ends is not None:
+                self.terms.listener.certificate_ends.watch_chain(self, ssl_object, self.terms.host.call_later)
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close
                 self.peer = f"{address[0]}:{address[1]}"

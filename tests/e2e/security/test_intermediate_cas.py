@@ -1,12 +1,15 @@
 """Devices whose certificates another PKI issued through an intermediate CA (``timestone pki ca`` makes CAs
 that sign end certificates only): the listener trusts the root, devices send their chain, and the CRL the
-broker checks is the intermediate's; a device revoked there is refused, and closed if it is connected."""
+broker checks is the intermediate's; a device revoked there is refused, and closed if it is connected. A
+connection ends when its intermediate expires."""
 
 from __future__ import annotations
 
 import datetime
+import logging
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -33,6 +36,7 @@ def signed(
     issuer: x509.Name,
     issuer_key: ec.EllipticCurvePrivateKey,
     ca: bool,
+    until: datetime.datetime = NOW + 30 * DAY,
 ) -> x509.Certificate:
     builder = (
         x509.CertificateBuilder()
@@ -41,7 +45,7 @@ def signed(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(NOW - DAY)
-        .not_valid_after(NOW + 30 * DAY)
+        .not_valid_after(until)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False)
     )
@@ -60,23 +64,29 @@ def pem(*certificates: x509.Certificate) -> bytes:
 
 
 class OtherPki:
-    """A root, an intermediate it signed, and devices the intermediate signed, in ``directory``."""
+    """A root, an intermediate it signed (valid ``until``), and devices the intermediate signed, in
+    ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, until: datetime.datetime = NOW + 30 * DAY) -> None:
         self.directory = directory
         self.root_key, self.key = (
             ec.generate_private_key(ec.SECP256R1()),
             ec.generate_private_key(ec.SECP256R1()),
         )
         self.root = signed("plant root", self.root_key, named("plant root"), self.root_key, ca=True)
-        self.intermediate = signed("plant devices", self.key, self.root.subject, self.root_key, ca=True)
+        self.intermediate = signed(
+            "plant devices", self.key, self.root.subject, self.root_key, ca=True, until=until
+        )
         (directory / "root.pem").write_bytes(pem(self.root))
         self.devices: dict[str, x509.Certificate] = {}
 
-    def device(self, name: str) -> ssl.SSLContext:
+    def device(self, name: str, sends_intermediate: bool = True) -> ssl.SSLContext:
+        """A device's TLS context: its certificate, then the intermediate's unless not ``sends_intermediate``
+        (the listener's ``cafile`` must hold it then)."""
         key = ec.generate_private_key(ec.SECP256R1())
         self.devices[name] = signed(name, key, self.intermediate.subject, self.key, ca=False)
-        (self.directory / f"{name}.pem").write_bytes(pem(self.devices[name], self.intermediate))
+        chain = (self.intermediate,) if sends_intermediate else ()
+        (self.directory / f"{name}.pem").write_bytes(pem(self.devices[name], *chain))
         (self.directory / f"{name}.key").write_bytes(
             key.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -97,24 +107,33 @@ class OtherPki:
         return path
 
 
-def test_devices_of_an_intermediate_ca_connect_and_one_revoked_there_is_closed_and_refused(
-    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def devices_listener(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cafile: Path, crlfile: Path | None = None
+) -> dict[str, Any]:
+    """A ``devices`` TLS listener requiring client certificates of ``cafile``'s CAs, serving a certificate
+    ``timestone pki`` issued (the devices trust its CA, ``server-ca``)."""
     server = ["issue", "server", "broker", "--ca", str(tmp_path / "server-ca"), "--ip", "127.0.0.1"]
     assert main(["pki", "ca", str(tmp_path / "server-ca")]) == 0 and main(["pki", *server]) == 0
     capsys.readouterr()
-    other = OtherPki(tmp_path)
-    meter_1, meter_2 = other.device("meter-1"), other.device("meter-2")
     tls = {
         "certfile": str(tmp_path / "server-ca" / "server-broker.pem"),
         "keyfile": str(tmp_path / "server-ca" / "server-broker.key"),
-        "cafile": str(tmp_path / "root.pem"),  # the root only: devices send the intermediate
+        "cafile": str(cafile),
         "require_client_cert": True,
-        "crlfile": str(other.crl()),  # the intermediate's: the root may sign CAs, its CRL is not asked for
     }
-    broker = start_broker(
-        listeners=[{"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}]
-    )
+    if crlfile is not None:
+        tls["crlfile"] = str(crlfile)
+    return {"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}
+
+
+def test_devices_of_an_intermediate_ca_connect_and_one_revoked_there_is_closed_and_refused(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = OtherPki(tmp_path)
+    # the root only: devices send the intermediate; the intermediate's CRL (the root may sign CAs, its CRL
+    # is not asked for)
+    broker = start_broker(listeners=[devices_listener(tmp_path, capsys, tmp_path / "root.pem", other.crl())])
+    meter_1, meter_2 = other.device("meter-1"), other.device("meter-2")
     first = PahoClient(broker.port, "m1", tls_context=meter_1)
     second = PahoClient(broker.port, "m2", tls_context=meter_2)
     assert first.connack_result[1] == second.connack_result[1] == 0
@@ -125,3 +144,24 @@ def test_devices_of_an_intermediate_ca_connect_and_one_revoked_there_is_closed_a
     assert handshake_refused(broker.port, meter_1)
     second.publish("plant/1/temp", b"21.5", qos=1)  # the intermediate's other device goes on
     second.disconnect()
+
+
+def test_a_device_is_closed_when_its_intermediate_ca_expires_before_its_own_certificate(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The chain's authorization ends with its first certificate to end: an intermediate of a few seconds
+    closes its device's connection (v5 DISCONNECT 0x87), said naming the CA."""
+    lifetime = 8.0  # time enough for the device to connect on a busy machine
+    ends = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=lifetime)
+    other = OtherPki(tmp_path, until=ends)
+    caplog.set_level(logging.WARNING)
+    broker = start_broker(listeners=[devices_listener(tmp_path, capsys, tmp_path / "root.pem")])
+    meter = other.device("meter-1")
+    device = PahoClient(broker.port, "m1", tls_context=meter)
+    assert device.connack_result[1] == 0
+    assert device.disconnects.get(timeout=lifetime + 30) == 0x87
+    said = [r.getMessage() for r in caplog.records if "closing the connection" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        "closing the connection: the certificate of its CA (CN=plant devices) expired at "
+    ), said
+    assert said[0].endswith(" UTC (CN=meter-1)")

@@ -1,0 +1,144 @@
+"""What a client's certificate chain rests on, read at the handshake: when it ends, and which CAs it needs.
+
+OpenSSL checks a client certificate's dates and chain at the handshake only: a connection outlives both its
+certificate's end and the trust in its CA. ``peer_chain`` reads the chain OpenSSL verified (the client's
+certificate first, the trusted root last) and keeps two things of it, shared by the connections of one chain:
+
+- ``end``: the earliest notAfter in it (the client's certificate's, or a CA's that ends first), when the
+  connection's authorization ends (``engine.connection.certificate_ends`` closes it then);
+- ``needs``: the CAs a CA file must hold for the chain to verify again (its root, and the intermediates the
+  client did not send: it sends the same ones at its next handshake); ``trusted_keys`` reads a reloaded
+  ``cafile`` into the keys ``needs`` is compared with.
+
+A CA is known by its subject and public key together: a new CA of the same name (a key replaced) is another.
+A resumed TLS session has no verified chain: its client certificate is read alone, and the CA it needs is
+known by the name of its issuer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+__all__ = ["PeerChain", "peer_chain", "trusted_keys"]
+
+_DER = 2
+"""``_ssl.ENCODING_DER``: how the certificates of a chain are asked for."""
+
+_MAX_KNOWN = 4096
+"""CA certificates (and needs) remembered; past it the tables start again."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerChain:
+    """When a client's verified chain ends, and what it needs trusted (see the module docstring)."""
+
+    end: float
+    """The earliest notAfter of the chain (Unix time)."""
+    ending: str
+    """Whose notAfter ``end`` is: "" for the client's certificate, else the CA's subject."""
+    needs: frozenset[bytes]
+    """The keys (``trusted_keys``) of the CAs a CA file must hold for the chain to verify."""
+
+
+def _key(certificate: x509.Certificate) -> bytes:
+    """A CA as a trust store holds it: its subject and public key, together."""
+    from cryptography.hazmat.primitives import serialization
+
+    spki = certificate.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(certificate.subject.public_bytes() + b"\0" + spki).digest()
+
+
+def _name_key(name: x509.Name) -> bytes:
+    """A CA known by its name alone (a resumed session's issuer)."""
+    return hashlib.sha256(b"name\0" + name.public_bytes()).digest()
+
+
+_CAS: dict[bytes, tuple[bytes, float, str]] = {}
+"""A CA certificate's DER → its key, notAfter and subject (CAs are few; each chain's are read once)."""
+_NEEDS: dict[frozenset[bytes], frozenset[bytes]] = {}
+"""Each distinct ``needs``, kept once: every connection of a chain holds the same object."""
+
+
+def _ca(der: bytes) -> tuple[bytes, float, str]:
+    known = _CAS.get(der)
+    if known is None:
+        from cryptography import x509
+
+        certificate = x509.load_der_x509_certificate(der)
+        if len(_CAS) >= _MAX_KNOWN:
+            _CAS.clear()
+        known = _CAS[der] = (
+            _key(certificate),
+            certificate.not_valid_after_utc.timestamp(),
+            certificate.subject.rfc4514_string(),
+        )
+    return known
+
+
+def _shared(needs: frozenset[bytes]) -> frozenset[bytes]:
+    if len(_NEEDS) >= _MAX_KNOWN:
+        _NEEDS.clear()
+    return _NEEDS.setdefault(needs, needs)
+
+
+def _chains(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> tuple[list[bytes], list[bytes]]:
+    """The verified chain and the certificates the client sent (its own first), as DER; the verified one is
+    empty for a resumed session. Python 3.13 names them; 3.11 and 3.12 have them on the inner object."""
+    inner: Any = getattr(ssl_object, "_sslobj", None)
+    if hasattr(ssl_object, "get_verified_chain"):
+        inner = ssl_object
+    if inner is None:
+        return [], []
+
+    def der(chain: list[Any] | None) -> list[bytes]:
+        return [c if isinstance(c, bytes) else c.public_bytes(_DER) for c in chain or ()]
+
+    return der(inner.get_verified_chain()), der(inner.get_unverified_chain())
+
+
+def peer_chain(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> PeerChain | None:
+    """What the client's certificate chain rests on (None: it sent no certificate)."""
+    if ssl_object is None:
+        return None
+    leaf_der = ssl_object.getpeercert(binary_form=True)
+    if not leaf_der:
+        return None
+    from cryptography import x509
+
+    leaf = x509.load_der_x509_certificate(leaf_der)
+    end, ending = leaf.not_valid_after_utc.timestamp(), ""
+    verified, sent = _chains(ssl_object)
+    if len(verified) < 2:  # a resumed session: the CA is known by the issuer's name
+        top = x509.load_der_x509_certificate(sent[-1]) if len(sent) > 1 else leaf
+        issuer = top.subject if top.subject == top.issuer else top.issuer
+        return PeerChain(end, ending, _shared(frozenset({_name_key(issuer)})))
+    sent_set = set(sent)
+    needs: set[bytes] = set()
+    for index, der in enumerate(verified[1:], start=1):
+        key, not_after, subject = _ca(der)
+        if not_after < end:
+            end, ending = not_after, subject
+        if index == len(verified) - 1 or der not in sent_set:
+            needs.add(key)
+    return PeerChain(end, ending, _shared(frozenset(needs)))
+
+
+def trusted_keys(cafile: str) -> frozenset[bytes]:
+    """The keys of the CAs of ``cafile`` (a file OpenSSL loaded), each by subject and public key, and by
+    subject alone."""
+    from cryptography import x509
+
+    keys: set[bytes] = set()
+    for certificate in x509.load_pem_x509_certificates(Path(cafile).read_bytes()):
+        keys.add(_key(certificate))
+        keys.add(_name_key(certificate.subject))
+    return frozenset(keys)
