@@ -28,6 +28,7 @@ from broker_edge.process.heap_trim import bound_arenas
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile, warn_if_changed
 from broker_edge.runtime.revoked_peers import close_revoked
+from broker_edge.runtime.untrusted_peers import close_untrusted
 from broker_edge.security.auth import PasswordFile, PasswordFileError
 from broker_edge.security.tls import files_not_valid_now
 from broker_edge.settings.broker import BrokerConfig, load_broker_config, load_broker_document
@@ -228,6 +229,7 @@ def reload_files(broker: Broker) -> None:
         else:
             log.info("listener %s: certificate and CAs reloaded", listener.name)
             _close_revoked(broker, listener)
+            _close_untrusted(broker, listener)
     if broker.offsets_tls is not None:
         try:
             broker.offsets_tls.reload()
@@ -252,6 +254,14 @@ def _close_revoked(broker: Broker, listener: ListenerRuntime) -> None:
     if tls is None or tls.crlfile is None:
         return
     close_revoked(list(broker.connections), listener.name, tls.crlfile)
+
+
+def _close_untrusted(broker: Broker, listener: ListenerRuntime) -> None:
+    """Close ``listener``'s connections whose client certificate its CAs, just read, no longer trust."""
+    tls = listener.config.tls
+    if tls is None or tls.cafile is None:
+        return
+    close_untrusted(list(broker.connections), listener.name, tls.cafile)
 
 
 Report = Callable[[str | None], None]

@@ -76,6 +76,7 @@ class ConnectionRare(RareSlots):
         "peer",
         "peer_certificate",
         "peer_cn",
+        "peer_trust",
         "peer_uri",
         "refused",
         "will",

@@ -174,7 +174,8 @@ class TcpConnection(StreamConnection):
             if self.terms.listener.checks_crl:
                 self.peer_certificate = certificate_id(ssl_object)
             if self.terms.listener.certificate_ends is not None:
-                self.terms.listener.certificate_ends.watch_chain(self, ssl_object, self.terms.host.call_later)
+                ends = self.terms.listener.certificate_ends
+                self.peer_trust = ends.watch_chain(self, ssl_object, self.terms.host.call_later)
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close
                 self.peer = f"{address[0]}:{address[1]}"

@@ -1,7 +1,8 @@
 """Devices whose certificates another PKI issued through an intermediate CA (``timestone pki ca`` makes CAs
 that sign end certificates only): the listener trusts the root, devices send their chain, and the CRL the
 broker checks is the intermediate's; a device revoked there is refused, and closed if it is connected. A
-connection ends when its intermediate expires."""
+connection ends when its intermediate expires, or when a reload's ``cafile`` no longer holds an intermediate
+the device does not send."""
 
 from __future__ import annotations
 
@@ -144,6 +145,30 @@ def test_devices_of_an_intermediate_ca_connect_and_one_revoked_there_is_closed_a
     assert handshake_refused(broker.port, meter_1)
     second.publish("plant/1/temp", b"21.5", qos=1)  # the intermediate's other device goes on
     second.disconnect()
+
+
+def test_a_device_that_does_not_send_its_intermediate_is_closed_when_a_reload_takes_it_out_of_the_cafile(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A device that sends its certificate alone verifies through an intermediate of ``cafile``: once a
+    reload's ``cafile`` holds the root alone, its chain no longer verifies, and its connection is closed
+    (v5 DISCONNECT 0x87); a device that sends the intermediate still verifies, and stays."""
+    other = OtherPki(tmp_path)
+    cafile = tmp_path / "cas.pem"
+    cafile.write_bytes(pem(other.root, other.intermediate))
+    broker = start_broker(listeners=[devices_listener(tmp_path, capsys, cafile)])
+    sender, leaner = other.device("meter-1"), other.device("meter-2", sends_intermediate=False)
+    sending = PahoClient(broker.port, "m1", tls_context=sender)
+    leaning = PahoClient(broker.port, "m2", tls_context=leaner)
+    assert sending.connack_result[1] == leaning.connack_result[1] == 0
+
+    cafile.write_bytes(pem(other.root))
+    broker.call(lambda: reload_files(broker.broker))
+    assert leaning.disconnects.get(timeout=TIMEOUT) == 0x87
+    assert handshake_refused(broker.port, leaner)
+    sending.publish("plant/1/temp", b"21.5", qos=1)
+    assert sending.disconnects.empty()
+    sending.disconnect()
 
 
 def test_a_device_is_closed_when_its_intermediate_ca_expires_before_its_own_certificate(
