@@ -37,6 +37,10 @@ EVERY_TURN_AT_ONCE = 1_000_000
 """A rate (per minute) at which the fan-out sends the first device and the next tick all the others."""
 
 
+TIMEOUT_S = 10
+"""The in-progress timeout of the action an abort rule stops: longer than the rollout takes to its kill."""
+
+
 class Killed(BaseException):
     """The job's process dying: nothing of the tick runs after it (not an ``Exception`` the tick handles)."""
 
@@ -44,16 +48,17 @@ class Killed(BaseException):
 def kill_the_ticker_after_it_publishes(
     job: ActionsJob, monkeypatch: pytest.MonkeyPatch, armed: threading.Event | None = None
 ) -> threading.Event:
-    """The job's ticker dies right after a tick's first publish went out (acknowledged by the broker), before
-    the tick records anything: the first such tick once ``armed`` is set (at once without it). The event
-    returned is set then."""
+    """The job's ticker dies right after a tick's first publish of an action went out (acknowledged by the
+    broker), before the tick records anything: the first such tick once ``armed`` is set (at once without
+    it). The event returned is set then."""
     killed = threading.Event()
     publish_many = job.engine.publisher.publish_many
 
-    def publishing(*args, **kwargs):
-        result = publish_many(*args, **kwargs)
+    def publishing(messages, *args, **kwargs):
+        result = publish_many(messages, *args, **kwargs)
         ticker = threading.current_thread().name == "actions-ticker"
-        if ticker and (armed is None or armed.is_set()) and not killed.is_set():
+        sending = bool(messages) and not any(b'"kind":"cancel"' in message.payload for message in messages)
+        if ticker and sending and (armed is None or armed.is_set()) and not killed.is_set():
             killed.set()
             raise Killed("the actions job died after its tick published, before it recorded the sends")
         return result
@@ -129,7 +134,7 @@ def test_an_abort_rolls_back_the_devices_a_killed_tick_sent_the_build_to(spark, 
                 action_id,
                 device_ids=[silent, *fleet],
                 max_per_minute=30,
-                timeout_s=2,
+                timeout_s=TIMEOUT_S,
                 abort_rules=[rule("timed_out", 10.0, 1)],
                 rollback=ROLLBACK,
             )
@@ -140,7 +145,7 @@ def test_an_abort_rolls_back_the_devices_a_killed_tick_sent_the_build_to(spark, 
             topic = report_topic(bucket_of(silent, stack.config.device_buckets))
             device.publish(topic, device_report(action_id, silent, "IN_PROGRESS"), qos=1)
             wait_for(lambda: execution(stack, action_id, silent).get("state") == "IN_PROGRESS", what="report")
-            timed_out_at = execution(stack, action_id, silent)["started_at"].timestamp() + 2
+            timed_out_at = execution(stack, action_id, silent)["started_at"].timestamp() + TIMEOUT_S
             armed.set()
             wait_for(killed.is_set, what="a tick sending the build")
 
