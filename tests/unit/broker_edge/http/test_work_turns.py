@@ -1,0 +1,95 @@
+"""``WorkTurns``: HTTP work on the broker's loop, one piece at a time, in the order asked, the loop resting
+after each as long as it took; a request gone while it waited leaves the line moving."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from broker_edge.http.read_gate import WorkTurns
+
+
+async def pieces_in_order(turns: WorkTurns, count: int) -> tuple[list[int], int]:
+    """``count`` requests asking for a turn at once, each taking two pieces: the order the pieces ran in,
+    and the most that were under way together."""
+    ran: list[int] = []
+    under_way = most = 0
+
+    async def request(number: int) -> None:
+        nonlocal under_way, most
+        for _ in range(2):
+            await turns.turn()
+            under_way += 1
+            most = max(most, under_way)
+            ran.append(number)
+            await asyncio.sleep(0)  # the piece ends here: none other may have begun meanwhile
+            under_way -= 1
+
+    await asyncio.wait_for(asyncio.gather(*(request(number) for number in range(count))), 30)
+    return ran, most
+
+
+def test_pieces_run_one_at_a_time_first_come_first_served() -> None:
+    turns = WorkTurns(rest=0.0)
+    ran, most = asyncio.run(pieces_in_order(turns, 5))
+
+    assert most == 1
+    assert ran[:5] == [0, 1, 2, 3, 4]  # each request's first piece, in the order they asked
+    assert sorted(ran) == sorted(list(range(5)) * 2)
+    assert turns.pieces == 10
+
+
+async def gone_in_line(turns: WorkTurns, given: bool) -> list[str]:
+    """Two requests waiting in line behind a piece under way; the first goes away (``given``: after its
+    turn was given, before it ran). What ran."""
+    ran: list[str] = []
+
+    async def request(name: str) -> None:
+        await turns.turn()
+        ran.append(name)
+
+    turns._working = True  # a piece under way
+    gone = asyncio.create_task(request("gone"))
+    after = asyncio.create_task(request("after"))
+    await asyncio.sleep(0)  # both wait in line
+    turns._working = False
+    if given:
+        turns._next()  # the first in line is given its turn
+    else:
+        turns._schedule(asyncio.get_running_loop())
+    gone.cancel()
+    await asyncio.wait_for(after, 30)
+    return ran
+
+
+def test_a_request_gone_while_it_waits_leaves_the_next_its_turn() -> None:
+    assert asyncio.run(gone_in_line(WorkTurns(rest=0.0), given=False)) == ["after"]
+
+
+def test_a_request_gone_after_its_turn_was_given_leaves_the_next_its_turn() -> None:
+    assert asyncio.run(gone_in_line(WorkTurns(rest=0.0), given=True)) == ["after"]
+
+
+async def thread_builds(turns: WorkTurns, count: int) -> int:
+    """``count`` builds in threads asked at once: the most that ran together."""
+    lock = threading.Lock()
+    running = {"now": 0, "most": 0}
+
+    def build(number: int) -> int:
+        with lock:
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+        threading.Event().wait(0.01)
+        with lock:
+            running["now"] -= 1
+        return number
+
+    results = await asyncio.wait_for(asyncio.gather(*(turns.in_thread(build, n) for n in range(count))), 30)
+    assert results == list(range(count))
+    return running["most"]
+
+
+def test_builds_in_threads_are_pieces_one_at_a_time() -> None:
+    turns = WorkTurns(rest=0.0)
+    assert asyncio.run(thread_builds(turns, 4)) == 1
+    assert turns.pieces == 4
