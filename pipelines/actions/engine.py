@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING, TypeVar
 
 from pipelines.actions.engine_compliance import Compliance
 from pipelines.actions.engine_sending import ROW_DELETED, Turn
@@ -32,7 +33,16 @@ from pipelines.actions.states import CANCELED, QUEUED, Execution, StatusReport, 
 from pipelines.actions.summary import ACTION_SCHEDULED, FINAL_ACTION_STATES
 from pipelines.actions.validation import problems
 
+if TYPE_CHECKING:
+    from pipelines.actions.reports import FoldedReports
+
 log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""(action id, device id)."""
+_Reports = TypeVar("_Reports")
+Fold = Callable[[Mapping[Key, _Reports], Mapping[str, Mapping[str, Execution]]], dict[Key, Execution | None]]
+"""Each pair's row after its reports (None: unchanged), given the rows read (by action and device)."""
 
 __all__ = ["ACTIONS", "DEVICES", "EXECUTIONS", "SUMMARY", "ActionsEngine"]
 
@@ -146,6 +156,16 @@ class ActionsEngine(Summaries, Compliance):
         by_key: dict[tuple[str, str], list[StatusReport]] = {}
         for report in reports:
             by_key.setdefault((report.action_id, report.device_id), []).append(report)
+        return self._take_reports(by_key, _fold_lists, app_id, batch_id)
+
+    def on_folded_reports(self, folded: FoldedReports, app_id: str, batch_id: int) -> Counter:
+        """A reports batch folded per (action, device) on the executors (``reports.fold_batch``): as
+        :meth:`on_reports` of its reports, with the same rows written."""
+        return self._take_reports(folded.by_key, folded.fold, app_id, batch_id)
+
+    def _take_reports(
+        self, by_key: dict[Key, _Reports], fold: Fold[_Reports], app_id: str, batch_id: int
+    ) -> Counter:
         if not by_key:
             return Counter()
         with self.lock:
@@ -162,8 +182,7 @@ class ActionsEngine(Summaries, Compliance):
                 return left_out
             retrying = self._retrying(action_ids)
             changed = []
-            for (action_id, device_id), device_reports in by_key.items():
-                updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
+            for (action_id, _), updated in fold(by_key, known).items():
                 if updated is not None:
                     updated = replace(updated, sending_at=None)  # the device has it: it was sent
                     action = retrying.get(action_id)
@@ -346,3 +365,10 @@ class ActionsEngine(Summaries, Compliance):
             action_id,
             state,
         )
+
+
+def _fold_lists(
+    by_key: Mapping[Key, list[StatusReport]], rows: Mapping[str, Mapping[str, Execution]]
+) -> dict[Key, Execution | None]:
+    """Each pair's reports folded onto its row, in sequence order."""
+    return {(a, d): apply_reports(rows.get(a, {}).get(d), reports) for (a, d), reports in by_key.items()}

@@ -34,10 +34,15 @@ from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.engine_tables import ACTIONS, COMPLIANCE, EXECUTIONS, SUMMARY
 from pipelines.actions.heartbeat import HeartbeatWriter
-from pipelines.actions.model import parse_reports
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.report_scope import SHOWN
-from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
+from pipelines.actions.reports import (
+    CLUSTER_BROKER_ID,
+    BrokerReports,
+    ClusterReports,
+    ReportStream,
+    fold_batch,
+)
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
@@ -238,11 +243,11 @@ def start_actions_job(
         engine.on_action_rows(rows, f"fanout/{streaming_query_id(batch)}", batch_id)
 
     def track(batch: DataFrame, batch_id: int) -> None:
-        records = batch.toArrow()
-        impostors: list[str] = []
-        reports = parse_reports(records, config.report_identity, impostors)
-        _count_skipped(counted, records.num_rows - len(reports) - len(impostors), impostors)
-        left_out = engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
+        folded = fold_batch(batch, config.report_identity)  # on the executors: one row per (action, device)
+        _count_skipped(counted, folded.not_reports, folded.impostor_count, folded.impostors)
+        left_out = engine.on_folded_reports(folded, f"reports/{streaming_query_id(batch)}", batch_id)
+        if folded.expanded:
+            log.info("reports batch %d: %d devices' reports read one by one", batch_id, folded.expanded)
         for reason, count in left_out.items():
             counted.skipped_reports.labels("actions", reason).inc(count)
 
@@ -291,21 +296,24 @@ def start_actions_job(
     return job
 
 
-def _count_skipped(metrics: PipelineMetrics, not_reports: int, impostors: list[str]) -> None:
-    """Count and log a batch's status messages that are not reports, and its reports from another client
-    than the device they name (``"<client id> for <device id>"``)."""
+def _count_skipped(
+    metrics: PipelineMetrics, not_reports: int, impostor_count: int, impostors: list[str]
+) -> None:
+    """Count and log a batch's status messages that are not reports, and its ``impostor_count`` reports from
+    another client than the device they name (``impostors``: some of them, ``"<client id> for <device
+    id>"``)."""
     metrics.skipped_reports.labels("actions", "not_a_report").inc(not_reports)
-    metrics.skipped_reports.labels("actions", "another_device").inc(len(impostors))
+    metrics.skipped_reports.labels("actions", "another_device").inc(impostor_count)
     if not_reports:
         log.warning(
             "skipped %d status messages: not reports, or naming another device than their topic", not_reports
         )
-    if impostors:
-        more = f" and {len(impostors) - SHOWN} more" if len(impostors) > SHOWN else ""
+    if impostor_count:
+        more = f" and {impostor_count - len(impostors[:SHOWN])} more" if impostor_count > SHOWN else ""
         log.warning(
             "skipped %d status reports naming another device than the client that sent them "
             "(report_identity: client_id): %s%s",
-            len(impostors),
+            impostor_count,
             ", ".join(impostors[:SHOWN]),
             more,
         )

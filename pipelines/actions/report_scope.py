@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from pipelines.actions.model import Action
 from pipelines.actions.states import Execution, StatusReport
@@ -30,12 +31,16 @@ log = logging.getLogger(__name__)
 
 Reports = dict[tuple[str, str], list[StatusReport]]
 """Reports by (action id, device id)."""
+_Held = TypeVar("_Held")
+"""What is held per (action id, device id): its reports, or their fold (``reports.ReportFold``)."""
 SHOWN = 5
 """Reports named in the WARNING about those left out; the rest are counted."""
 
 
 def late_joiners(
-    by_key: Reports, rows: Mapping[str, Mapping[str, Execution]], actions: Iterable[Action]
+    by_key: Mapping[tuple[str, str], object],
+    rows: Mapping[str, Mapping[str, Execution]],
+    actions: Iterable[Action],
 ) -> set[str]:
     """The devices of ``by_key`` reporting about a group's broadcast (of ``actions``) without a row: those
     whose registered group decides whether they are its targets."""
@@ -44,12 +49,12 @@ def late_joiners(
 
 
 def in_scope(
-    by_key: Reports,
+    by_key: Mapping[tuple[str, str], _Held],
     rows: Mapping[str, Mapping[str, Execution]],
     actions: Iterable[Action],
     batch_id: int,
     registered: Mapping[str, str | None] | None = None,
-) -> tuple[Reports, Counter]:
+) -> tuple[dict[tuple[str, str], _Held], Counter]:
     """The reports of ``by_key`` about an execution that was sent (``rows``: by action and device) or may
     start now (a shared topic's late joiner of ``actions``, the valid ones: any device for every device's
     broadcast, one that ``registered`` has in the group for a group's; ``registered``: the group of each
@@ -57,7 +62,7 @@ def in_scope(
     others are left out with one WARNING for the batch per reason, and counted by reason (``not_sent``,
     ``not_a_target``)."""
     shared = {action.id: action for action in actions if action.shared_topic is not None}
-    kept: Reports = {}
+    kept: dict[tuple[str, str], _Held] = {}
     left_out: dict[str, list[str]] = {"not_sent": [], "not_a_target": []}
     for (action_id, device_id), reports in by_key.items():
         row = rows.get(action_id, {}).get(device_id)
