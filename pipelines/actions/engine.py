@@ -149,19 +149,19 @@ class ActionsEngine(Summaries, Compliance):
         log.warning("action %s rejected, nothing published: %s", action_id, reason)
         rejected[action_id] = reason
 
-    def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> Counter:
+    def on_reports(
+        self, reports: Iterable[StatusReport] | FoldedReports, app_id: str, batch_id: int
+    ) -> Counter:
         """Device status reports from the brokers' logs, folded into the executions; a failure that a retry
         rule covers is queued again in the same write. Returns the reports left out, by reason
-        (``report_scope.py``: ``not_sent``, ``not_a_target``)."""
+        (``report_scope.py``: ``not_sent``, ``not_a_target``). ``reports``: the reports, or a batch of them
+        folded per (action, device) on the executors (``reports.fold_batch``), which writes the same rows."""
+        if not isinstance(reports, Iterable):
+            return self._take_reports(reports.by_key, reports.fold, app_id, batch_id)
         by_key: dict[tuple[str, str], list[StatusReport]] = {}
         for report in reports:
             by_key.setdefault((report.action_id, report.device_id), []).append(report)
         return self._take_reports(by_key, _fold_lists, app_id, batch_id)
-
-    def on_folded_reports(self, folded: FoldedReports, app_id: str, batch_id: int) -> Counter:
-        """A reports batch folded per (action, device) on the executors (``reports.fold_batch``): as
-        :meth:`on_reports` of its reports, with the same rows written."""
-        return self._take_reports(folded.by_key, folded.fold, app_id, batch_id)
 
     def _take_reports(
         self, by_key: dict[Key, _Reports], fold: Fold[_Reports], app_id: str, batch_id: int

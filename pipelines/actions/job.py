@@ -245,7 +245,7 @@ def start_actions_job(
     def track(batch: DataFrame, batch_id: int) -> None:
         folded = fold_batch(batch, config.report_identity)  # on the executors: one row per (action, device)
         _count_skipped(counted, folded.not_reports, folded.impostor_count, folded.impostors)
-        left_out = engine.on_folded_reports(folded, f"reports/{streaming_query_id(batch)}", batch_id)
+        left_out = engine.on_reports(folded, f"reports/{streaming_query_id(batch)}", batch_id)
         if folded.expanded:
             log.info("reports batch %d: %d devices' reports read one by one", batch_id, folded.expanded)
         for reason, count in left_out.items():

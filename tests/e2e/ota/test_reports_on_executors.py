@@ -72,7 +72,7 @@ def _take(spark, engines, records: list[tuple], batch_id: int, slices: bool = Fa
     records_df = spark.createDataFrame(records, RECORDS)
     batch = records_df.repartition(3) if slices else records_df.repartition(3, "topic")
     folded = fold_batch(batch, "client_id")
-    engines[0].on_folded_reports(folded, "reports/q", batch_id)
+    engines[0].on_reports(folded, "reports/q", batch_id)
     engines[1].on_reports(parse_reports(batch.toArrow(), "client_id"), "reports/q", batch_id)
     return folded
 
