@@ -345,6 +345,9 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
                 connection.peer_uri = peer_timestone_uri(ssl_object)
             if listener.checks_crl:
                 connection.peer_certificate = certificate_id(ssl_object)
+            if listener.certificate_ends is not None:
+                ends = listener.certificate_ends
+                connection.peer_trust = ends.watch_chain(connection, ssl_object, broker.call_later)
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         gate = reads_of(request)

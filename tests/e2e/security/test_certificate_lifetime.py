@@ -9,6 +9,7 @@ import logging
 import queue
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,23 +72,26 @@ def test_a_device_whose_certificate_expires_while_connected_is_closed_then_and_i
     watcher.disconnect()
 
 
+@pytest.mark.parametrize("kind", ["tls", "wss"])
 def test_devices_of_a_ca_a_reload_no_longer_trusts_are_closed_and_their_wills_dropped(
-    start_broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start_broker, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     """The last step of a devices' CA rotation: ``cafile`` held the old and the new CA, the SIGHUP reads it
     with the new one alone. The old CA's devices still connected are closed by that reload (v5 DISCONNECT
-    0x87, a 3.1.1 one closed), their wills not published; the new CA's device stays."""
+    0x87, a 3.1.1 one closed), their wills not published; the new CA's device stays. MQTT over TLS and
+    over WebSocket over TLS alike."""
     old, new = LocalPki(tmp_path, "ca"), LocalPki(tmp_path, "ca-2")
     trusted = tmp_path / "device-cas.pem"
     trusted.write_bytes(old.ca.cert.read_bytes() + new.ca.cert.read_bytes())
     section = certificate_listener(old)
-    section["tls"]["cafile"] = str(trusted)
+    section["type"], section["tls"]["cafile"] = kind, str(trusted)
     broker = start_broker(listeners=[section])
-    kept = certificate_holder(new, broker.port, "meter-3", "m3", server_pki=old)
+    transport: dict[str, Any] = {"transport": "websockets" if kind == "wss" else "tcp"}
+    kept = certificate_holder(new, broker.port, "meter-3", "m3", server_pki=old, **transport)
     kept.subscribe("wills/#", qos=1)
     will = ("wills/m1", b"gone", 1, False)
-    untrusted = certificate_holder(old, broker.port, "meter-1", "m1", will=will)
-    untrusted_v3 = certificate_holder(old, broker.port, "meter-2", "m2", version=4)
+    untrusted = certificate_holder(old, broker.port, "meter-1", "m1", will=will, **transport)
+    untrusted_v3 = certificate_holder(old, broker.port, "meter-2", "m2", version=4, **transport)
 
     trusted.write_bytes(new.ca.cert.read_bytes())
     caplog.set_level(logging.WARNING)
