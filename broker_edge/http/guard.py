@@ -101,6 +101,9 @@ _slow_readers = RefusalLog()
 """The lines of answers abandoned because they were taken too slowly (``_too_slow``)."""
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
 """Where a request's ``Reservation`` is kept (``request[_RESERVATION]``)."""
+_READS: web.RequestKey[ReadGate] = web.RequestKey("reads")
+"""The reads of the request's connection as it began (``reads_of``), kept for its pieces of work after the
+connection is gone (aiohttp's ``request.transport`` is then None)."""
 _BUSY = 503
 _REFUSAL = json.dumps({"error": "too_many_connections", "message": "too many open connections"}).encode()
 _OVER_BUDGET = json.dumps(
@@ -397,7 +400,10 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
         return answer
     guarded = request.app[_GUARD_KEY].open.get(request.transport)
     if guarded is None:
+        if request.transport is None:  # its connection went before it began: nobody to answer, no work
+            return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
         return await handler(request)
+    request[_READS] = guarded
     guarded.busy = True
     guarded.disarm()
     try:
@@ -493,8 +499,11 @@ def watch_bytes(request: web.Request, watch: ByteWatch) -> None:
 
 
 def reads_of(request: web.Request) -> ReadGate | None:
-    """The reads of the request's connection (None: the site is not guarded)."""
-    return request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    """The reads of the request's connection, even once it is gone (None: the site is not guarded)."""
+    reads = request.get(_READS)
+    if reads is not None or _GUARD_KEY not in request.app:
+        return reads
+    return request.app[_GUARD_KEY].open.get(request.transport)
 
 
 def hold(request: web.Request, size: int) -> None:
