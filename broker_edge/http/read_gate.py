@@ -25,8 +25,9 @@ __all__ = [
 ]
 
 WORK_REST = 1.0
-"""How many times its own time the loop rests from HTTP work after a piece before it begins the next: the
-pieces then take at most half of the loop's time, however many requests ask."""
+"""How many times its own time the loop rests from HTTP work after a piece before it begins the next, when
+devices were served since the piece before: the pieces then take at most half of the loop's time however
+many requests ask, and all of it when no device asks for any."""
 MAX_WORK_REST_S = 0.1
 """The longest rest after one piece (one slowed by a pause of the whole process)."""
 T = TypeVar("T")
@@ -81,13 +82,18 @@ class WorkTurns:
     """The turns of one loop's HTTP work (``Intake.work_turn``): one piece at a time (a request's handling
     begun, a chunk of a listing, a slice of a read), in the order they asked, each begun once the loop has
     rested ``rest`` times the last piece's time since it ended (what ran meanwhile, MQTT included, is part
-    of the rest). Pipelined, a few hundred requests were begun in one turn of the loop, and seventy
-    listings each listed a chunk of milliseconds in every turn: the loop, busy with them all along, left
-    the commitlog's thread the interpreter only every switch interval, and a publisher's PUBACK waited
-    tens to hundreds of milliseconds. ``pieces`` and ``seconds`` count the pieces and their time."""
+    of the rest) if the loop served devices since the piece before (``devices``: a count of the MQTT
+    packets it handled), so that readers alone (a Spark query's fetches) have the whole loop. Pipelined,
+    a few hundred requests were begun in one turn of the loop, and seventy listings each listed a chunk of
+    milliseconds in every turn: the loop, busy with them all along, left the commitlog's thread the
+    interpreter only every switch interval, and a publisher's PUBACK waited tens to hundreds of
+    milliseconds. ``pieces`` and ``seconds`` count the pieces and their time."""
 
-    def __init__(self, rest: float = WORK_REST) -> None:
+    def __init__(self, rest: float = WORK_REST, devices: Callable[[], int] | None = None) -> None:
         self.rest = rest
+        self._devices = devices
+        self._devices_seen = -1
+        """``devices()`` when the last piece ended."""
         self.pieces = 0
         self.seconds = 0.0
         self._waiting: deque[asyncio.Future[None]] = deque()
@@ -137,8 +143,16 @@ class WorkTurns:
         self.pieces += 1
         self.seconds += took
         self._working = False
-        self._rested_at = ended + min(self.rest * took, MAX_WORK_REST_S)
+        if self._served_devices():
+            self._rested_at = ended + min(self.rest * took, MAX_WORK_REST_S)
         self._schedule(loop)
+
+    def _served_devices(self) -> bool:
+        """Whether the loop handled MQTT packets since the last piece ended (always, without ``devices``)."""
+        if self._devices is None:
+            return True
+        seen, self._devices_seen = self._devices_seen, self._devices()
+        return seen != self._devices_seen
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         """Have the first waiting piece begin once the loop has rested (unless a piece is under way)."""

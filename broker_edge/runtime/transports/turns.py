@@ -108,6 +108,7 @@ class ReadTurns:
         "_scheduled",
         "_waiters",
         "budget",
+        "handled",
         "left",
         "packets",
         "packets_left",
@@ -139,7 +140,9 @@ class ReadTurns:
         self._waiters: list[asyncio.Future[None]] = []
         """Readers in tasks (``next_turn``) waiting for a later turn."""
         self._scheduled = False
-        self.work = WorkTurns()
+        self.handled = 0
+        """Packets the turns before this one handled."""
+        self.work = WorkTurns(devices=self.packets_handled)
         """The turns of the loop's HTTP requests' work (``SocketTurns.work_turn``)."""
 
     def take(self, reader: TurnReader, data: bytes) -> bytes | None:
@@ -259,9 +262,14 @@ class ReadTurns:
         data = self._kept.pop(reader, None)
         return data if data is not None else self._held.pop(reader, None)
 
+    def packets_handled(self) -> int:
+        """MQTT packets the loop's turns have handled so far."""
+        return self.handled + self.packets - self.packets_left
+
     def _next_turn(self) -> None:
         """A new turn: the budget again, shared first among the connections with bytes kept."""
         self._scheduled = False
+        self.handled += self.packets - self.packets_left
         self.left = self.budget
         self.packets_left = self.packets
         kept = self._kept

@@ -4,7 +4,9 @@ after each as long as it took; a request gone while it waited leaves the line mo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 
 from broker_edge.http.read_gate import WorkTurns
 
@@ -93,3 +95,22 @@ def test_builds_in_threads_are_pieces_one_at_a_time() -> None:
     turns = WorkTurns(rest=0.0)
     assert asyncio.run(thread_builds(turns, 4)) == 1
     assert turns.pieces == 4
+
+
+async def rests_after_two_pieces(turns: WorkTurns) -> list[bool]:
+    """Two pieces one after the other: whether the loop rests after each."""
+    rests: list[bool] = []
+    for _ in range(2):
+        await turns.turn()
+        await asyncio.sleep(0)  # the piece ends: its rest is set
+        rests.append(turns._rested_at > time.monotonic())
+    return rests
+
+
+def test_the_loop_rests_after_a_piece_only_when_it_served_devices_since_the_one_before() -> None:
+    quiet = itertools.repeat(7)  # no MQTT packet handled between the pieces
+    busy = itertools.count()  # packets handled between any two pieces
+    # rest=1e6: the longest rest (0.1 s) after any piece that rests
+    assert asyncio.run(rests_after_two_pieces(WorkTurns(rest=1e6, devices=quiet.__next__))) == [True, False]
+    assert asyncio.run(rests_after_two_pieces(WorkTurns(rest=1e6, devices=busy.__next__))) == [True, True]
+    assert asyncio.run(rests_after_two_pieces(WorkTurns(rest=1e6))) == [True, True]
