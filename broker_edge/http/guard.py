@@ -63,11 +63,12 @@ from functools import partial
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import HttpVersion10, HttpVersion11, web
+from aiohttp import web
 
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
 from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
 from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
+from broker_edge.http.unserved import unserved_request
 from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.security.limits import check_http_limits
@@ -101,9 +102,8 @@ _slow_readers = RefusalLog()
 """The lines of answers abandoned because they were taken too slowly (``_too_slow``)."""
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
 """Where a request's ``Reservation`` is kept (``request[_RESERVATION]``)."""
-_READS: web.RequestKey[ReadGate] = web.RequestKey("reads")
-"""The reads of the request's connection as it began (``reads_of``), kept for its pieces of work after the
-connection is gone (aiohttp's ``request.transport`` is then None)."""
+_GUARDED: web.RequestKey[_GuardedProtocol] = web.RequestKey("guarded")
+"""The request's connection as it began (``_request_started``), kept for it once the connection is gone."""
 _BUSY = 503
 _REFUSAL = json.dumps({"error": "too_many_connections", "message": "too many open connections"}).encode()
 _OVER_BUDGET = json.dumps(
@@ -383,27 +383,16 @@ class _Refused(asyncio.Protocol):
 @web.middleware
 async def _request_started(request: web.Request, handler: Any) -> web.StreamResponse:
     """The request's headers arrived: stop its connection's timer while it is handled. A request HTTP/1.1
-    cannot serve (``_unserved``) and a body in a ``Content-Encoding`` are refused first."""
-    unserved = _unserved(request)
+    cannot serve and a body in a ``Content-Encoding`` are refused first (``unserved_request``)."""
+    unserved = unserved_request(request)
     if unserved is not None:
         return unserved
-    coding = ",".join(request.headers.getall("Content-Encoding", ())).strip()
-    if request.body_exists and coding.lower() not in ("", "identity"):
-        shown = coding if len(coding) <= 40 else coding[:40] + "..."
-        answer = refuse(
-            request,
-            f"Content-Encoding {shown!r} is not accepted: send the body unencoded",
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_encoding",
-        )
-        answer.headers["Accept-Encoding"] = "identity"  # the only coding taken (RFC 9110, 15.5.16)
-        return answer
     guarded = request.app[_GUARD_KEY].open.get(request.transport)
     if guarded is None:
         if request.transport is None:  # its connection went before it began: nobody to answer, no work
             return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
         return await handler(request)
-    request[_READS] = guarded
+    request[_GUARDED] = guarded
     guarded.busy = True
     guarded.disarm()
     try:
@@ -422,40 +411,12 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
             guarded.idle_since = time.monotonic()
 
 
-def _unserved(request: web.Request) -> web.Response | None:
-    """The refusal of a request line of another HTTP version than 1.0 and 1.1 (505: a handler would answer
-    it in a framing it does not have) or of a body in a transfer coding other than ``chunked`` (501, RFC
-    9112 6.1: read as if it had none, its bytes would be taken for the body); None for any other."""
-    version = request.version
-    if version not in (HttpVersion10, HttpVersion11):
-        return refuse(
-            request,
-            f"HTTP/{version.major}.{version.minor} is not served here: send HTTP/1.1",
-            HTTPStatus.HTTP_VERSION_NOT_SUPPORTED,
-            "http_version_not_supported",
-        )
-    codings = [
-        coding.strip().lower()
-        for header in request.headers.getall("Transfer-Encoding", ())
-        for coding in header.split(",")
-    ]
-    if codings and codings != ["chunked"]:
-        shown = ", ".join(codings)
-        return refuse(
-            request,
-            f"Transfer-Encoding {shown[:40]!r} is not served: send the body chunked or with Content-Length",
-            HTTPStatus.NOT_IMPLEMENTED,
-            "not_implemented",
-        )
-    return None
-
-
 def mark_authenticated(request: web.Request, name: str | None = None) -> web.Response | None:
     """The request carried valid credentials (of ``name``, for logs and shares): its connection is a known
     client's from now on. Returns the answer to send instead of handling it when the named reader holds
     its share of the connections (``max_per_reader``) and none of them can make room: 503
     ``too_many_connections`` with ``Retry-After``, logged as refusals are, the connection closed after it."""
-    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    guarded = request.get(_GUARDED)
     if guarded is None:
         return None
     guard = guarded.guard
@@ -477,7 +438,7 @@ def waiting(request: web.Request) -> Iterator[asyncio.Event]:
     new connection: the event is set, the request answers with what it has, and its connection is closed
     after the answer."""
     give_way = asyncio.Event()
-    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    guarded = request.get(_GUARDED)
     if guarded is None:
         yield give_way
         return
@@ -493,17 +454,14 @@ def waiting(request: web.Request) -> Iterator[asyncio.Event]:
 def watch_bytes(request: web.Request, watch: ByteWatch) -> None:
     """Tell ``watch`` the size of every read of the request's connection from now on: it answers True to
     have the connection aborted (the read is dropped), None to stop being told, False to go on."""
-    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    guarded = request.get(_GUARDED)
     if guarded is not None:
         guarded.watch = watch
 
 
 def reads_of(request: web.Request) -> ReadGate | None:
     """The reads of the request's connection, even once it is gone (None: the site is not guarded)."""
-    reads = request.get(_READS)
-    if reads is not None or _GUARD_KEY not in request.app:
-        return reads
-    return request.app[_GUARD_KEY].open.get(request.transport)
+    return request.get(_GUARDED)
 
 
 def hold(request: web.Request, size: int) -> None:
