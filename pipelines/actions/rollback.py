@@ -3,10 +3,11 @@
 An ``ota`` action with a ``rollback`` (version, URL, checksum of the firmware to go back to) and abort
 rules gets, when it is aborted, a second row in ``actions``: the same kind of action, targeting the devices
 whose execution had SUCCEEDED and those that had the action without a final report (the cancel may reach
-them after they installed it; one that did not is already at that version), sent to them at once. It is an action like any other: checked by
-``validation.py``, fanned out by the job from the table's change feed, followed with ``timestone ota
-status``. Its id is the aborted action's with ``-rollback`` (shortened with a hash when that is too long).
-More devices than one action may list (a group's or every device's) are rolled back by as many actions,
+them after they installed it; one that did not is already at that version), sent to them at once. It is
+an action like any other: checked by ``validation.py``, fanned out by the job from the table's change
+feed, followed with ``timestone ota status``. Its id is the aborted action's with ``-rollback``
+(shortened with a hash when that is too long). More devices than one action may list (a group's or every
+device's) are rolled back by as many actions,
 each listing the next devices by id: ``-rollback``, then ``-rollback-2``, ... Writing them again (a
 replayed batch, a restarted job) finds them there and writes nothing. An id another action holds (an
 operator's own ``<id>-rollback``) is never taken for a rollback: the abort's reason says that none was
