@@ -202,8 +202,13 @@ class RemovedAccount:
             if floor > self.floor.get(number, 0):
                 self.floor[number] = floor
                 self.deleted[number] = {kept for kept in self.deleted.get(number, ()) if kept >= floor}
-        keys = [(number | _ACCOUNTED_FROM, value) for number, value in sorted(self.accounted_from.items())]
-        keys += [(number | _FLOOR, value) for number, value in sorted(self.floor.items())]
+        # (a value 0 is what no entry says: a new store's account is its magic alone, written unchecksummed)
+        keys = [
+            (number | _ACCOUNTED_FROM, value)
+            for number, value in sorted(self.accounted_from.items())
+            if value
+        ]
+        keys += [(number | _FLOOR, value) for number, value in sorted(self.floor.items()) if value]
         keys += [
             (number | _DELETED, value) for number, kept in self.deleted.items() for value in sorted(kept)
         ]
