@@ -47,9 +47,17 @@ def certificate_holder(
 def reissued(pair: PemPair, ca: PemPair, not_before: datetime.datetime, not_after: datetime.datetime) -> None:
     """The certificate of ``pair`` issued again by the CA of ``ca`` (its names, uses and key) for another
     validity, written over it: ``timestone pki`` issues whole days only."""
-    issued = x509.load_pem_x509_certificate(pair.cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    pair.cert.write_bytes(reissued_pem(pair.cert.read_bytes(), ca.key.read_bytes(), not_before, not_after))
+
+
+def reissued_pem(
+    cert: bytes, ca_key: bytes, not_before: datetime.datetime, not_after: datetime.datetime
+) -> bytes:
+    """The PEM certificate ``cert`` signed again with the CA key ``ca_key`` (PEM) for another validity, its
+    names, key and extensions kept."""
+    issued = x509.load_pem_x509_certificate(cert)
+    signer = serialization.load_pem_private_key(ca_key, None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
     builder = (
         x509.CertificateBuilder()
         .subject_name(issued.subject)
@@ -61,7 +69,7 @@ def reissued(pair: PemPair, ca: PemPair, not_before: datetime.datetime, not_afte
     )
     for extension in issued.extensions:
         builder = builder.add_extension(extension.value, extension.critical)
-    pair.cert.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 def ending_in(pki: LocalPki, device_id: str, seconds: float) -> PemPair:

@@ -19,6 +19,7 @@ from cryptography import x509
 
 from broker_edge.runtime.launcher import free_port, wait_for_port
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, wait_for
+from tests.e2e.security.certificate_devices import reissued_pem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -166,25 +167,9 @@ def test_server_and_device_certificates_rotate_under_a_running_broker(tmp_path: 
 def expired_copy(cert: Path, ca: Path, out: Path) -> None:
     """``cert`` as it was a year ago: the same names and key, signed by the CA in ``ca``, expired yesterday
     (a backup restored over the renewed one)."""
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    issued = x509.load_pem_x509_certificate(cert.read_bytes())
-    ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(issued.subject)
-        .issuer_name(issued.issuer)
-        .public_key(issued.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=366))
-        .not_valid_after(now - datetime.timedelta(days=1))
-    )
-    for extension in issued.extensions:
-        builder = builder.add_extension(extension.value, extension.critical)
-    out.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    year_ago, yesterday = now - datetime.timedelta(days=366), now - datetime.timedelta(days=1)
+    out.write_bytes(reissued_pem(cert.read_bytes(), (ca / "ca.key").read_bytes(), year_ago, yesterday))
 
 
 def test_a_reload_keeps_the_certificate_in_force_when_the_new_one_has_expired_and_the_check_refuses_it(
