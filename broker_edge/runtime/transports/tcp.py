@@ -28,11 +28,10 @@ from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
-from broker_edge.runtime.revoked_peers import certificate_id
+from broker_edge.runtime.peer_certificate import note_peer_certificate
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.turns import ReadTurns
-from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
@@ -168,14 +167,7 @@ class TcpConnection(StreamConnection):
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
         if self.terms.listener.tls:
             ssl_object = transport.get_extra_info("ssl_object")
-            self.peer_cn = peer_common_name(ssl_object)
-            if self.peer_cn is not None:
-                self.peer_uri = peer_timestone_uri(ssl_object)
-            if self.terms.listener.checks_crl:
-                self.peer_certificate = certificate_id(ssl_object)
-            if self.terms.listener.certificate_ends is not None:
-                ends = self.terms.listener.certificate_ends
-                self.peer_trust = ends.watch_chain(self, ssl_object, self.terms.host.call_later)
+            note_peer_certificate(self, self.terms.listener, ssl_object, self.terms.host.call_later)
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close
                 self.peer = f"{address[0]}:{address[1]}"

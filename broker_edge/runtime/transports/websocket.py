@@ -28,11 +28,10 @@ from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, reads_of, start_guarded_site, watch_bytes
 from broker_edge.http.json_errors import refuse
 from broker_edge.protocol.errors import PacketTooLarge
-from broker_edge.runtime.revoked_peers import certificate_id
+from broker_edge.runtime.peer_certificate import note_peer_certificate
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
 from broker_edge.runtime.transports.turns import ReadTurns, SocketTurns
-from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -340,14 +339,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         transport._connection = connection
         if listener.tls and request.transport is not None:
             ssl_object = request.transport.get_extra_info("ssl_object")
-            connection.peer_cn = peer_common_name(ssl_object)
-            if connection.peer_cn is not None:
-                connection.peer_uri = peer_timestone_uri(ssl_object)
-            if listener.checks_crl:
-                connection.peer_certificate = certificate_id(ssl_object)
-            if listener.certificate_ends is not None:
-                ends = listener.certificate_ends
-                connection.peer_trust = ends.watch_chain(connection, ssl_object, broker.call_later)
+            note_peer_certificate(connection, listener, ssl_object, broker.call_later)
         connection.attach_transport(transport)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         gate = reads_of(request)
