@@ -67,7 +67,7 @@ from aiohttp import web
 
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
 from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
-from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
+from broker_edge.http.tls_accept import PROBE, HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.http.unserved import unserved_request
 from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
@@ -86,6 +86,7 @@ __all__ = [
     "reads_of",
     "settle",
     "start_guarded_site",
+    "tls_failure_lines",
     "waiting",
     "watch_bytes",
 ]
@@ -711,7 +712,7 @@ async def start_guarded_site(
                 port,
                 ssl_context,
                 request_timeout_s,
-                on_tls_failure or partial(_tls_failed, name),
+                on_tls_failure or tls_failure_lines(name),
                 sock=sock,
                 reuse_port=reuse_port,
                 room=lambda: max_connections,
@@ -729,8 +730,19 @@ async def start_guarded_site(
     return GuardedRunner(runner, server, guard)
 
 
-def _tls_failed(site: str, peer: str, reason: str, _error: BaseException) -> None:
-    """A TLS handshake with ``site`` failed: one WARNING naming the peer and why (limited per reason)."""
+def tls_failure_lines(site: str, quiet: frozenset[str] = frozenset()) -> HandshakeFailure:
+    """What a site does with a failed TLS handshake: one WARNING naming the peer and why (limited per
+    reason); a port check (``PROBE``) and the reasons in ``quiet`` are DEBUG lines."""
+    return partial(_tls_failed, site, quiet)
+
+
+def _tls_failed(site: str, quiet: frozenset[str], peer: str, reason: str, _error: BaseException) -> None:
+    if reason == PROBE:
+        log.debug("a port check on the %s: %s hung up without a byte", site, peer)
+        return
+    if reason in quiet:
+        log.debug("TLS handshake with the %s ended: %s (peer %s)", site, reason, peer)
+        return
     text = f"TLS handshake with the {site} failed: {reason}"
     _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason)
 

@@ -4,7 +4,9 @@ An event loop serving TLS (``create_server(ssl=...)``) runs the handshake before
 anything, and drops a connection whose handshake fails without a word: neither the peer's address nor why
 ever reach the broker. So a TLS listener's socket is accepted here (``loop.sock_accept``, the address in
 hand) and each connection's handshake is run by ``loop.connect_accepted_socket``, whose failure is an
-exception: ``on_failure(peer, listener's reason, error)`` is told, the socket closed. Both the MQTT TLS
+exception: ``on_failure(peer, listener's reason, error)`` is told, the socket closed. A peer that hung up
+without sending a byte is told with reason ``PROBE``: a port check, which its listener does not call a
+refusal. Both the MQTT TLS
 listeners (``transports.tcp``) and the HTTPS sites of the guard (``http.guard``: WSS listeners, the offsets
 API and admin endpoints with TLS) serve this way.
 
@@ -40,6 +42,7 @@ from broker_edge.process.sockets import listening_sockets
 
 __all__ = [
     "ACCEPT_PAUSE_S",
+    "PROBE",
     "AlertingSSLObject",
     "Full",
     "HandshakeFailure",
@@ -61,11 +64,24 @@ Full = Callable[[str], None]
 """``on_full(peer "host:port")``: a socket was closed at accept, the handshakes in progress at ``room()``."""
 
 
-_HANDSHAKE_SOCKET: contextvars.ContextVar[socket.socket | None] = contextvars.ContextVar(
-    "tls_handshake_socket", default=None
-)
-"""The socket whose handshake a ``TlsServer`` task runs; the loop creates that connection's ``SSLObject`` in
-a copy of the task's context, where ``AlertingSSLObject`` finds it."""
+PROBE = "probe"
+"""The reason of a handshake whose peer hung up without sending a byte: a TCP port check (a load balancer's
+health check, a process waiting for the port): counted, said at DEBUG, not a refusal."""
+
+
+class _Handshake:
+    """The socket whose handshake a ``TlsServer`` task runs, and whether its peer sent anything yet."""
+
+    __slots__ = ("heard", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.heard = False
+
+
+_HANDSHAKE: contextvars.ContextVar[_Handshake | None] = contextvars.ContextVar("tls_handshake", default=None)
+"""The handshake a ``TlsServer`` task runs; the loop creates that connection's ``SSLObject`` in a copy of the
+task's context, where ``AlertingSSLObject`` finds it."""
 
 
 class AlertingSSLObject(ssl.SSLObject):
@@ -78,6 +94,8 @@ class AlertingSSLObject(ssl.SSLObject):
 
     _alert_socket: socket.socket | None
     _alert_outgoing: ssl.MemoryBIO
+    _alert_incoming: ssl.MemoryBIO
+    _alert_handshake: _Handshake | None
 
     @classmethod
     def _create(
@@ -86,10 +104,15 @@ class AlertingSSLObject(ssl.SSLObject):
         base_create = vars(ssl.SSLObject)["_create"].__func__  # a classmethod typeshed does not declare
         created: AlertingSSLObject = base_create(cls, incoming, outgoing, *args, **kwargs)
         created._alert_outgoing = outgoing
-        created._alert_socket = _HANDSHAKE_SOCKET.get()
+        created._alert_incoming = incoming
+        handshake = created._alert_handshake = _HANDSHAKE.get()
+        created._alert_socket = handshake.sock if handshake is not None else None
         return created
 
     def do_handshake(self) -> None:
+        handshake = self._alert_handshake
+        if handshake is not None and not handshake.heard and self._alert_incoming.pending:
+            handshake.heard = True
         try:
             super().do_handshake()
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -218,7 +241,8 @@ class TlsServer:
 
     async def _handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _HANDSHAKE_SOCKET.set(conn)  # this task's own context: see AlertingSSLObject
+        handshake = _Handshake(conn)
+        _HANDSHAKE.set(handshake)  # this task's own context: see AlertingSSLObject
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 self._protocol_factory,
@@ -228,7 +252,10 @@ class TlsServer:
             )
         except (OSError, TimeoutError) as error:
             conn.close()
-            self._on_failure(_peer(address), failure_reason(error), error)
+            reason = failure_reason(error)
+            if reason == "closed" and not handshake.heard:
+                reason = PROBE
+            self._on_failure(_peer(address), reason, error)
 
 
 def _peer(address: tuple[str, int] | str) -> str:

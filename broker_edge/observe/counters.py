@@ -68,8 +68,9 @@ class BrokerCounters:
 
     def tls_failed(self, listener: str, reason: str) -> None:
         """A TLS handshake on ``listener`` failed for ``reason`` (``http.tls_accept.failure_reason``);
-        counted as a ``tls_error`` refusal too."""
-        self.refused("tls_error")
+        counted as a ``tls_error`` refusal too, unless it was a port check (``probe``)."""
+        if reason != "probe":
+            self.refused("tls_error")
         key = (listener, reason)
         self._tls_failures[key] = self._tls_failures.get(key, 0) + 1
 

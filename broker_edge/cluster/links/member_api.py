@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 __all__ = ["bind_members_endpoint", "member_authenticator", "serve_members_endpoint"]
 
+MEMBERS_HANG_UP = frozenset({"closed"})
+"""Handshakes the members' endpoint says at DEBUG: a member hangs up in the middle of one whenever it cancels
+a request still connecting (a replica fetcher replaced as partitions are added, one by one, at a start); a
+stranger who hangs up got nothing. Certificate failures stay WARNINGs."""
 NOT_A_MEMBER = "not_a_member"
 
 
@@ -102,7 +106,7 @@ async def serve_members_endpoint(
 ) -> GuardedRunner:
     """Serve the members' endpoint on ``sock``: the offsets API's reads and ``routes`` (peer link, replica
     fetch), for members only, within ``budget``."""
-    from broker_edge.http.guard import start_guarded_site
+    from broker_edge.http.guard import start_guarded_site, tls_failure_lines
     from broker_edge.offsets_api.server import ApiLimits, create_app, is_member
 
     limits = ApiLimits(
@@ -123,4 +127,5 @@ async def serve_members_endpoint(
         is_member=is_member,
         min_read_bytes_per_s=limits.min_read_bytes_per_s,
         name="members' endpoint",
+        on_tls_failure=tls_failure_lines("members' endpoint", quiet=MEMBERS_HANG_UP),
     )

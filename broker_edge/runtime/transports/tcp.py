@@ -27,7 +27,7 @@ from broker_edge.engine.connection.outgoing import Closing
 from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
-from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
+from broker_edge.http.tls_accept import PROBE, HandshakeFailure, start_tls_server
 from broker_edge.runtime.peer_certificate import note_peer_certificate
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
@@ -229,6 +229,9 @@ def report_tls_failures(broker: ConnectionHost, listener: str, certfile: str = "
     def failed(peer: str, reason: str, error: BaseException) -> None:
         counters = broker.counters
         counters.tls_failed(listener, reason)
+        if reason == PROBE:
+            _log.debug("a port check on listener %s: %s hung up without a byte", listener, peer)
+            return
         fields = {"refused_by": refused_by} if reason in _REFUSED_BY_THE_CLIENT else {}
         counters.refusal_log.write(
             _log,

@@ -12,7 +12,7 @@ from broker_edge.runtime.launcher import BrokerProcess
 from tests.harness.local_cluster import EtcdTarget, wait_settled
 
 ALARM = re.compile(r" (WARNING|ERROR) ")
-REFUSED = re.compile(r"403|not_a_member|not a member|Fatal error on SSL protocol")
+REFUSED = re.compile(r"\b403\b|not_a_member|not a member|Fatal error on SSL protocol")  # not a port 44030
 
 
 def refusal_alarms(broker: BrokerProcess) -> list[str]:
