@@ -191,12 +191,25 @@ def _load(path: str) -> list[ClockJump]:
     try:
         with open(path, encoding="utf-8") as file:
             rows = json.load(file)
-        return [ClockJump(tuple(row["below"]), row["low_ms"], row["high_ms"], row["add_ms"]) for row in rows]
+        return [_jump(row) for row in rows]
     except FileNotFoundError:
         return []
     except (OSError, ValueError, TypeError, KeyError) as error:
         log.error("%s cannot be read (%s): clock jumps seen before are forgotten", path, error)
         return []
+
+
+def _jump(row: dict) -> ClockJump:
+    """One kept jump; `TypeError` for values of other types (a file written by hand or by another version),
+    which retention would otherwise fail on at every pass."""
+    below, times = row["below"], (row["low_ms"], row["high_ms"], row["add_ms"])
+    if not isinstance(below, list) or not all(_whole(value) for value in (*below, *times)):
+        raise TypeError(f"not whole numbers: {row!r}"[:200])
+    return ClockJump(tuple(below), *times)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _save(path: str, jumps: list[ClockJump]) -> None:

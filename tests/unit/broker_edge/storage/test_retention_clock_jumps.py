@@ -224,3 +224,36 @@ def test_a_jump_found_while_running_is_not_found_again_after_a_crash(
     assert "jumped" not in caplog.text
     assert report.segments_deleted >= 2  # aged from the jump once
     after_crash.close()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        '[{"below": ["0"], "low_ms": 0, "high_ms": 1, "add_ms": 1}]',
+        '[{"below": "12", "low_ms": 0, "high_ms": 1, "add_ms": 1}]',
+        '[{"below": [9], "low_ms": "0", "high_ms": 1, "add_ms": 1}]',
+        '[{"below": [9], "low_ms": 0, "high_ms": 1.5, "add_ms": null}]',
+    ],
+    ids=["partition_end_a_string", "ends_a_string", "time_a_string", "not_whole_numbers"],
+)
+def test_a_clock_jumps_file_of_wrong_types_is_forgotten_and_retention_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, written: str
+):
+    """A ``meta/clock-jumps`` written by hand or by another version, valid JSON but with values of other
+    types: before, it was taken as it was and every retention pass failed on it (a TypeError, never a
+    segment deleted, until the disk filled)."""
+    clock = SetClock(BASE_TIME_MS)
+    store = _store(tmp_path, clock)
+    end = _fill(store, "t", segments=3)
+    store.close()
+    (tmp_path / "meta" / "clock-jumps").write_text(written)
+    clock.advance(2 * DAY_MS)
+
+    with caplog.at_level(logging.ERROR, logger="broker_edge.storage.clock"):
+        reopened = _store(tmp_path, clock)
+        report = reopened.apply_retention()
+
+    assert report.segments_deleted >= 2
+    assert 0 < reopened.start_offset("t") <= end
+    assert f"{tmp_path / 'meta' / 'clock-jumps'} cannot be read" in caplog.text
+    reopened.close()
