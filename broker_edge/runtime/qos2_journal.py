@@ -8,8 +8,9 @@ it survives the process's death (not a power cut). Each snapshot starts a new ge
 records it (``journal_from``); once the snapshot is written the older files are deleted. At start the files
 from the snapshot's generation on are replayed, in order, onto the sessions it restored.
 
-A line is ``[client_id, packet_id, 1]`` (held) or ``[client_id, packet_id, 0]`` (released) as JSON; a line
-that does not parse (cut by a power cut) is skipped.
+A line is ``[client_id, packet_id, 1]`` (held) or ``[client_id, packet_id, 0]`` (released) as JSON; a last
+line that does not parse (cut by a power cut) is skipped, and so is any other line that is no such entry
+(damaged, written by hand), said at WARNING.
 """
 
 from __future__ import annotations
@@ -119,13 +120,18 @@ class Qos2Journal:
         except OSError as exc:
             log.error("reading incoming QoS 2 ids from %s failed: %s", path, exc)
             return
-        for line in text.splitlines():
-            try:
-                client_id, packet_id, is_held = json.loads(line)
-            except ValueError:
-                continue  # cut by a power cut
-            if isinstance(client_id, str) and isinstance(packet_id, int) and 0 < packet_id < 65536:
-                held[(client_id, packet_id)] = bool(is_held)
+        lines = text.splitlines()
+        skipped = 0
+        for number, line in enumerate(lines, 1):
+            entry = _entry(line)
+            if entry is None:
+                cut = number == len(lines) and not text.endswith("\n")  # a power cut in its last line
+                skipped += not cut
+                continue
+            client_id, packet_id, is_held = entry
+            held[(client_id, packet_id)] = is_held
+        if skipped:
+            log.warning("%s: %d lines are not incoming QoS 2 ids (damaged): skipped", path, skipped)
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -136,3 +142,17 @@ class Qos2Journal:
     def close(self) -> None:
         """At stop, after the last snapshot (which deleted the files it has)."""
         self._close()
+
+
+def _entry(line: str) -> tuple[str, int, bool] | None:
+    """The (client id, packet id, held) of a journal line; None for a line that is no such entry."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the parser's depth
+        return None
+    if not isinstance(entry, list) or len(entry) != 3:
+        return None
+    client_id, packet_id, is_held = entry
+    if isinstance(client_id, str) and type(packet_id) is int and 0 < packet_id < 65536:
+        return client_id, packet_id, bool(is_held)
+    return None

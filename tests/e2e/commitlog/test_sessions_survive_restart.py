@@ -532,3 +532,40 @@ def test_a_qos2_delivery_not_yet_pubreced_is_resent_with_its_packet_id_and_dup_a
         assert in_flight.packet_id != 1
     finally:
         process.stop()
+
+
+@pytest.mark.mqtt5("MQTT-4.3.3-11")
+def test_qos2_journal_lines_that_name_no_id_are_skipped_and_the_broker_starts(tmp_path):
+    """A ``meta/qos2-ids.<n>`` line of valid JSON that is no ``[client, id, held]`` (a number, null, an
+    object: a file written by hand or damaged): before, the start failed on it with a TypeError traceback,
+    at every start until someone removed the file. Now such lines are skipped, said once at WARNING naming
+    the file, and the ids around them are held as before: the publisher's PUBREL gets PUBCOMP 0
+    [MQTT-4.3.3-11]."""
+    process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 3600}, sys_topics={"enabled": False})
+    process.start()
+    try:
+        _persistent_raw(process.port, 5, "q2-publisher")[0].close()
+        process.stop()  # the snapshot has the session
+        process.start()
+        publisher, _ = _persistent_raw(process.port, 5, "q2-publisher")
+        publisher.send_packet(Publish("in/q2", b"exactly once", 2, packet_id=7))
+        assert isinstance(publisher.recv(), PubRec)
+        publisher.close()
+        process.kill()
+        [journal] = [f for f in (tmp_path / "data" / "meta").glob("qos2-ids.*") if f.stat().st_size]
+        with journal.open("a") as file:
+            file.write('5\nnull\n{"dev": 1}\n["q2-publisher", 8, 1]\n')
+
+        process.start()
+
+        again, ack = _persistent_raw(process.port, 5, "q2-publisher")
+        assert ack.session_present
+        for packet_id in (7, 8):
+            again.send_packet(PubRel(packet_id))
+            comp = again.recv()
+            assert isinstance(comp, PubComp) and (comp.packet_id, comp.reason_code) == (packet_id, 0)
+        log = process.log_path.read_text()
+        assert "Traceback" not in log
+        assert f"{journal}: 3 lines are not incoming QoS 2 ids (damaged): skipped" in log
+    finally:
+        process.stop()
