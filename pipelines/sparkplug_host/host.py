@@ -13,8 +13,9 @@ this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not t
 connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
 born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
 quarantines as unreadable is none), and so does data naming a metric its birth does not define; so does a
-birth it cannot take (one giving an alias to two metrics, [tck-id-payloads-alias-uniqueness], or otherwise
-unreadable, as the telemetry job quarantines it), at once; and so does a born node's sequence number that
+birth it cannot take (one giving an alias to two metrics, or a DBIRTH giving an alias its node's NBIRTH or
+another device's DBIRTH in force gives, [tck-id-payloads-alias-uniqueness], or otherwise unreadable, as the
+telemetry job quarantines it), at once; and so does a born node's sequence number that
 skips some or came already, when the ``reorder_timeout_s`` window it opens (:mod:`.reorder`, Sparkplug 3.0,
 5.8) elapses before the numbers skipped arrive. It asks that node for a rebirth (an NCMD setting ``Node
 Control/Rebirth``, QoS 0, not retained: the node births itself and every device again), at most once per
@@ -37,6 +38,7 @@ from typing import Any
 from broker_edge.protocol import ReasonCode, Will
 from pipelines.fleet.client import Message, MqttClient
 from pipelines.payloads.fields import PayloadError
+from pipelines.payloads.sparkplug.aliases import NodeAliases
 from pipelines.payloads.sparkplug.encode import rebirth_request
 from pipelines.payloads.sparkplug.messages import bdseq, read_payload
 from pipelines.payloads.sparkplug.session import Birth, birth_of, undefined_metric
@@ -71,6 +73,8 @@ class HostState:
     devices: dict[tuple[str, str], dict[str, Birth]] = field(default_factory=dict)
     """The devices of each born edge node born since its last NBIRTH (by DBIRTH, not dead since), with
     what their DBIRTH declares."""
+    aliases: dict[tuple[str, str], NodeAliases] = field(default_factory=dict)
+    """Which of each born edge node's births in force gives each alias (its NBIRTH, a device's DBIRTH)."""
     asked_at: dict[tuple[str, str], float] = field(default_factory=dict)
     sequences: dict[tuple[str, str], Sequence] = field(default_factory=dict)
     """Each born edge node's sequence numbers since its NBIRTH (its Reorder Timeout window)."""
@@ -259,6 +263,7 @@ class SparkplugHost:
                 self._forget(node)
                 state.born[node], state.births[node] = _bdseq(payload), birth
                 state.devices[node] = {}  # its devices are born again after it
+                state.aliases[node] = NodeAliases.of(birth.aliases, {})
                 state.sequences[node] = Sequence.after_birth(_seq(payload) or 0)
             else:  # the telemetry job quarantines it: no birth in force, the one before ended
                 self._forget(node)
@@ -307,29 +312,41 @@ class SparkplugHost:
         self._ask_rebirth(topic, node)
 
     def _device_message(self, topic: SparkplugTopic, node: tuple[str, str], payload: bytes) -> None:
-        """A born node's device: born by a DBIRTH the job takes (one it quarantines is none), ended by a
-        DDEATH; its data ask a rebirth when it is not born, or name a metric its DBIRTH does not define."""
-        assert topic.device_id is not None
+        """A born node's device: born by a DBIRTH the job takes (one it quarantines is none: one giving an
+        alias the NBIRTH or another device's DBIRTH in force gives too), ended by a DDEATH; its data ask a
+        rebirth when it is not born, or name a metric its DBIRTH does not define."""
+        device = topic.device_id
+        assert device is not None
         devices = self.state.devices.setdefault(node, {})
+        aliases = self.state.aliases.setdefault(node, NodeAliases.of(self.state.births[node].aliases, {}))
         if topic.message_type == "DBIRTH":
             birth = birth_of(payload)
-            if birth is not None:
-                devices[topic.device_id] = birth
+            if birth is not None and aliases.taken(device, birth.aliases) is None:
+                before = devices.get(device)
+                aliases.put(device, birth.aliases, before.aliases if before is not None else None)
+                devices[device] = birth
             else:  # quarantined: no birth in force for the device; a rebirth births it again
-                devices.pop(topic.device_id, None)
+                self._end_device(node, device)
                 self._ask_rebirth(topic, node)
         elif topic.message_type == "DDEATH":
-            devices.pop(topic.device_id, None)
+            self._end_device(node, device)
         else:
-            birth = devices.get(topic.device_id)
+            birth = devices.get(device)
             if birth is None or undefined_metric(payload, birth):
                 self._ask_rebirth(topic, node)
+
+    def _end_device(self, node: tuple[str, str], device: str) -> None:
+        """The device's birth no longer in force, nor its aliases."""
+        birth = self.state.devices.get(node, {}).pop(device, None)
+        if birth is not None and node in self.state.aliases:
+            self.state.aliases[node].drop(device, birth.aliases)
 
     def _forget(self, node: tuple[str, str]) -> None:
         """The node's birth, and its devices', no longer in force."""
         self.state.born.pop(node, None)
         self.state.births.pop(node, None)
         self.state.devices.pop(node, None)
+        self.state.aliases.pop(node, None)
         sequence = self.state.sequences.pop(node, None)
         if sequence is not None:
             sequence.close()

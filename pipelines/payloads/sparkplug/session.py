@@ -8,7 +8,8 @@ micro-batch to the next (:meth:`EdgeNodeSession.to_bytes`): the telemetry job ke
 store, keyed by edge node (docs/payload-formats.md).
 
 The rules (Sparkplug 3.0): an NBIRTH starts a session, defines the node's metrics and aliases, resets the
-sequence number and voids every device's birth; a DBIRTH does the same for one device; NDATA and DDATA
+sequence number and voids every device's birth; a DBIRTH does the same for one device (its aliases unique
+across the node's births in force: :mod:`.aliases`); NDATA and DDATA
 refer to metrics by alias (or name) that the birth in force defines; every message but NDEATH carries the
 node's next sequence number, 0 to 255, so a number that does not follow the last one is a gap (a message
 lost or reordered: the rows are kept and flagged); an NDEATH whose ``bdSeq`` matches the birth's ends the
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..fields import PayloadError
+from .aliases import NodeAliases
 from .messages import Metric, Payload, bdseq, metric_value, read_payload
 from .topics import SparkplugTopic, parse_topic
 
@@ -116,6 +118,8 @@ class EdgeNodeSession:
     """The devices whose birth is in force (online)."""
     after_birth: bool = False
     """Whether the last message with a sequence number was a birth (how :func:`in_order` goes on)."""
+    _aliases: NodeAliases | None = field(default=None, repr=False, compare=False)
+    """Which birth in force gives each alias (built from the births when first needed, not stored)."""
 
     # -- state across micro-batches ------------------------------------------------------------------------
 
@@ -178,7 +182,7 @@ class EdgeNodeSession:
         except PayloadError as exc:
             return [*self._end(record, topic), _rejected(record, topic, REASON_MALFORMED, str(exc))]
         rows = [_presence(record, topic, device, False) for device in sorted(self.devices)]
-        self.birth, self.bdseq, self.devices = birth, bdseq(payload), {}
+        self.birth, self.bdseq, self.devices, self._aliases = birth, bdseq(payload), {}, None
         self.last_seq = payload.seq
         rows.append(_presence(record, topic, None, True, birth.time_ms))
         return rows + metrics
@@ -190,7 +194,7 @@ class EdgeNodeSession:
         if topic.message_type == "NBIRTH":
             return self._end(record, topic)
         assert topic.device_id is not None
-        ended = self.birth is not None and self.devices.pop(topic.device_id, None) is not None
+        ended = self.birth is not None and self._drop_device(topic.device_id)
         return [_presence(record, topic, topic.device_id, False)] if ended else []
 
     def _ndeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
@@ -205,7 +209,7 @@ class EdgeNodeSession:
             return []
         rows = [_presence(record, topic, device, False) for device in sorted(self.devices)]
         rows.append(_presence(record, topic, None, False))
-        self.birth, self.devices, self.last_seq = None, {}, None
+        self.birth, self.devices, self.last_seq, self._aliases = None, {}, None, None
         return rows
 
     def _dbirth(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
@@ -215,20 +219,48 @@ class EdgeNodeSession:
         assert topic.device_id is not None
         try:
             birth = _birth(payload, record)
+            self._check_aliases(topic, payload, birth)
             metrics = self._metric_rows(record, topic, payload, birth, gap)
         except PayloadError as exc:  # no birth in force for the device, the one before it ended
-            ended = self.devices.pop(topic.device_id, None) is not None
+            ended = self._drop_device(topic.device_id)
             rows = [_presence(record, topic, topic.device_id, False)] if ended else []
             return [*rows, _rejected(record, topic, REASON_MALFORMED, str(exc), payload.seq)]
+        self._node_aliases().put(
+            topic.device_id, birth.aliases, _aliases_of(self.devices.get(topic.device_id))
+        )
         self.devices[topic.device_id] = birth
         return [_presence(record, topic, topic.device_id, True, birth.time_ms), *metrics]
+
+    def _check_aliases(self, topic: SparkplugTopic, payload: Payload, birth: Birth) -> None:
+        """A DBIRTH giving an alias that the NBIRTH or another device's DBIRTH in force gives is none: which
+        metric the node means by it is unknown (Sparkplug 3.0 [tck-id-payloads-alias-uniqueness])."""
+        assert topic.device_id is not None
+        taken = self._node_aliases().taken(topic.device_id, birth.aliases)
+        if taken is not None:
+            metric = next(metric for metric in payload.metrics if metric.alias == taken.alias)
+            node = f"{topic.group_id}/{topic.edge_node_id}"
+            raise PayloadError(f"sparkplug_b: {metric.where()}: {taken.describe(node)}")
+
+    def _node_aliases(self) -> NodeAliases:
+        if self._aliases is None:
+            devices = {device: birth.aliases for device, birth in self.devices.items()}
+            self._aliases = NodeAliases.of(_aliases_of(self.birth), devices)
+        return self._aliases
+
+    def _drop_device(self, device_id: str) -> bool:
+        """The device's birth no longer in force; whether it had one."""
+        birth = self.devices.pop(device_id, None)
+        if birth is None:
+            return False
+        self._node_aliases().drop(device_id, birth.aliases)
+        return True
 
     def _ddeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
         if self.birth is None:
             return [self._no_birth(record, topic, payload)]
         self._next_seq(payload)
         assert topic.device_id is not None
-        if self.devices.pop(topic.device_id, None) is None:
+        if not self._drop_device(topic.device_id):
             return []  # not online: nothing changes
         return [_presence(record, topic, topic.device_id, False)]
 
@@ -474,6 +506,10 @@ def _birth(payload: Payload, record: Record) -> Birth:
                 raise PayloadError(f"sparkplug_b: {metric.where()}: alias {metric.alias} is {taken!r}'s too")
             birth.aliases[metric.alias] = metric.name
     return birth
+
+
+def _aliases_of(birth: Birth | None) -> dict[int, str] | None:
+    return None if birth is None else birth.aliases
 
 
 def birth_of(payload: bytes) -> Birth | None:

@@ -694,3 +694,41 @@ def test_a_birth_whose_aliases_are_not_unique_brings_a_rebirth_request_at_once(b
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_dbirth_giving_an_alias_of_the_nbirth_or_of_another_device_brings_a_rebirth_request_at_once(broker):
+    """[tck-id-payloads-alias-uniqueness] Aliases are unique across an edge node's metrics, its devices'
+    included. A DBIRTH giving an alias its node's NBIRTH or another device's DBIRTH gives was taken, and
+    the device's data by it read as that birth's metric whichever the node meant. The telemetry job
+    quarantines such a birth; the host asks the node for a rebirth at once."""
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+    level = MetricOut(1.5, "Double", name="Level", alias=1)
+
+    def device_birth(name: str, alias: int, seq: int) -> bytes:
+        return encode([MetricOut(2.5, "Float", name=name, alias=alias)], timestamp_ms=seq, seq=seq)
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        for name in ("gw9", "gw8"):
+            node.publish(
+                f"spBv1.0/plant1/NBIRTH/{name}",
+                encode([bdseq_metric(0), level], timestamp_ms=1, seq=0),
+                0,
+            )
+            node.publish(f"spBv1.0/plant1/DBIRTH/{name}/pump", device_birth("T", 10, 1), 0)
+        node.publish("spBv1.0/plant1/DBIRTH/gw9/pump", device_birth("T", 10, 2), 0)  # born again: its own
+        await asyncio.to_thread(commands.expect_none, 0.3)  # unique aliases: nothing to ask
+        node.publish("spBv1.0/plant1/DBIRTH/gw9/valve", device_birth("P", 10, 3), 0)  # pump's alias
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw9"
+        node.publish("spBv1.0/plant1/DBIRTH/gw8/valve", device_birth("P", 1, 2), 0)  # the node's alias
+        [request] = await expect(commands, 1)
+        assert request.topic == "spBv1.0/plant1/NCMD/gw8"
+        assert sparkplug.stats["rebirth_requests"] == 2
+        assert sorted(sparkplug.state.devices[("plant1", "gw9")]) == ["pump"]
+        await sparkplug.stop()
+
+    asyncio.run(scenario())

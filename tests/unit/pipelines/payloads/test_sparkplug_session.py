@@ -40,11 +40,18 @@ def nbirth(at_ms: int, bdseq: int = 0, seq: int = 0) -> Record:
     return record(NODE.format("NBIRTH"), encode(metrics, timestamp_ms=at_ms, seq=seq), at_ms)
 
 
+def first_alias(device: str) -> int:
+    """The first of a device's three aliases (pump7's 10 to 12): unique across the node's metrics, as
+    Sparkplug asks [tck-id-payloads-alias-uniqueness]."""
+    return 10 if device == "pump7" else 1000 + 10 * int("".join(filter(str.isdigit, device)))
+
+
 def dbirth(device: str, at_ms: int, seq: int) -> Record:
+    alias = first_alias(device)
     metrics = [
-        MetricOut(21.0, "Float", name="Temperature", alias=10),
-        MetricOut(-3, "Int16", name="Offset", alias=11),
-        MetricOut("idle", "String", name="Mode", alias=12),
+        MetricOut(21.0, "Float", name="Temperature", alias=alias),
+        MetricOut(-3, "Int16", name="Offset", alias=alias + 1),
+        MetricOut("idle", "String", name="Mode", alias=alias + 2),
     ]
     return record(DEVICE.format("DBIRTH", device), encode(metrics, timestamp_ms=at_ms, seq=seq), at_ms)
 
@@ -53,9 +60,9 @@ def ddata(device: str, at_ms: int, seq: int, *metrics: MetricOut) -> Record:
     return record(DEVICE.format("DDATA", device), encode(metrics, timestamp_ms=at_ms, seq=seq), at_ms)
 
 
-def temperature(value: float) -> MetricOut:
-    """The device's temperature (alias 10) as its data messages send it: alias and value only."""
-    return MetricOut(value, "Float", alias=10, with_datatype=False)
+def temperature(value: float, device: str = "pump7") -> MetricOut:
+    """The device's temperature (pump7's alias 10) as its data messages send it: alias and value only."""
+    return MetricOut(value, "Float", alias=first_alias(device), with_datatype=False)
 
 
 def kinds(rows, kind):
@@ -155,7 +162,7 @@ def test_a_millisecond_whose_numbers_straddle_the_wrap_is_read_255_first():
     session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
     session.last_seq = 254
     batch = [  # on two topics (one topic's offsets are the order it was sent in), handed over 0 first
-        ddata("pump8", 2000, 255, temperature(1.0)),
+        ddata("pump8", 2000, 255, temperature(1.0, "pump8")),
         ddata("pump7", 2000, 0, temperature(2.0)),
     ]
     session.process([dbirth("pump8", 1002, seq=2)])
@@ -223,7 +230,7 @@ def test_a_device_death_ends_that_device_only():
     session.process([nbirth(1000), dbirth("pump7", 1001, seq=1), dbirth("pump8", 1002, seq=2)])
     death = record(DEVICE.format("DDEATH", "pump7"), encode([], timestamp_ms=1100, seq=3), 1100)
     assert [(r["device_id"], r["online"]) for r in session.process([death])] == [("pump7", False)]
-    rows = session.process([ddata("pump8", 1200, 4, temperature(1.0))])
+    rows = session.process([ddata("pump8", 1200, 4, temperature(1.0, "pump8"))])
     assert [(r["metric"], r["seq_gap"]) for r in rows] == [("Temperature", False)]
 
 
@@ -513,7 +520,9 @@ def test_the_births_of_a_node_with_many_devices_in_one_millisecond_are_read_birt
         session.last_seq, session.after_birth = last_seq, False
     devices = [f"d{n:03}" for n in range(200)]
     batch = [nbirth(1000)] + [dbirth(device, 1000, n + 1) for n, device in enumerate(devices)]
-    batch += [ddata(device, 1001, (201 + n) % 256, temperature(1.0)) for n, device in enumerate(devices)]
+    batch += [
+        ddata(device, 1001, (201 + n) % 256, temperature(1.0, device)) for n, device in enumerate(devices)
+    ]
     rows = session.process(list(reversed(batch)))
     assert kinds(rows, REJECTED) == []
     assert len([r for r in kinds(rows, METRIC) if r["message_type"] == "DDATA"]) == 200
@@ -542,7 +551,8 @@ def sent_by_a_gateway(seed: int) -> list[Record]:
         seq = 0
         send(NODE.format("NBIRTH"), [bdseq_metric(0), MetricOut(1.0, "Double", name="Level", alias=1)])
         for device in devices:
-            send(DEVICE.format("DBIRTH", device), [MetricOut(1.0, "Float", name="Temperature", alias=10)])
+            temperature_of = MetricOut(1.0, "Float", name="Temperature", alias=first_alias(device))
+            send(DEVICE.format("DBIRTH", device), [temperature_of])
 
     births()
     for _ in range(rng.randint(1, 400)):
@@ -552,7 +562,7 @@ def sent_by_a_gateway(seed: int) -> list[Record]:
         elif (device := rng.choice([None, *devices])) is None:
             send(NODE.format("NDATA"), [MetricOut(2.0, "Double", alias=1, with_datatype=False)])
         else:
-            send(DEVICE.format("DDATA", device), [temperature(2.0)])
+            send(DEVICE.format("DDATA", device), [temperature(2.0, device)])
     return sent
 
 
@@ -598,3 +608,53 @@ def test_alias_0_is_an_alias_and_a_birth_giving_one_alias_to_two_metrics_puts_no
         (REASON_UNKNOWN_ALIAS, "NDATA: edge node plant1/gw1 has no NBIRTH in force"),
     ]
     assert kinds(rows, METRIC) == [] and session.birth is None
+
+
+def test_a_dbirth_giving_an_alias_the_nbirth_or_another_devices_birth_gives_puts_none_in_force():
+    """[tck-id-payloads-alias-uniqueness] An alias is unique across the edge node's metrics, its own and all
+    its devices'. A DBIRTH reusing one of the NBIRTH's or of another device's DBIRTH in force was taken, and
+    its device's data by that alias read by it, whichever metric the node meant. It is quarantined as a
+    birth giving one alias to two metrics is: its device has no birth in force, the others keep theirs."""
+    pressure = MetricOut(1.2, "Float", name="Pressure", alias=10)
+    current = MetricOut(0.5, "Float", name="Current", alias=1)
+    session = EdgeNodeSession()
+    rows = session.process(
+        [
+            nbirth(1000),
+            dbirth("pump7", 1001, seq=1),
+            record(DEVICE.format("DBIRTH", "pump8"), encode([pressure], timestamp_ms=1002, seq=2), 1002),
+            ddata("pump8", 1003, 3, MetricOut(1.5, "Float", alias=10, with_datatype=False)),
+            record(DEVICE.format("DBIRTH", "pump9"), encode([current], timestamp_ms=1004, seq=4), 1004),
+            ddata("pump7", 1005, 5, temperature(22.0)),
+        ]
+    )
+    assert [(r["reason"], r["detail"]) for r in kinds(rows, REJECTED)] == [
+        (
+            REASON_MALFORMED,
+            "sparkplug_b: metric 0 ('Pressure'): "
+            "alias 10 is 'Temperature''s in the birth of plant1/gw1/pump7 too",
+        ),
+        (
+            REASON_UNKNOWN_ALIAS,
+            "DDATA: device plant1/gw1/pump8 has had no DBIRTH since the edge node's NBIRTH",
+        ),
+        (
+            REASON_MALFORMED,
+            "sparkplug_b: metric 0 ('Current'): alias 1 is 'Supply/Voltage''s in the birth of plant1/gw1 too",
+        ),
+    ]
+    assert sorted(session.devices) == ["pump7"]
+    data = [(r["device_id"], r["metric"], r["value_double"]) for r in kinds(rows, METRIC) if r["seq"] == 5]
+    assert data == [("pump7", "Temperature", 22.0)]
+
+
+def test_a_device_born_again_keeps_its_own_aliases_and_a_dead_devices_aliases_are_free_again():
+    """A DBIRTH of a device already born replaces its birth (its aliases are its own); once a device's
+    birth ends (DDEATH), another device may give its aliases."""
+    session = EdgeNodeSession()
+    rows = session.process([nbirth(1000), dbirth("pump7", 1001, seq=1), dbirth("pump7", 1002, seq=2)])
+    rows += session.process(
+        [record(DEVICE.format("DDEATH", "pump7"), encode([], timestamp_ms=1003, seq=3), 1003)]
+    )
+    rows += EdgeNodeSession.from_bytes(session.to_bytes()).process([dbirth("pump8", 1004, seq=4)])
+    assert kinds(rows, REJECTED) == []
