@@ -11,11 +11,14 @@ query has run a while) and starts it again.
 It gives up only on failures a restart cannot fix (:func:`unrecoverable`): bad configuration (a source
 option, a config value, a table whose schema or features do not match, a query that does not analyse, a
 token the broker refuses), data loss under ``failOnDataLoss`` and checkpoint offsets the source refuses as
-edited by hand. The job then stops with exit status 1, naming the reason, rather than failing the same way
-forever. It also gives up on a query that failed the same way (:func:`failure_signature`) more than
-``max_restarts`` times in a row within ``restart_window_s``, so that a service manager sees the job fail; a
-different failure, or one past the window, is restarted. A run that must end (``--available-now``) also
-gives up on a query that keeps failing (``give_up_after`` failures in a row).
+edited by hand. The job then stops with exit status :data:`NOT_RESTARTABLE` (5), naming the reason, rather
+than failing the same way forever; a service manager does not start it again either (systemd:
+``RestartPreventExitStatus``). It also gives up on a query that failed the same way
+(:func:`failure_signature`) more than ``max_restarts`` times in a row within ``restart_window_s``, so that a
+service manager sees the job fail; a different failure, or one past the window, is restarted. A run that
+must end (``--available-now``) also gives up on a query that keeps failing (``give_up_after`` failures in a
+row). Those two, and a failure with restarts turned off, exit 1: a new process (a fresh JVM and Python
+workers, a broker back by then) may well get past them, so a service manager may start the job again.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+FAILED = 1
+"""Exit status of a job that gave up on failures a new process may get past (restarts used up or off)."""
+NOT_RESTARTABLE = 5
+"""Exit status of a job that stopped on a failure no restart fixes (:func:`unrecoverable`): starting it
+again fails the same way, so its service is not restarted (conf/systemd/timestone-pipeline@.service)."""
 
 #: What in a failed query's error says a restart cannot fix it, and how the job names the reason. Errors
 #: reach the driver as text (a Python traceback inside a Spark error), hence names, not types.
@@ -89,7 +98,8 @@ class RestartConfig:
     """How a job restarts its failed queries (``stream.restart`` / ``restart`` in the job's config)."""
 
     enabled: bool = True
-    """False: a failed query stops the job (exit status 1), as a batch job's would."""
+    """False: a failed query stops the job (exit status 1, 5 for what no restart fixes), as a batch job's
+    would."""
     initial_backoff_s: float = 1.0
     """Wait before the first restart; it doubles with each failure that follows, up to ``max_backoff_s``."""
     max_backoff_s: float = 60.0
@@ -138,6 +148,13 @@ class GaveUp:
     query: str
     reason: str
     error: str
+    restartable: bool = False
+    """Whether a new process may get past it (restarts used up or off), not a failure no restart fixes."""
+
+    @property
+    def exit_status(self) -> int:
+        """The job's exit status: :data:`FAILED` when restartable, else :data:`NOT_RESTARTABLE`."""
+        return FAILED if self.restartable else NOT_RESTARTABLE
 
 
 @dataclass
@@ -192,10 +209,11 @@ class Supervisor:
         return None
 
     def run(self, poll_s: float = 0.5) -> int:
-        """Watch until every query has ended on its own (0), one failed for good (1) or :meth:`stop`."""
+        """Watch until every query has ended on its own (0), one failed for good (its
+        :attr:`GaveUp.exit_status`) or :meth:`stop`."""
         while not self._stop.is_set():
-            if self.check() is not None:
-                return 1
+            if (gave_up := self.check()) is not None:
+                return gave_up.exit_status
             if all(watched.done for watched in self.queries):
                 return 0
             self._stop.wait(poll_s)
@@ -248,6 +266,7 @@ class Supervisor:
         if now - watched.started_at >= self.config.healthy_after_s:
             watched.failures = 0
         reason = unrecoverable(error)
+        restartable = reason is None
         if reason is None and self.give_up_after is not None and watched.failures >= self.give_up_after:
             reason = (
                 f"failed {watched.failures + 1} times in a row, the last {self.give_up_after} after a restart"
@@ -264,7 +283,7 @@ class Supervisor:
                 reason,
                 failure_summary(failure),
             )
-            self.gave_up = GaveUp(watched.name, reason, error)
+            self.gave_up = GaveUp(watched.name, reason, error, restartable)
             watched.done = True
             return
         delay = min(self.config.max_backoff_s, self.config.initial_backoff_s * 2**watched.failures)

@@ -373,7 +373,7 @@ def run(spark: SparkSession, section: object, options: RunOptions) -> int:
     try:
         while job.running():
             time.sleep(1)
-        return 1 if job.gave_up is not None else 0
+        return job.gave_up.exit_status if job.gave_up is not None else 0
     except KeyboardInterrupt:
         log.info("stopping the actions job")
         return 0

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.supervisor import NOT_RESTARTABLE
+
 ROOT = Path(__file__).resolve().parents[3]
 UNITS = ROOT / "conf" / "systemd"
 ANALYZE = shutil.which("systemd-analyze")
@@ -86,6 +88,16 @@ def test_a_unit_runs_as_the_system_user_with_its_directories_limits_reload_and_n
     assert unit["StateDirectory"] and unit["ConfigurationDirectory"] == "timestone"
     for sandbox in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices"):
         assert unit[sandbox] in ("yes", "strict"), sandbox
+
+
+def test_the_pipeline_unit_does_not_restart_a_job_that_stopped_on_what_no_restart_fixes() -> None:
+    """A job that gave up on a failure no restart fixes (a refused token, data loss, hand-edited
+    checkpoint offsets) exited 1, and ``Restart=on-failure`` started it again every 10 s for ever. Its own
+    exit status is listed; 1 (restarts of one failure used up, which a fresh JVM may fix) is not."""
+    unit = settings(UNITS / "timestone-pipeline@.service")
+    prevented = unit["RestartPreventExitStatus"].split()
+    assert str(NOT_RESTARTABLE) in prevented and "1" not in prevented, prevented
+    assert unit["Restart"] == "on-failure"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from pipelines.supervisor import NOT_RESTARTABLE
 from tests.e2e.sources.conftest import EdgeBroker
 from tests.e2e.telemetry.telemetry_harness import Fleet, LogAppendPublisher
 
@@ -84,3 +85,25 @@ def test_json_logs_without_library_noise_and_ctrl_c_stops_between_batches(tmp_pa
         "timestone pipeline telemetry: stopped",
     ], text
     assert all(line.startswith(JVM_START) or "WARN NativeCodeLoader" in line for line in others[:-2]), text
+
+
+def test_a_failure_no_restart_fixes_ends_the_job_with_a_status_its_service_does_not_restart(tmp_path):
+    """A token the broker refuses fails the running query, and no restart changes that: the job stopped
+    with exit status 1, which systemd's ``Restart=on-failure`` restarted every 10 s for ever, failing the
+    same way. It stops with its own status, one the unit lists in ``RestartPreventExitStatus``."""
+    broker = EdgeBroker(tmp_path / "edge", token="the-right-token")
+    try:
+        argv = [sys.executable, "-m", "pipelines.cli", "pipeline", "telemetry"]
+        for override in (
+            f"telemetry.source.brokers=[edge1={broker.url}]",
+            "telemetry.source.options={authToken: a-wrong-token}",
+            f"telemetry.tables.root={tmp_path / 'tables'}",
+            f"telemetry.stream.checkpoint={tmp_path / 'checkpoint'}",
+        ):
+            argv += ["--set", override]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        broker.close()
+    assert done.returncode == NOT_RESTARTABLE, done.stderr[-3000:]
+    assert "failed, not restarted: broker refused the token" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

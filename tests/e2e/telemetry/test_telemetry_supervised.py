@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import DataFrame
 
 from pipelines.metrics import PipelineMetrics
-from pipelines.supervisor import RestartConfig, Supervisor
+from pipelines.supervisor import NOT_RESTARTABLE, RestartConfig, Supervisor
 from pipelines.telemetry.config import TelemetryConfig
 from pipelines.telemetry.job import TelemetryBatch, open_store, supervise
 from sinks import BatchWriter, TableStore
@@ -139,7 +139,8 @@ def test_data_lost_to_retention_stops_the_job_naming_it(spark, tmp_path, edge):
 
     metrics = PipelineMetrics()
     supervisor = Supervisor("telemetry", QUICK_RESTARTS, metrics)
-    assert supervise(spark, config, available_now=True, metrics=metrics, supervisor=supervisor) == 1
+    status = supervise(spark, config, available_now=True, metrics=metrics, supervisor=supervisor)
+    assert status == NOT_RESTARTABLE  # a service does not start the job again
     assert supervisor.gave_up is not None
     assert supervisor.gave_up.reason == "data loss (failOnDataLoss)"
     assert "data loss on broker 'edge1'" in supervisor.gave_up.error

@@ -14,7 +14,7 @@ import pytest
 
 from broker_edge.config.loader import ConfigError
 from pipelines.metrics import PipelineMetrics
-from pipelines.supervisor import GaveUp, RestartConfig, Supervisor, error_name, unrecoverable
+from pipelines.supervisor import NOT_RESTARTABLE, GaveUp, RestartConfig, Supervisor, error_name, unrecoverable
 
 WORKER_LOST = (
     "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch "
@@ -112,7 +112,7 @@ def test_a_query_that_ran_long_enough_waits_the_first_wait_again():
 def test_what_a_restart_cannot_fix_stops_the_job_naming_it(error, reason):
     supervisor, started, clock = supervised()
     started[-1].fail(error)
-    assert supervisor.run(poll_s=0.01) == 1
+    assert supervisor.run(poll_s=0.01) == NOT_RESTARTABLE
     gave_up = supervisor.gave_up
     assert gave_up is not None and (gave_up.query, gave_up.reason) == ("telemetry", reason)
     clock.now += 3600
@@ -124,7 +124,7 @@ def test_restarts_turned_off_stop_the_job_at_the_first_failure():
     supervisor, started, _ = supervised(RestartConfig(enabled=False))
     started[-1].fail(WORKER_LOST)
     gave_up = supervisor.check()
-    assert gave_up is not None and "restart.enabled: false" in gave_up.reason
+    assert gave_up is not None and "restart.enabled: false" in gave_up.reason and gave_up.exit_status == 1
 
 
 def test_a_query_stopped_or_finished_is_not_restarted():
@@ -249,6 +249,7 @@ def test_a_query_failing_the_same_way_max_restarts_times_within_the_window_stops
     gave_up = fail_at(supervisor, started, clock, [STAGE_FAILED.format(n) for n in range(10)], every_s=5.0)
     assert gave_up is not None
     assert gave_up.reason == "failed the same way 4 times in 15 s (restart.max_restarts: 3)"
+    assert gave_up.exit_status == 1  # a new process may get past it: a service restarts the job
     assert len(started) == 4 and supervisor.metrics.restarts("telemetry", "telemetry") == 3
 
 
