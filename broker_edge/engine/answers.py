@@ -37,8 +37,10 @@ class Publisher(Protocol):
     state: int
     incoming_pending: int
     """Its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish
-    until its PUBCOMP from an MQTT 5 client (as its Receive Maximum counts), until its PUBREC from an
-    older one (whose reading waits on this count, so its PUBRELs must stay readable). Bounded by
+    read on this connection until its PUBCOMP from an MQTT 5 client (as its Receive Maximum counts: a flow
+    a former connection of the session began counts only where its PUBLISH is sent again; ``Inbound.qos2``),
+    until its PUBREC from an older one (whose reading waits on this count, so its PUBRELs must stay
+    readable). Bounded by
     ``limits.receive_maximum``: an MQTT 5 client sending more is disconnected, an older one is not read
     while it has that many (``Connection``)."""
 

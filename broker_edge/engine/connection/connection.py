@@ -465,8 +465,13 @@ class Connection(Outgoing):
         """Forget a held incoming QoS 2 id (its publish was refused): a resend is a new publish."""
         session = self.session
         released = session is not None and session.release_incoming(packet_id)
-        if released and self.v5 and self.incoming_pending > 0:  # counted until PUBCOMP; no PUBREL will come
-            self.incoming_pending -= 1
+        if released and self.v5 and self.inbound is not None:  # counted until PUBCOMP; no PUBREL will come
+            self.inbound.uncount_qos2(packet_id)
+
+    @property
+    def started_inbound(self) -> Inbound:
+        """Its ``Inbound``, made now if none was yet."""
+        return self.inbound or self._start_inbound()
 
     # -- reading ------------------------------------------------------------------------------------------
 

@@ -37,8 +37,8 @@ def handle_pubrec(ctx: BrokerContext, conn: Client, session: Session, packet: Pu
 
 def handle_pubrel(ctx: BrokerContext, conn: Client, session: Session, packet: PubRel) -> None:
     if session.release_incoming(packet.packet_id):
-        if conn.terms.v5 and conn.incoming_pending > 0:  # an older client's count ended with its PUBREC
-            conn.incoming_pending -= 1
+        if conn.terms.v5 and conn.inbound is not None:  # an older client's count ended with its PUBREC
+            conn.inbound.uncount_qos2(packet.packet_id)
         conn.send_pubcomp(packet.packet_id)
     else:
         conn.send_pubcomp(packet.packet_id, _NOT_FOUND)

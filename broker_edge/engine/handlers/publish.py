@@ -60,11 +60,13 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
         return
     packet_id = packet.packet_id
     path = ctx.publish_path
+    again = False  # a QoS 2 PUBLISH whose id is held: sent again, answered with PUBREC, never routed twice
     if qos == 2:
         assert packet_id is not None, "the decoder gives every QoS 1/2 PUBLISH a packet id"
         held = session.incoming_qos2
-        if held is not None and packet_id in held and not session.reused(packet_id, packet.dup):
-            path.acknowledge_in_turn(conn, packet_id, 2, 0)  # duplicate: PUBREC again, never routed twice
+        again = held is not None and packet_id in held and not session.reused(packet_id, packet.dup)
+        if again and (not conn.terms.v5 or conn.started_inbound.counts_qos2(packet_id)):
+            path.acknowledge_in_turn(conn, packet_id, 2, 0)
             return
     if qos and conn.terms.v5 and conn.incoming_pending >= limits.receive_maximum:
         _disconnect(
@@ -73,6 +75,11 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
             ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
             "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
         )
+        return
+    if again:  # one a former connection of the session sent: a place of this one's Receive Maximum too
+        assert packet_id is not None
+        conn.started_inbound.count_qos2(packet_id)
+        path.acknowledge_in_turn(conn, packet_id, 2, 0)
         return
     retain = packet.retain
     if retain and not ctx.config.retain.enabled:
@@ -218,7 +225,7 @@ def _hold_qos2(conn: Client, session: Session, packet_id: int) -> None:
     path counts those)."""
     session.hold_incoming(packet_id)
     if conn.terms.v5:
-        conn.incoming_pending += 1
+        conn.started_inbound.count_qos2(packet_id)
 
 
 def _resolve_alias(ctx: BrokerContext, conn: Client, alias: int, topic: str) -> str | None:

@@ -259,6 +259,48 @@ def test_receive_maximum_counts_only_unacknowledged_publishes(start_broker):
     assert [raw.recv().packet_id for _ in range(8)] == list(range(1, 9))
 
 
+def _held_qos2_publish(port: int, client_id: str, packet_id: int) -> None:
+    """A QoS 2 PUBLISH of a persistent session answered with PUBREC, then the connection lost before
+    PUBREL: the session holds ``packet_id`` for the next connection."""
+    raw = RawClient(port, 5)
+    raw.connect(client_id, clean_start=False, properties=Properties(session_expiry_interval=300))
+    raw.send_packet(Publish("t", b"held", 2, packet_id=packet_id))
+    assert isinstance(raw.recv(), PubRec)
+    raw.close()
+
+
+@pytest.mark.mqtt5("MQTT-4.3.3-10", "MQTT-4.4.0-1")
+@pytest.mark.parametrize("finish_old", ["pubrel", "publish_again"])
+def test_receive_maximum_of_a_resumed_session_counts_this_connections_qos2_publishes(
+    start_broker, finish_old
+):
+    """A client back on its session finishes the QoS 2 flow its last connection left open [MQTT-4.4.0-1]:
+    its PUBREL is answered with PUBCOMP [MQTT-4.3.3-10] and frees nothing of this connection's Receive
+    Maximum, which that PUBLISH never took; a PUBLISH sent again takes a place as any other. Either way a
+    client with two QoS 2 publishes of this connection open that sends a third is over the broker's Receive
+    Maximum of 2: DISCONNECT 0x93."""
+    broker = start_broker(limits={"receive_maximum": 2})
+    _held_qos2_publish(broker.port, "device", 1)
+    back = RawClient(broker.port, 5)
+    assert back.connect("device", clean_start=False, properties=Properties(session_expiry_interval=300))
+    if finish_old == "publish_again":  # its PUBREC was lost: the PUBLISH again, a place taken until PUBCOMP
+        back.send_packet(Publish("t", b"held", 2, dup=True, packet_id=1))
+        assert isinstance(back.recv(), PubRec)
+    back.send_packet(Publish("t", b"new", 2, packet_id=2))
+    assert isinstance(back.recv(), PubRec)
+    if finish_old == "pubrel":
+        back.send_packet(Publish("t", b"new", 2, packet_id=3))
+        assert isinstance(back.recv(), PubRec)
+    back.send_packet(PubRel(1))
+    comp = back.recv()
+    assert isinstance(comp, PubComp) and (comp.packet_id, comp.reason_code) == (1, 0)
+    if finish_old == "publish_again":
+        back.send_packet(Publish("t", b"new", 2, packet_id=3))
+        assert isinstance(back.recv(), PubRec)
+    back.send_packet(Publish("t", b"one too many", 2, packet_id=4))  # 2 and 3 wait for PUBREL
+    back.expect_disconnect(0x93)
+
+
 @pytest.mark.mqtt5("MQTT-3.3.2-5", "MQTT-3.3.2-6")
 def test_message_expiry_drops_expired_queued_messages(broker):
     sub = PahoClient(broker.port, "ex", clean=False, session_expiry=300)
