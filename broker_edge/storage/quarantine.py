@@ -116,7 +116,7 @@ def read_list(path: str) -> dict[str, QuarantinedLog]:
         }
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as error:
         log.error("%s cannot be read (%s): the logs it set aside are found again as they open", path, error)
         return {}
 

@@ -249,3 +249,30 @@ def test_the_logs_of_a_partition_whose_directory_was_renamed_are_set_aside_until
         assert [record.payload for record in records] == [make_record(number).payload for number in range(30)]
         assert back.append(topic, make_record(30)) == 30
     back.close()
+
+
+@pytest.mark.parametrize(
+    "listed",
+    [
+        '{"logs": [{"topic": "plant/bad", "reason": "by hand", "since_ms": 1e400}]}',
+        '{"logs": [{"topic": "plant/bad", "reason": "by hand", "since_ms": -1e400}]}',
+        "[" * 100_000,
+    ],
+    ids=["time_infinite", "time_minus_infinite", "nested_past_the_parser"],
+)
+def test_a_quarantine_list_no_integer_or_parser_holds_is_said_and_the_store_opens(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, listed: str
+):
+    """A ``meta/quarantine.json`` written by hand with a time JSON reads as infinite, or brackets nested past
+    the JSON parser's depth: before, the open failed on it (``OverflowError``, ``RecursionError``), and the
+    broker with it at every start."""
+    data = tmp_path / "data"
+    filled(data).close()
+    (data / "meta" / "quarantine.json").write_text(listed)
+
+    store = LogStore(data, CONFIG)
+    assert store.open().quarantined == []
+
+    assert f"{data / 'meta' / 'quarantine.json'} cannot be read" in caplog.text
+    assert [len(store.read(topic, 0, 1000)) for topic in [*GOOD, BAD]] == [30, 30, 30]
+    store.close()
