@@ -13,7 +13,8 @@ Outgoing topic aliases (MQTT 5, 3.3.2.3.4): when the client's CONNECT allows the
 and the broker's ``mqtt.outgoing_topic_aliases`` is not 0, every topic sent gets an alias, the least recently
 used one being reassigned when all are taken. The first PUBLISH of a topic carries the name and the alias,
 the following ones only the alias; both forms are shared encodings (``Message.template``), so fanout still
-encodes once per variant.
+encodes once per variant. A delivery that the alias would make larger than the client's Maximum Packet Size
+goes with its topic name alone.
 """
 
 from __future__ import annotations
@@ -227,8 +228,6 @@ class Outgoing:
                     tail = template.tail
         else:
             aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
-            if aliased is None:
-                return False
             head = aliased.head
             if qos:
                 tail = aliased.tail
@@ -302,11 +301,13 @@ class Outgoing:
 
     def _aliased_template(
         self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
-    ) -> PublishTemplate | None:
-        """The v5 PUBLISH with this connection's alias for the topic (LRU); None if too large to send.
+    ) -> PublishTemplate:
+        """The v5 PUBLISH with this connection's alias for the topic (LRU).
 
         A topic without an alias gets the next free one, or the least recently used topic's; the alias is
-        recorded only once the PUBLISH that sets it is certain to be written.
+        recorded only once the PUBLISH that sets it is certain to be written. One that the alias would make
+        larger than the client's Maximum Packet Size goes with its topic name alone, no alias given (the
+        caller drops it if even that is too large).
         """
         aliases = self.aliases_out
         if aliases is None:
@@ -321,8 +322,7 @@ class Outgoing:
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
         template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
         if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
-            self._too_large(message)
-            return None
+            return message.template(True, qos, retain, subscription_ids, 0, False, offsets)
         if full:
             del aliases[next(iter(aliases))]
         aliases[topic] = alias

@@ -8,7 +8,8 @@ import pytest
 from gmqtt import Client as GmqttClient
 
 from broker_edge.engine.message import Message
-from broker_edge.protocol.packets import PubAck, Publish
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient
 
@@ -84,6 +85,36 @@ def test_no_aliases_for_clients_that_did_not_ask_or_when_disabled(start_broker):
         pub.publish("al/t", b"2")
     assert [aliased(wants.recv()) for _ in range(2)] == [("al/t", None, b"1"), ("al/t", None, b"2")]
     assert [aliased(silent.recv()) for _ in range(2)] == [("al/t", None, b"1"), ("al/t", None, b"2")]
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-26")
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_delivery_that_fits_the_maximum_packet_size_only_without_an_alias_is_sent_without_one(broker, qos):
+    """A client taking aliases whose Maximum Packet Size fits a delivery with its topic name but not with an
+    alias added (3 bytes more) gets it with the name alone [MQTT-3.1.2-24]: the alias is the broker's
+    choice, not the client's message to lose. The topic gets its alias with the first delivery that fits
+    it, and aliases stay within the client's maximum [MQTT-3.1.2-26]."""
+    large = b"x" * 50
+    plain = encode(Publish("al/big", large, qos, packet_id=1 if qos else None), MQTT_5)
+    raw = RawClient(broker.port, 5)
+    terms = Properties(topic_alias_maximum=2, maximum_packet_size=len(plain))
+    assert raw.connect("tight", properties=terms).reason_code == 0
+    assert raw.subscribe("al/#", qos).reason_codes == [qos]
+    pub = PahoClient(broker.port, "pub")
+    frames = []
+    for payload in (large, large, b"small", large):
+        pub.publish("al/big", payload, qos)
+        packet = raw.recv()
+        frames.append(aliased(packet))
+        if qos:
+            raw.send_packet(PubAck(packet.packet_id))
+    assert frames == [
+        ("al/big", None, large),
+        ("al/big", None, large),
+        ("al/big", 1, b"small"),
+        ("", 1, large),
+    ]
+    assert broker.drops("too_large") == 0
 
 
 def test_retained_messages_and_a_new_connection_start_with_fresh_aliases(broker):
