@@ -244,6 +244,7 @@ def reload_files(broker: Broker) -> None:
             log.error("uplink hub certificate not reloaded, the previous one stays in force: %s", exc)
         else:
             log.info("uplink hub certificate and sites' CAs reloaded")
+            broker.uplink_hub.reloaded()
     if broker.cluster_node is not None:
         broker.cluster_node.reload_credentials()
 

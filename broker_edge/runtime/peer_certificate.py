@@ -7,7 +7,7 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING
 
-from broker_edge.runtime.revoked_peers import certificate_id
+from broker_edge.security.peer_chain import certificate_id
 from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:

@@ -2,49 +2,23 @@
 
 OpenSSL checks a certificate against the CRLs only at the handshake, so a device connected when its
 certificate is revoked (a stolen key) would stay connected for as long as it likes. A listener that checks
-CRLs notes each client certificate's issuer and serial number at connect (``certificate_id``); after a
-reload, ``close_revoked`` closes the connections the new CRLs list: v5 DISCONNECT 0x87 (Not authorized),
-their wills dropped (they are the holder's of the stolen key), one WARNING each.
+CRLs notes each client certificate's issuer and serial number at connect (``peer_chain.certificate_id``);
+after a reload, ``close_revoked`` closes the connections the new CRLs list: v5 DISCONNECT 0x87 (Not
+authorized), their wills dropped (they are the holder's of the stolen key), one WARNING each.
 """
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.security.tls import crls_in
+from broker_edge.security.peer_chain import revoked_in
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
 
-__all__ = ["CertificateId", "certificate_id", "close_revoked", "revoked_in"]
-
-CertificateId = tuple[bytes, int]
-"""A certificate's issuer (its DER encoding) and serial number: what a CRL lists it by."""
-
-
-def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> CertificateId | None:
-    """The issuer and serial number of the client's certificate (None: it sent none)."""
-    if ssl_object is None:
-        return None
-    der = ssl_object.getpeercert(binary_form=True)
-    if not der:
-        return None
-    from cryptography import x509
-
-    certificate = x509.load_der_x509_certificate(der)
-    return certificate.issuer.public_bytes(), certificate.serial_number
-
-
-def revoked_in(crlfile: str) -> set[CertificateId]:
-    """Every certificate the CRLs in ``crlfile`` list (the file loaded already: its CRLs parse)."""
-    revoked: set[CertificateId] = set()
-    for crl in crls_in(crlfile):
-        issuer = crl.issuer.public_bytes()
-        revoked.update((issuer, entry.serial_number) for entry in crl)
-    return revoked
+__all__ = ["close_revoked"]
 
 
 def close_revoked(connections: Iterable[Connection], listener: str, crlfile: str) -> int:

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker_edge.security.tls import crls_in
+
 if TYPE_CHECKING:
     from cryptography import x509
 
-__all__ = ["PeerChain", "peer_chain", "trusted_keys"]
+__all__ = ["CertificateId", "PeerChain", "certificate_id", "peer_chain", "revoked_in", "trusted_keys"]
 
 _DER = 2
 """``_ssl.ENCODING_DER``: how the certificates of a chain are asked for."""
@@ -142,3 +144,29 @@ def trusted_keys(cafile: str) -> frozenset[bytes]:
         keys.add(_key(certificate))
         keys.add(_name_key(certificate.subject))
     return frozenset(keys)
+
+
+CertificateId = tuple[bytes, int]
+"""A certificate's issuer (its DER encoding) and serial number: what a CRL lists it by."""
+
+
+def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> CertificateId | None:
+    """The issuer and serial number of the client's certificate (None: it sent none)."""
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    from cryptography import x509
+
+    certificate = x509.load_der_x509_certificate(der)
+    return certificate.issuer.public_bytes(), certificate.serial_number
+
+
+def revoked_in(crlfile: str) -> set[CertificateId]:
+    """Every certificate the CRLs in ``crlfile`` list (the file loaded already: its CRLs parse)."""
+    revoked: set[CertificateId] = set()
+    for crl in crls_in(crlfile):
+        issuer = crl.issuer.public_bytes()
+        revoked.update((issuer, entry.serial_number) for entry in crl)
+    return revoked

@@ -40,6 +40,7 @@ from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
 from broker_edge.uplink.expired import ExpiredOnArrival
 from broker_edge.uplink.mirror import Gap, LocalMirrorLogs, mirror_batch, mirrored_ends
+from broker_edge.uplink.site_certificates import SiteCertificates
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
 from broker_edge.uplink.wire import (
@@ -111,6 +112,8 @@ class UplinkHub:
         self.status = SitesStatus(store, metrics)
         self.expired = ExpiredOnArrival(store)
         self.tls = ServerContexts(lambda: server_ssl_context(config.tls), config.tls, "uplink hub")
+        self.certificates = SiteCertificates(config.tls)
+        """The connected sites' certificates: a link ends with its certificate's authorization."""
         self.port = 0
         self._runner: GuardedRunner | None = None
         self._sockets: dict[str, web.WebSocketResponse] = {}
@@ -169,6 +172,22 @@ class UplinkHub:
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=self.config.max_message_bytes)
         await ws.prepare(request)
         status = self.status.site(site)
+        ssl_object = transport.get_extra_info("ssl_object") if transport else None
+        watched = self.certificates.watch(site, ws, status, ssl_object)
+        try:
+            return await self._serve_site(request, ws, site, status)
+        finally:
+            self.certificates.forget(watched)
+
+    def reloaded(self) -> int:
+        """After a SIGHUP read the TLS files again: end the links of the sites whose certificate the new
+        ``cafile`` no longer trusts or whose CRLs revoke it; how many were."""
+        return self.certificates.reloaded()
+
+    async def _serve_site(
+        self, request: web.Request, ws: web.WebSocketResponse, site: str, status: SiteStatus
+    ) -> web.WebSocketResponse:
+        """A site's connection (``ws``, its WebSocket prepared) from its ``HELLO`` until it ends."""
         try:
             hello = await self._hello(ws)
         except (WireError, ConnectionError, TimeoutError) as error:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,11 @@ if TYPE_CHECKING:
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.storage import LogStore
 
-__all__ = ["SiteStatus", "SitesStatus"]
+__all__ = ["CLOSE_REASONS", "SiteStatus", "SitesStatus"]
+
+CLOSE_REASONS = ("expired", "untrusted", "revoked")
+"""Why the hub ended a site's link for its certificate (``site_certificates``): the ``reason`` of
+``uplink_site_certificate_closes``."""
 
 
 @dataclass
@@ -30,6 +35,8 @@ class SiteStatus:
     gap_records: int = 0
     refused_connections: int = 0
     """Connections refused while the site was connected from another broker (two using its certificate)."""
+    certificate_closes: dict[str, int] = field(default_factory=dict)
+    """Links the hub ended for the site's certificate, by why (``CLOSE_REASONS``)."""
     site_ends: dict[str, list[int]] = field(default_factory=dict)
     """The site's last report: topic → [end, last append ms]."""
     site_oldest: dict[str, int] = field(default_factory=dict)
@@ -88,6 +95,7 @@ class SiteStatus:
             "duplicate_records": self.duplicate_records,
             "gap_records": self.gap_records,
             "refused_connections": self.refused_connections,
+            "certificate_closes": dict(self.certificate_closes),
             "lag_records": records,
             "lag_seconds": round(seconds, 3),
             "topics": len(store.logs(site_topic(self.site_id, "#"))),
@@ -126,6 +134,11 @@ class SitesStatus:
             "Connections of a site refused while it was connected from another broker.",
             ["site"],
         )
+        self._certificate_closes = metrics.gauge(
+            "uplink_site_certificate_closes",
+            "Links of a site the hub ended for its certificate: expired, no longer trusted, revoked.",
+            ["site", "reason"],
+        )
         self._contact = metrics.gauge(
             "uplink_site_last_contact_timestamp", "Wall time of the last message from a site.", ["site"]
         )
@@ -151,7 +164,14 @@ class SitesStatus:
         self._gaps.labels(site).set_function(lambda: status.gap_records)
         self._refused.labels(site).set_function(lambda: status.refused_connections)
         self._contact.labels(site).set_function(lambda: status.last_contact)
+        for reason in CLOSE_REASONS:
+            self._certificate_closes.labels(site, reason).set_function(_closes(status, reason))
         self._connected.labels(site).set_function(lambda: float(status.connected))
 
     def as_json(self) -> dict[str, object]:
         return {"sites": [self.sites[site].as_json(self.store) for site in sorted(self.sites)]}
+
+
+def _closes(status: SiteStatus, reason: str) -> Callable[[], float]:
+    """How many of ``status``'s links were ended for ``reason`` (its certificate expired, ...)."""
+    return lambda: status.certificate_closes.get(reason, 0)
