@@ -194,7 +194,7 @@ def _load(path: str) -> list[ClockJump]:
         return [_jump(row) for row in rows]
     except FileNotFoundError:
         return []
-    except (OSError, ValueError, TypeError, KeyError) as error:
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as error:
         log.error("%s cannot be read (%s): clock jumps seen before are forgotten", path, error)
         return []
 

@@ -233,15 +233,23 @@ def test_a_jump_found_while_running_is_not_found_again_after_a_crash(
         '[{"below": "12", "low_ms": 0, "high_ms": 1, "add_ms": 1}]',
         '[{"below": [9], "low_ms": "0", "high_ms": 1, "add_ms": 1}]',
         '[{"below": [9], "low_ms": 0, "high_ms": 1.5, "add_ms": null}]',
+        "[" * 100_000,
     ],
-    ids=["partition_end_a_string", "ends_a_string", "time_a_string", "not_whole_numbers"],
+    ids=[
+        "partition_end_a_string",
+        "ends_a_string",
+        "time_a_string",
+        "not_whole_numbers",
+        "nested_past_the_parser",
+    ],
 )
 def test_a_clock_jumps_file_of_wrong_types_is_forgotten_and_retention_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, written: str
 ):
     """A ``meta/clock-jumps`` written by hand or by another version, valid JSON but with values of other
     types: before, it was taken as it was and every retention pass failed on it (a TypeError, never a
-    segment deleted, until the disk filled)."""
+    segment deleted, until the disk filled); brackets nested past the JSON parser's depth stopped the
+    open (``RecursionError``)."""
     clock = SetClock(BASE_TIME_MS)
     store = _store(tmp_path, clock)
     end = _fill(store, "t", segments=3)
