@@ -154,6 +154,8 @@ class Message:
         if cache is None:  # the first variant (with one subscriber, the only one): the dict made with it
             self.templates = {key: found}
         else:
+            if expiry is not None:
+                _forget_earlier_intervals(cache, expiry)
             cache[key] = found
         return found
 
@@ -205,3 +207,18 @@ def forwarded_properties(props: Properties | None) -> tuple[Properties | None, i
     if forwarded.is_empty():
         return None, expiry
     return forwarded, expiry
+
+
+def _forget_earlier_intervals(cache: dict[object, PublishTemplate], expiry: int) -> None:
+    """Drop the variants of ``cache`` that carry a Message Expiry Interval left other than ``expiry``: made at
+    an earlier second, they are never sent again (a message held for a day would otherwise keep an encoding,
+    its payload copied, for every second it was delivered in). They were made before those of ``expiry``, so
+    the walk stops at the first of these; the few plain variants (int keys) are passed over."""
+    earlier = []
+    for key in cache:
+        if type(key) is tuple and key[4] is not None:
+            if key[4] == expiry:
+                break
+            earlier.append(key)
+    for key in earlier:
+        del cache[key]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -215,3 +216,28 @@ def test_a_wildcard_subscription_gets_every_retained_message_however_many(start_
     assert sorted(topics[:count]) == sorted(f"state/{i}" for i in range(count))
     assert topics[count] == "state/0"  # the live message, after the retained ones
     assert broker.drops("queue_full") == 0
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-6")
+def test_a_retained_message_with_an_expiry_keeps_one_encoding_of_its_interval_left(broker):
+    """Each delivery of a retained message carries what is left of its Message Expiry Interval
+    [MQTT-3.3.2-6], so a subscriber a second later gets another encoding. The one of an earlier second is
+    never sent again: it is not kept, or a retained message with a day's expiry would keep up to 86,400
+    copies of its payload as devices subscribe through the day."""
+    pub = RawClient(broker.port, 5)
+    pub.connect("pub")
+    expiring = Properties(message_expiry_interval=600)
+    pub.send_packet(Publish("status/door", b"open", 1, retain=True, packet_id=1, properties=expiring))
+    assert isinstance(pub.recv(), PubAck)
+    intervals = []
+    for second in range(3):
+        subscriber = RawClient(broker.port, 5)
+        subscriber.connect(f"reader-{second}")
+        subscriber.subscribe("status/door", 0)
+        delivered = subscriber.recv()
+        assert (delivered.payload, delivered.retain) == (b"open", True)
+        intervals.append(delivered.properties.message_expiry_interval)
+        time.sleep(1.05)  # the next subscriber comes a second later: less of the interval is left
+    assert intervals[0] > intervals[1] > intervals[2]
+    retained = broker.call(lambda: broker.broker.router.retained.get("status/door"))
+    assert len(broker.call(lambda: dict(retained.templates))) == 1
