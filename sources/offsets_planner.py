@@ -173,6 +173,24 @@ def check_offsets(offsets: object) -> None:
                 _refuse(broker, f"hold {key!r}, a key the source never writes (#p<n>, #e<n>, #s, #t, #f)")
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 _refuse(broker, f"hold {key!r}: {value!r}, not an offset (a whole number >= 0)")
+        _check_one_shape(broker, keys)
+
+
+_POSITION_SHAPED = ("#p", "#e", "#t")
+"""Keys only a broker read by storage partition holds (positions, query-start marks, filters read)."""
+
+
+def _check_one_shape(broker: str, keys: Mapping[str, object]) -> None:
+    """A broker is read by partition or by topic: a topic offset beside positions (or a position beside
+    topic offsets), which one way of reading would carry from batch to batch unread, is refused."""
+    position = next((key for key in keys if key.startswith(_POSITION_SHAPED)), None)
+    topic = next((key for key in keys if not key.startswith("#")), None)
+    if position is not None and topic is not None:
+        _refuse(
+            broker,
+            f"hold both positions of storage partitions ({position!r}) and topic offsets ({topic!r}): "
+            "a broker is read one way, and the other's keys would never be read",
+        )
 
 
 def _refuse(broker: str, what: str) -> NoReturn:

@@ -100,6 +100,28 @@ def test_a_checkpoint_edited_by_hand_into_no_offsets_fails_naming_the_broker_and
         source.partitions(start, {"e1": {"plant/1/temp": 10}})
 
 
+@pytest.mark.parametrize(("read_by", "added"), [("partitions", "plant/1/temp"), ("topics", "#p0")])
+def test_a_checkpoint_edited_to_mix_positions_and_topic_offsets_fails_naming_both(
+    edge: EdgeBroker, read_by: str, added: str
+) -> None:
+    """A topic's offset written beside a broker's positions (a hand edit rewinding one topic, the way the
+    docs write offsets by topic), or a position beside its topic offsets, was carried from batch to batch
+    and never read: the rewound records did not come, without a word."""
+    edge.fill("plant/1/temp", 10)
+    source = reader(f"e1={edge.url}", startingOffsets="earliest", readBy=read_by)
+    start = source.initialOffset()
+    checkpoint = source.latestOffset(start, ReadAllAvailable())
+    assert rows(source, start, checkpoint) == 10
+    edited = {"e1": checkpoint["e1"] | {added: 5}}
+
+    restarted = reader(f"e1={edge.url}", readBy=read_by)
+    refused = r"broker 'e1' hold both positions of storage partitions \('#p0'\) and topic offsets \('plant/1/"
+    with pytest.raises(ValueError, match=refused):
+        restarted.latestOffset(edited, ReadAllAvailable())
+    with pytest.raises(ValueError, match=refused):
+        restarted.partitions(edited, edited)
+
+
 @pytest.mark.spark
 def test_under_spark_an_offset_log_edited_by_hand_fails_the_restarted_query_naming_it(
     timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
