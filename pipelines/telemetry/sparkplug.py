@@ -6,8 +6,9 @@ one. It reads the entries' Sparkplug B groups, keeps each edge node's session in
 writes each micro-batch's rows: every metric into ``sparkplug_metrics``, every message that cannot be used
 into ``telemetry_quarantine`` with its reason and detail (an alias no birth defined, a payload that does not
 parse), every online-state change and sighting into ``devices`` (``online``, ``last_birth``,
-``last_seen``). A query of its own because Spark runs at most one ``applyInPandasWithState`` in a streaming
-query, and the telemetry query's flags duplicates. Its checkpoint is the telemetry one's with
+``last_seen``); a message delivered again (the sessions' duplicate rows) into none, counted in the
+report. A query of its own because Spark runs at most one ``applyInPandasWithState`` in a streaming query,
+and the telemetry query's flags duplicates. Its checkpoint is the telemetry one's with
 ``-sparkplug`` appended; both queries write through one store, whose commits retry a race lost to the
 other, each table exactly once per (query, batch). Bronze gets the Sparkplug records from the telemetry
 query, which reads the namespace too (:attr:`.config.TelemetryConfig.topic_filters`).
@@ -29,6 +30,7 @@ from pipelines import available_now as available_now_run
 from pipelines.metrics import PipelineMetrics
 from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
 from pipelines.payloads.sparkplug.session import (
+    DUPLICATE,
     METRIC,
     PRESENCE,
     REASON_MALFORMED,
@@ -70,6 +72,8 @@ class SparkplugReport:
     quarantined: dict[str, int] = field(default_factory=dict)
     seq_gaps: int = 0
     """Messages whose sequence number did not follow the edge node's previous one."""
+    duplicates: int = 0
+    """Messages delivered again (a copy of one the sessions took already): in no table but bronze."""
     written: dict[str, bool] = field(default_factory=dict)
 
 
@@ -96,6 +100,7 @@ class SparkplugBatch:
         try:
             counts = _one_row(rows.agg(*_profile()))
             report.metrics, report.seq_gaps = counts["metrics"], counts["seq_gaps"]
+            report.duplicates = counts["duplicates"]
             report.quarantined = {reason: counts[reason] for reason in REASONS if counts[reason]}
             if report.metrics and out.append(SPARKPLUG_METRICS, metric_rows(rows, now)):
                 self.metrics.sparkplug_seq_gaps.labels("telemetry").inc(report.seq_gaps)
@@ -125,6 +130,7 @@ def _profile() -> list[Column]:
     return [
         F.count(F.when(kind == METRIC, 1)).alias("metrics"),
         F.count(F.when(kind == PRESENCE, 1)).alias("presence"),
+        F.count(F.when(kind == DUPLICATE, 1)).alias("duplicates"),
         F.count_distinct(F.when((kind == METRIC) & F.col("seq_gap"), message)).alias("seq_gaps"),
         *[F.count(F.when((kind == REJECTED) & (F.col("reason") == r), 1)).alias(r) for r in REASONS],
     ]

@@ -12,12 +12,15 @@ sequence number and voids every device's birth; a DBIRTH does the same for one d
 across the node's births in force: :mod:`.aliases`); NDATA and DDATA
 refer to metrics by alias (or name) that the birth in force defines; every message but NDEATH carries the
 node's next sequence number, 0 to 255, so a number that does not follow the last one is a gap (a message
-lost or reordered: the rows are kept and flagged); an NDEATH whose ``bdSeq`` matches the birth's ends the
+lost or reordered: the rows are kept and flagged), while a message delivered again (a copy of the last one
+of its number) is a duplicate, read by nothing; an NDEATH whose ``bdSeq`` matches the birth's ends the
 session (any other is a stale will of an earlier connection and is ignored); a DDEATH ends a device's.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -33,10 +36,13 @@ from .topics import SparkplugTopic, parse_topic
 REASON_MALFORMED = "unparseable_payload"
 REASON_UNKNOWN_ALIAS = "sparkplug_unknown_alias"
 
-#: Row kinds (``kind``): a metric's value, a message quarantined, an online state that changed.
-METRIC, REJECTED, PRESENCE = "metric", "rejected", "presence"
+#: Row kinds (``kind``): a metric's value, a message quarantined, an online state that changed, a message
+#: delivered again (no table's: counted only).
+METRIC, REJECTED, PRESENCE, DUPLICATE = "metric", "rejected", "presence", "duplicate"
 
 SEQ_MODULO = 256
+#: Bytes of the digest of a message kept per sequence number, to tell one delivered again.
+_DIGEST_SIZE = 4
 #: The messages that carry the node's sequence number (all an edge node sends but its NDEATH).
 SEQUENCED = ("NBIRTH", "NDATA", "DBIRTH", "DDATA", "DDEATH")
 #: Why an empty payload on one of them is quarantined (protobuf would read it as a message of no fields).
@@ -118,6 +124,8 @@ class EdgeNodeSession:
     """The devices whose birth is in force (online)."""
     after_birth: bool = False
     """Whether the last message with a sequence number was a birth (how :func:`in_order` goes on)."""
+    seen: bytearray = field(default_factory=lambda: bytearray(SEQ_MODULO * _DIGEST_SIZE))
+    """The digest of the last message taken with each sequence number (:meth:`_repeats`)."""
     _aliases: NodeAliases | None = field(default=None, repr=False, compare=False)
     """Which birth in force gives each alias (built from the births when first needed, not stored)."""
 
@@ -130,6 +138,7 @@ class EdgeNodeSession:
             "seq": self.last_seq,
             "devices": {name: birth.to_json() for name, birth in self.devices.items()},
             "after_birth": self.after_birth,
+            "seen": base64.b64encode(self.seen).decode(),
         }
         return json.dumps(data, separators=(",", ":")).encode()
 
@@ -142,6 +151,7 @@ class EdgeNodeSession:
             last_seq=state["seq"],
             devices={name: Birth.from_json(birth) for name, birth in state["devices"].items()},
             after_birth=state.get("after_birth", False),  # not in a state written before it
+            seen=bytearray(base64.b64decode(state["seen"])) if "seen" in state else cls().seen,
         )
 
     # -- messages --------------------------------------------------------------------------------------------
@@ -151,10 +161,34 @@ class EdgeNodeSession:
         rows: list[dict[str, Any]] = []
         messages = in_order((read(record) for record in records), self.last_seq, self.after_birth)
         for message in messages:
+            digest = self._repeats(message)
+            if digest is None:
+                rows.append(_row(message.record, message.topic, DUPLICATE, seq=_seq_of(message)))
+                continue
             rows.extend(self._message(message))
-            if _seq_of(message) is not None:
+            seq = _seq_of(message)
+            if seq is not None:
                 self.after_birth = _kind_of(message) in ("NBIRTH", "DBIRTH")
+                if digest:
+                    self.seen[seq * _DIGEST_SIZE : (seq + 1) * _DIGEST_SIZE] = digest
         return rows
+
+    def _repeats(self, message: Message) -> bytes | None:
+        """None when ``message`` is one taken already, delivered again (an MQTT client sending a QoS 0
+        message again, a bridge or two brokers passing it on twice): its topic and payload are byte for
+        byte those of the last message of its sequence number, which is not the number expected next (the
+        message of that number one lap of the sequence later may well be the same bytes). Else its digest,
+        to remember (empty when it carries no sequence number)."""
+        seq, topic = _seq_of(message), message.topic
+        if seq is None or topic is None or topic.message_type not in SEQUENCED:
+            return b""
+        digest = hashlib.blake2b(
+            message.record.topic.encode() + b"\0" + (message.record.payload or b""), digest_size=_DIGEST_SIZE
+        ).digest()
+        expected = None if self.last_seq is None else (self.last_seq + 1) % SEQ_MODULO
+        if seq != expected and self.seen[seq * _DIGEST_SIZE : (seq + 1) * _DIGEST_SIZE] == digest:
+            return None
+        return digest
 
     def _message(self, message: Message) -> list[dict[str, Any]]:
         record, topic, payload = message.record, message.topic, message.payload

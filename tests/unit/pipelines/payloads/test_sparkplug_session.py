@@ -536,7 +536,7 @@ def sent_by_a_gateway(seed: int) -> list[Record]:
     devices = [f"d{n}" for n in range(rng.randint(1, 30))]
     offsets: dict[str, int] = {}
     sent: list[Record] = []
-    clock, seq = 1000, 0
+    clock, seq, born = 1000, 0, 0
 
     def send(topic: str, metrics: list[MetricOut]) -> None:
         nonlocal clock, seq
@@ -547,9 +547,10 @@ def sent_by_a_gateway(seed: int) -> list[Record]:
         clock += rng.random() < 0.02
 
     def births() -> None:
-        nonlocal seq
-        seq = 0
-        send(NODE.format("NBIRTH"), [bdseq_metric(0), MetricOut(1.0, "Double", name="Level", alias=1)])
+        nonlocal seq, born
+        seq, born = 0, born + 1  # a rebirth is another message than the birth before, in any millisecond
+        level = MetricOut(float(born), "Double", name="Level", alias=1)
+        send(NODE.format("NBIRTH"), [bdseq_metric(0), level])
         for device in devices:
             temperature_of = MetricOut(1.0, "Float", name="Temperature", alias=first_alias(device))
             send(DEVICE.format("DBIRTH", device), [temperature_of])
@@ -658,3 +659,49 @@ def test_a_device_born_again_keeps_its_own_aliases_and_a_dead_devices_aliases_ar
     )
     rows += EdgeNodeSession.from_bytes(session.to_bytes()).process([dbirth("pump8", 1004, seq=4)])
     assert kinds(rows, REJECTED) == []
+
+
+def test_a_message_delivered_again_is_a_duplicate_not_a_gap_and_leaves_the_sequence_as_it_was():
+    """An edge node's MQTT client sending a QoS 0 message again, or a bridge passing it on twice, put the
+    same message in the logs twice: its metrics were read twice, both copies flagged seq_gap with the
+    message after it, and a birth delivered again voided its devices' births, their data quarantined. A
+    copy (same topic, same bytes as the last message of its number, which is not the number expected) is
+    one duplicate row, read by nothing; the session goes on as if it had not come."""
+    birth, device_birth = nbirth(1000), dbirth("pump7", 1001, seq=1)
+    first = ddata("pump7", 1002, 2, temperature(1.0))
+
+    def again(sent: Record, at_ms: int, broker: str = "edge1") -> Record:
+        return Record(broker, sent.topic, next(_offsets), at_ms, sent.payload)
+
+    session = EdgeNodeSession()
+    rows = session.process([birth, device_birth, first, again(first, 1002, "edge2")])
+    rows += EdgeNodeSession.from_bytes(session.to_bytes()).process(
+        [again(first, 1003), again(birth, 1003), ddata("pump7", 1004, 3, temperature(2.0))]
+    )
+    assert kinds(rows, REJECTED) == []
+    data = [(r["seq"], r["seq_gap"], r["value_double"]) for r in kinds(rows, METRIC) if r["seq"] >= 2]
+    assert data == [(2, False, 1.0), (3, False, 2.0)]
+    assert sorted((r["message_type"], r["seq"]) for r in kinds(rows, "duplicate")) == [
+        ("DDATA", 2),
+        ("DDATA", 2),
+        ("NBIRTH", 0),
+    ]
+
+
+def test_a_number_repeated_with_other_bytes_or_one_lap_later_is_no_duplicate():
+    """Only a copy is a duplicate: a node numbering again without a birth sends other bytes (a gap, its
+    rows kept), and a node without timestamps sending the same values one lap of the sequence later sends
+    the number expected."""
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    rows = session.process(
+        [ddata("pump7", 1002, 2, temperature(1.0)), ddata("pump7", 1003, 2, temperature(5.0))]
+    )
+    assert [(r["seq"], r["seq_gap"], r["value_double"]) for r in rows] == [(2, False, 1.0), (2, True, 5.0)]
+    constant = encode([temperature(1.0)], timestamp_ms=None, seq=3)
+    laps = [record(DEVICE.format("DDATA", "pump7"), constant, 1004)]
+    laps += [ddata("pump7", 1005 + n, seq % 256, temperature(2.0)) for n, seq in enumerate(range(4, 259))]
+    laps.append(record(DEVICE.format("DDATA", "pump7"), constant, 2000))
+    rows = session.process(laps)
+    assert kinds(rows, "duplicate") == [] and not any(r["seq_gap"] for r in rows)
+    assert [r["timestamp_ms"] for r in rows if r["seq"] == 3] == [1004, 2000]
