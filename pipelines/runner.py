@@ -15,7 +15,7 @@ cluster is the one tested here; only the SparkSession differs.
 Exit status: 0 the pipeline caught up (``--available-now``) or was stopped (Ctrl-C, SIGTERM); 1 it failed
 while running; 2 a wrong command line or configuration (the message names the dotted key); 3 missing
 optional dependencies (``pipelines.cli``); 4 with ``--available-now``, the brokers to read did not answer;
-5 a query failed in a way no restart fixes (``pipelines.supervisor.NOT_RESTARTABLE``).
+5 a query failed, or could not start, in a way no restart fixes (``pipelines.supervisor.NOT_RESTARTABLE``).
 No user error ends in a traceback: each is one line (``--log-level DEBUG`` logs the details).
 """
 
@@ -40,7 +40,7 @@ from pipelines.overrides import apply_override, key_steps, split_assignment
 from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
 from pipelines.preflight import BrokersUnreachable
 from pipelines.run_options import RunOptions
-from pipelines.supervisor import NOT_RESTARTABLE
+from pipelines.supervisor import NOT_RESTARTABLE, unrecoverable_failure
 from pipelines.views.location import notebooks_hint
 
 if TYPE_CHECKING:
@@ -99,9 +99,9 @@ EXIT_STATUS = f"""exit status: 0 caught up (--available-now) or stopped (Ctrl-C,
 1 failed while running (a query's restarts used up or off), or --metrics-port could not be served;
 2 a wrong command line or configuration (naming the dotted key);
 3 optional dependencies missing; 4 with --available-now, the brokers to read did not answer;
-{NOT_RESTARTABLE} a query failed in a way no restart fixes (data loss, a refused token, checkpoint offsets
-edited by hand, a bad source option): starting the job again fails the same way, so a service manager
-should not (conf/systemd/timestone-pipeline@.service)."""
+{NOT_RESTARTABLE} a query failed, or could not start, in a way no restart fixes (data loss, a refused token,
+checkpoint offsets edited by hand, a table that does not match): starting the job again fails the same way,
+so a service manager should not (conf/systemd/timestone-pipeline@.service)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,7 +301,7 @@ def pipeline_main(argv: list[str]) -> int:
     except Exception as exc:
         log.debug("%s failed", prefix, exc_info=True)
         print(f"{prefix}: failed: {failure_summary(exc)}", file=sys.stderr)
-        return FAILED
+        return NOT_RESTARTABLE if unrecoverable_failure(exc) is not None else FAILED
     finally:
         if request is not None:
             request.finished()

@@ -77,6 +77,12 @@ def unrecoverable(error: str) -> str | None:
     return None
 
 
+def unrecoverable_failure(failure: BaseException) -> str | None:
+    """Why ``failure``, raised as a query starts (a table that does not match its declaration, a query that
+    does not analyse), is one no restart fixes; None if a restart may."""
+    return unrecoverable(f"{type(failure).__name__}: {failure}\n{failure_summary(failure)}")
+
+
 def failure_signature(failure: BaseException) -> str:
     """What makes two failures of a query the same: its one-line summary, numbers and ids masked."""
     return _VARYING.sub("#", failure_summary(failure))

@@ -13,6 +13,10 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from broker_edge.runtime.launcher import free_port
 from pipelines.supervisor import NOT_RESTARTABLE
 from tests.e2e.sources.conftest import EdgeBroker
 from tests.e2e.telemetry.telemetry_harness import Fleet, LogAppendPublisher
@@ -93,17 +97,34 @@ def test_a_failure_no_restart_fixes_ends_the_job_with_a_status_its_service_does_
     same way. It stops with its own status, one the unit lists in ``RestartPreventExitStatus``."""
     broker = EdgeBroker(tmp_path / "edge", token="the-right-token")
     try:
-        argv = [sys.executable, "-m", "pipelines.cli", "pipeline", "telemetry"]
-        for override in (
-            f"telemetry.source.brokers=[edge1={broker.url}]",
-            "telemetry.source.options={authToken: a-wrong-token}",
-            f"telemetry.tables.root={tmp_path / 'tables'}",
-            f"telemetry.stream.checkpoint={tmp_path / 'checkpoint'}",
-        ):
-            argv += ["--set", override]
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = run_telemetry(tmp_path, broker.url, "telemetry.source.options={authToken: a-wrong-token}")
     finally:
         broker.close()
     assert done.returncode == NOT_RESTARTABLE, done.stderr[-3000:]
     assert "failed, not restarted: broker refused the token" in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_table_that_does_not_match_its_declaration_ends_the_job_as_no_restart_fixes(tmp_path):
+    """A table the job refuses as it starts its query (here partitioned otherwise than the job declares it)
+    fails every start the same way; raised before the query ran, it ended the job with exit status 1, which
+    systemd restarted every 10 s for ever. It ends it as a running query's failure of that kind does."""
+    write_deltalake(str(tmp_path / "tables" / "bronze_telemetry"), pa.table({"x": pa.array([1], pa.int64())}))
+    done = run_telemetry(tmp_path, f"http://127.0.0.1:{free_port()}")
+    assert done.returncode == NOT_RESTARTABLE, done.stderr[-3000:]
+    assert "failed: SchemaMismatch: bronze_telemetry: table is partitioned by []" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def run_telemetry(tmp_path: Path, broker_url: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """``timestone pipeline telemetry`` run to its end, reading ``broker_url``, its tables and checkpoint
+    under ``tmp_path``."""
+    argv = [sys.executable, "-m", "pipelines.cli", "pipeline", "telemetry"]
+    for override in (
+        f"telemetry.source.brokers=[edge1={broker_url}]",
+        f"telemetry.tables.root={tmp_path / 'tables'}",
+        f"telemetry.stream.checkpoint={tmp_path / 'checkpoint'}",
+        *overrides,
+    ):
+        argv += ["--set", override]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
