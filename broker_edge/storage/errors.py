@@ -107,10 +107,18 @@ DISK_FULL = ShortageCause(
     "disk space available again",
     0.0,  # a stop does not wait for an operator: the next start recovers what was not written
 )
-SHORTAGE_CAUSES = (DESCRIPTORS, DISK_FULL)
+NOT_WRITABLE = ShortageCause(
+    "not_writable",
+    "no write access to storage.directory",
+    "give the broker's user write access to storage.directory: its owner, mode or mount",
+    "write access to storage.directory again",
+    0.0,  # an operator's fix: the next start recovers what was not written
+)
+SHORTAGE_CAUSES = (DESCRIPTORS, DISK_FULL, NOT_WRITABLE)
 
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 _OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NOT_ALLOWED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def passing_shortage(error: BaseException, *, syncing: bool) -> ShortageCause | None:
@@ -122,6 +130,9 @@ def passing_shortage(error: BaseException, *, syncing: bool) -> ShortageCause | 
       the page cache, and writing the whole range again at the same position is idempotent. From a sync it
       is a failure: the kernel may have dropped the dirty pages it could not write back, so a later sync
       that passes would not bring them back (the fsync reasoning of ``group_commit``).
+    * No write access (EACCES, EPERM, EROFS: a directory made read-only, a file's owner changed, a read-only
+      mount) is passing from an open or a write: a file that could not be created or opened holds nothing of
+      the job, and a write is tried again whole at its position. From a sync it is a failure, as above.
     """
     if not isinstance(error, OSError):
         return None
@@ -129,6 +140,8 @@ def passing_shortage(error: BaseException, *, syncing: bool) -> ShortageCause | 
         return DESCRIPTORS
     if error.errno in _OUT_OF_SPACE and not syncing:
         return DISK_FULL
+    if error.errno in _NOT_ALLOWED and not syncing:
+        return NOT_WRITABLE
     return None
 
 

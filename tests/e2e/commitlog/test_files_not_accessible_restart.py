@@ -8,6 +8,7 @@ device connected, its other topics served, and the replay goes on once the file 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,13 +17,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.protocol.packets import PubAck, Publish
 from broker_edge.runtime.launcher import BrokerProcess
-from tests.e2e.broker_clients import PahoClient
-from tests.e2e.commitlog.e2e_helpers import replay_from
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
+from tests.e2e.commitlog.e2e_helpers import health, read_log, replay_from
 from tests.unit.broker_edge.storage.log_helpers import partition_segments
 
 NOBODY = 65534
@@ -34,11 +37,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def unprivileged() -> Iterator[BrokerProcess]:
+@contextlib.contextmanager
+def broker_as_nobody(**sections: Any) -> Iterator[BrokerProcess]:
     """A broker run as nobody, over a directory of nobody's (outside pytest's root-only temporary tree)."""
     base = Path(tempfile.mkdtemp(prefix="timestone-owner-"))
-    broker = BrokerProcess(base, limits={"messages_per_second_per_client": 0})
+    broker = BrokerProcess(base, limits={"messages_per_second_per_client": 0}, **sections)
     broker.wrapper = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
     os.chmod(base, 0o755)
     os.chown(base, NOBODY, NOBODY)
@@ -47,6 +50,12 @@ def unprivileged() -> Iterator[BrokerProcess]:
     finally:
         broker.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def unprivileged() -> Iterator[BrokerProcess]:
+    with broker_as_nobody() as broker:
+        yield broker
 
 
 def test_a_segment_the_broker_may_not_open_stops_the_start_and_sets_nothing_aside(unprivileged):
@@ -139,3 +148,51 @@ def test_the_offsets_api_over_a_segment_that_cannot_be_read_answers_503_and_serv
     os.chown(sealed, NOBODY, NOBODY)
     records = OffsetsClient(broker.offsets_url).fetch_records("fleet/dev-1/t", 0).data
     assert [record.payload for record in records] == [f"m{n}".encode() for n in range(5)]
+
+
+def _publish_qos1(broker: BrokerProcess, topic: str, payloads: list[bytes]) -> list[int]:
+    """Each payload published at QoS 1 by a v5 client, in order; the reason code of each PUBACK (below 0x80:
+    acknowledged, 0x10 when no one subscribes)."""
+    client = RawClient(broker.port, 5)
+    client.connect("gateway")
+    codes = []
+    for number, payload in enumerate(payloads, 1):
+        client.send_packet(Publish(topic, payload, 1, packet_id=number))
+        answer = client.recv()
+        assert isinstance(answer, PubAck)
+        codes.append(answer.reason_code)
+    client.close()
+    return codes
+
+
+def test_a_partition_directory_made_read_only_under_the_broker_refuses_for_now_and_takes_appends_again():
+    """The partition's directory made read-only while the broker runs (a wrong ``chmod``, a restore), so the
+    next segment cannot be created: before, that was a failed store for the life of the process, every QoS 1
+    publish refused (0x80) even once the mode was put right, until a restart. Now the publishes are refused
+    while it lasts (0x80, the reason said once at WARNING, ``/health`` naming it), and once the directory can
+    be written again the broker takes them again without a restart, nothing acknowledged lost, no gap."""
+    with broker_as_nobody(storage={"segment_bytes": 4096}) as broker:
+        broker.start()
+        partition = broker.directory / "data" / "log" / "00"
+        payloads = [b"%04d" % number + b"x" * 500 for number in range(40)]
+        before = _publish_qos1(broker, "t", payloads[:4])
+        assert max(before) < 0x80
+        os.chmod(partition, 0o555)
+
+        during = _publish_qos1(broker, "t", payloads[4:30])
+
+        assert during[-1] == 0x80  # the segment is full long before: its roll cannot make the next one
+        assert health(broker)["log_shortage"] == "not_writable"
+        os.chmod(partition, 0o755)
+        assert wait_for(lambda: _publish_qos1(broker, "t", payloads[30:31])[0] < 0x80, timeout=20)
+        assert max(_publish_qos1(broker, "t", payloads[31:])) < 0x80
+        acknowledged = [p for p, code in zip(payloads[:30], before + during, strict=True) if code < 0x80]
+        acknowledged += payloads[30:]
+        with OffsetsClient(broker.offsets_url) as client:
+            stored = [row["payload"] for row in read_log(client, "t")]
+        assert [p for p in stored if p in acknowledged] == acknowledged  # every one, in order
+        text = broker.log_path.read_text()
+        assert "no write access to storage.directory writing the log (Permission denied)" in text
+        assert "the log is written, appends are taken again" in text
+        broker.stop()
+        assert broker.process is not None and broker.process.returncode == 0
