@@ -318,7 +318,7 @@ class SparkplugHost:
         device = topic.device_id
         assert device is not None
         devices = self.state.devices.setdefault(node, {})
-        aliases = self.state.aliases.setdefault(node, NodeAliases.of(self.state.births[node].aliases, {}))
+        aliases = self.state.aliases[node]  # set with its NBIRTH, as its births
         if topic.message_type == "DBIRTH":
             birth = birth_of(payload)
             if birth is not None and aliases.taken(device, birth.aliases) is None:
