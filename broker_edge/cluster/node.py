@@ -492,6 +492,11 @@ class ClusterNode:
             mirror_logs=self.mirror_logs,
         )
 
+    def _certificate_refused(self, reason: str) -> None:
+        """A request on the members' endpoint refused for its connection's certificate, counted."""
+        refusals = self.broker.metrics.https_certificate_refusals_total
+        refusals.labels("members' endpoint", reason).inc()
+
     async def start(self) -> None:
         """Serve as a member: the engine takes this node's ports first (fenced until registered, so nothing
         is appended here yet), then follow the cluster's state, register, campaign for controller. A node
@@ -511,6 +516,7 @@ class ClusterNode:
             self.cluster.listen,
             self.members_routes,
             self.broker.http_budget,
+            self._certificate_refused,
         )
         if self.handoff is not None:
             self.handoff.start()

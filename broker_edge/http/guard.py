@@ -66,6 +66,7 @@ from typing import Any
 from aiohttp import web
 
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
+from broker_edge.http.peer_certificates import CertificateCheck, PeerCertificate, peer_certificate
 from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
 from broker_edge.http.tls_accept import PROBE, HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.http.unserved import unserved_request
@@ -123,8 +124,11 @@ class _Guard:
         min_read_bytes_per_s: int = 0,
         max_per_reader: int | None = None,
         read_turns: ReadTaker | None = None,
+        certificates: CertificateCheck | None = None,
     ) -> None:
         self.max_connections = max_connections
+        self.certificates = certificates
+        """Checks each request's client certificate (``peer_certificates``; None: not checked)."""
         self.read_turns = read_turns
         """Makes each connection's ``Intake`` (None: aiohttp parses every read at once)."""
         self.max_per_reader = max_per_reader
@@ -250,9 +254,13 @@ class _GuardedProtocol(asyncio.Protocol):
         """The transport aiohttp sees, when an intake takes the reads (else the transport itself)."""
         self.intake: Intake | None = None
         """Given every read instead of aiohttp (the site's ``read_turns``); it hands them on with ``feed``."""
+        self.peer: PeerCertificate | None = None
+        """Its client certificate, noted at the handshake when the site checks them."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        if self.guard.certificates is not None:
+            self.peer = peer_certificate(transport)
         if self.guard.read_turns is not None:  # aiohttp's resumes must not undo the intake's holds
             self.seen = HeldTransport(transport)
             self.intake = self.guard.read_turns(self)
@@ -394,6 +402,10 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
             return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
         return await handler(request)
     request[_GUARDED] = guarded
+    if guarded.peer is not None and guarded.guard.certificates is not None:
+        ended = guarded.guard.certificates.refused(request, guarded.peer)
+        if ended is not None:  # its certificate expired, or a reload no longer accepts it
+            return ended
     guarded.busy = True
     guarded.disarm()
     try:
@@ -664,6 +676,7 @@ async def start_guarded_site(
     max_per_reader: int | None = None,
     read_turns: ReadTaker | None = None,
     name: str = "HTTPS endpoint",
+    certificates: CertificateCheck | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -676,9 +689,16 @@ async def start_guarded_site(
     ``request_timeout_s`` + N / this seconds is abandoned, its connection aborted (0: no minimum).
     ``max_per_reader``: open connections one named reader may hold (None: no bound of its own).
     ``read_turns``: makes each connection's ``Intake``, which takes its reads before aiohttp parses them.
-    ``name``: the site in the lines of failed TLS handshakes, without ``on_tls_failure``."""
+    ``name``: the site in the lines of failed TLS handshakes, without ``on_tls_failure``. ``certificates``:
+    a request on a connection whose client certificate has since ended is refused (``peer_certificates``)."""
     guard = _Guard(
-        max_connections, request_timeout_s, send_timeout_s, min_read_bytes_per_s, max_per_reader, read_turns
+        max_connections,
+        request_timeout_s,
+        send_timeout_s,
+        min_read_bytes_per_s,
+        max_per_reader,
+        read_turns,
+        certificates,
     )
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)

@@ -267,6 +267,12 @@ class BrokerMetrics:
             "TLS handshakes that failed, by listener and reason (timeout, closed, OpenSSL's reason).",
             ["listener", "reason"],
         )
+        self.https_certificate_refusals_total = counter(
+            "https_certificate_refusals",
+            "Requests on kept-alive HTTPS connections refused because their client certificate expired, or "
+            "a reload no longer trusts or revokes it, by endpoint and reason.",
+            ["endpoint", "reason"],
+        )
         self.disconnects_total = counter(
             "disconnects",
             "Connected clients the broker disconnected, by reason.",

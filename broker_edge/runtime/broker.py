@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     from broker_edge.cluster.node import ClusterNode
     from broker_edge.http.guard import GuardedRunner
+    from broker_edge.http.peer_certificates import CertificateCheck
     from broker_edge.runtime.transports.tcp import TcpServer
     from broker_edge.storage import LogStore
     from broker_edge.storage.group_commit import GroupCommitter
@@ -474,6 +475,18 @@ class Broker(BrokerCore):
             read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
         )
 
+    def _certificate_check(self, name: str, contexts: ServerContexts | None) -> CertificateCheck | None:
+        """The check of each request's client certificate on the HTTPS endpoint ``name`` served with
+        ``contexts`` (None: plain HTTP, or no client certificates), counted in this broker's metrics."""
+        from broker_edge.http.peer_certificates import CertificateCheck, ClientTrust
+
+        files = contexts.files if contexts is not None else None
+        if contexts is None or files is None or not files.cafile:
+            return None
+        trust = ClientTrust(lambda: contexts.reloads, files.cafile, files.crlfile)
+        refusals = self.metrics.https_certificate_refusals_total
+        return CertificateCheck(name, trust, lambda reason: refusals.labels(name, reason).inc())
+
     def _watch_expiry(self, contexts: ServerContexts | None) -> None:
         """Expose when the certificate ``contexts`` serves expires, as it is now (SIGHUP moves it)."""
         if contexts is not None:
@@ -505,6 +518,7 @@ class Broker(BrokerCore):
                 max_request_line=request_line_for(self.config.limits.max_topic_length),
             )
             readers = reader_authenticator(self.reader_tokens)
+            certificates = self._certificate_check("offsets API", self.offsets_tls)
             app = create_app(store, limits=limits, routes=self.offsets_api_routes, authenticate=readers)
             return await start_guarded_site(
                 app,
@@ -521,6 +535,7 @@ class Broker(BrokerCore):
                 max_per_reader=limits.max_connections_per_reader,
                 read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
                 name="offsets API",
+                certificates=certificates,
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

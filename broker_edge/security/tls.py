@@ -292,6 +292,11 @@ class ServerContexts:
         self.context.sni_callback = self._switch
         self.reloads = 0
 
+    @property
+    def files(self) -> TlsConfig | None:
+        """The files it is read from (None: built otherwise)."""
+        return self._files
+
     def _switch(self, ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext) -> None:
         ssl_object.context = self.current
 

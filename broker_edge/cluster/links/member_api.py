@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.links.member_identity import MemberTls
     from broker_edge.cluster.view import ClusterView
     from broker_edge.http.guard import GuardedRunner
+    from broker_edge.http.peer_certificates import CertificateCheck
     from broker_edge.security.http_budget import MemoryBudget
     from broker_edge.settings.cluster import MemberListenConfig
     from broker_edge.storage import LogStore
@@ -103,9 +104,11 @@ async def serve_members_endpoint(
     listen: MemberListenConfig,
     routes: Sequence[Callable[[web.Application], None]],
     budget: MemoryBudget | None,
+    refused: Callable[[str], None] | None = None,
 ) -> GuardedRunner:
     """Serve the members' endpoint on ``sock``: the offsets API's reads and ``routes`` (peer link, replica
-    fetch), for members only, within ``budget``."""
+    fetch), for members only, within ``budget``. A request on a connection whose member certificate has
+    since expired, or whose CA a reload took out of ``cafile``, is refused, told to ``refused(reason)``."""
     from broker_edge.http.guard import start_guarded_site, tls_failure_lines
     from broker_edge.offsets_api.server import ApiLimits, create_app, is_member
 
@@ -128,4 +131,18 @@ async def serve_members_endpoint(
         min_read_bytes_per_s=limits.min_read_bytes_per_s,
         name="members' endpoint",
         on_tls_failure=tls_failure_lines("members' endpoint", quiet=MEMBERS_HANG_UP),
+        certificates=_certificate_check(tls, refused),
     )
+
+
+def _certificate_check(
+    tls: MemberTls | None, refused: Callable[[str], None] | None
+) -> CertificateCheck | None:
+    """Each request's member certificate checked: its end, and the cluster CAs of the last reload."""
+    if tls is None:
+        return None
+    from broker_edge.http.peer_certificates import CertificateCheck, ClientTrust
+
+    server = tls.server
+    trust = ClientTrust(lambda: server.reloads, tls.config.cafile)
+    return CertificateCheck("members' endpoint", trust, refused)

@@ -80,6 +80,8 @@ class Endpoint:
         self.sock = bind_members_endpoint("127.0.0.1", 0)
         self.url = f"https://127.0.0.1:{self.sock.getsockname()[1]}"
         self.seen: list[str | None] = []
+        self.refused: list[str] = []
+        """The reasons of requests refused for their connection's certificate."""
 
     async def __aenter__(self) -> Endpoint:
         self.store.open()
@@ -92,7 +94,14 @@ class Endpoint:
             app.router.add_get("/who", who)
 
         self.runner = await serve_members_endpoint(
-            self.sock, self.store, self.view, self.tls, MemberListenConfig(port=0), [route], None
+            self.sock,
+            self.store,
+            self.view,
+            self.tls,
+            MemberListenConfig(port=0),
+            [route],
+            None,
+            self.refused.append,
         )
         return self
 
@@ -203,6 +212,36 @@ def test_a_reload_takes_a_new_certificate_and_ca_while_open_connections_keep_the
                 b1_tls.reload()  # a bad file keeps the files in force
             assert (await _get(b2, "b1", endpoint.url))[0] == 200
             for clients in (b2, old_b2):
+                await clients.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_on_a_kept_alive_connection_whose_ca_a_reload_took_out_is_refused(tmp_path: Path) -> None:
+    """The last step of a cluster CA rotation: b1 reads its ``cafile`` with the new CA alone. b2, still on
+    the old CA's certificate, had a connection kept alive from before: its next request is refused (403,
+    ``certificate_untrusted``, the connection closed) where it was served; b3, of the new CA, is served."""
+    old_pki, new_pki = LocalPki(tmp_path / "old"), LocalPki(tmp_path / "new")
+    bundle = tmp_path / "cluster-cas.pem"
+    bundle.write_bytes(old_pki.ca.cert.read_bytes() + new_pki.ca.cert.read_bytes())
+
+    def tls(pki: LocalPki, node: str) -> MemberTls:
+        files = pki.member(node)
+        return MemberTls(MemberTlsConfig(str(files.cert), str(files.key), str(bundle)), node)
+
+    async def scenario() -> None:
+        b1_tls = tls(old_pki, "b1")
+        async with Endpoint(tmp_path, b1_tls, members=("b1", "b2", "b3")) as endpoint:
+            b2, b3 = MemberClients("b2", tls(old_pki, "b2")), MemberClients("b3", tls(new_pki, "b3"))
+            assert await _get(b2, "b1", endpoint.url) == (200, "b2")
+            assert await _get(b3, "b1", endpoint.url) == (200, "b3")
+            bundle.write_bytes(new_pki.ca.cert.read_bytes())
+            b1_tls.reload()
+            status, body = await _get(b2, "b1", endpoint.url)  # on the connection kept alive
+            assert status == 403 and "certificate_untrusted" in body and "CN=b2" in body, body
+            assert await _get(b3, "b1", endpoint.url) == (200, "b3")
+            assert endpoint.seen == ["b2", "b3", "b3"] and endpoint.refused == ["certificate_untrusted"]
+            for clients in (b2, b3):
                 await clients.close()
 
     asyncio.run(scenario())

@@ -1,0 +1,148 @@
+"""The client certificate a kept-alive HTTPS connection was opened with, checked at each of its requests.
+
+OpenSSL checks a client certificate at the handshake only, and aiohttp keeps a connection alive for as many
+requests as its client sends: a reader (or member) whose certificate expired, or whose CA a SIGHUP took out
+of ``cafile``, or whose certificate the reloaded CRLs list, was served on the connection it had opened
+before. Each connection notes at its handshake what its certificate rests on (``PeerCertificate``: the end
+of its chain, the CAs it needs, its issuer and serial number; read once, ``security.peer_chain``); each
+request compares the end with the clock, and the reload count of the endpoint's TLS files with the one its
+connection was last checked against (``ClientTrust``): nothing is parsed per request, and a reload's files
+are read once, by the first request after it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker_edge.security.peer_chain import (
+    CertificateId,
+    certificate_id,
+    peer_chain,
+    revoked_in,
+    trusted_keys,
+)
+from broker_edge.security.tls import peer_common_name
+
+if TYPE_CHECKING:
+    import ssl
+
+__all__ = ["CertificateCheck", "ClientTrust", "PeerCertificate", "peer_certificate"]
+
+log = logging.getLogger("broker_edge.http.guard")
+
+
+@dataclass(slots=True)
+class PeerCertificate:
+    """What a connection's client certificate rests on, noted at its handshake."""
+
+    name: str | None
+    """Its subject CN, for the log line."""
+    end: float
+    """The earliest notAfter of its chain (Unix time)."""
+    ending: str
+    """Whose end that is: "" for the client's certificate, else the CA's subject."""
+    needs: frozenset[bytes]
+    """The CAs a CA file must hold for the chain to verify (``peer_chain.trusted_keys``)."""
+    certificate: CertificateId | None
+    """Its issuer and serial number, as a CRL lists it."""
+    checked: int = 0
+    """The reload of the endpoint's TLS files it was last checked against (``ClientTrust.reloads``)."""
+
+
+def peer_certificate(transport: Any) -> PeerCertificate | None:
+    """What the client certificate of ``transport``'s TLS connection rests on (None: plain HTTP, or no
+    client certificate)."""
+    ssl_object: ssl.SSLObject | None = transport.get_extra_info("ssl_object") if transport else None
+    chain = peer_chain(ssl_object)
+    if chain is None:
+        return None
+    return PeerCertificate(
+        peer_common_name(ssl_object), chain.end, chain.ending, chain.needs, certificate_id(ssl_object)
+    )
+
+
+class ClientTrust:
+    """The client certificates an endpoint's TLS files accept now: ``cafile`` and ``crlfile`` as read at
+    its ``reloads()``-th reload (the count its ``ServerContexts`` keeps), read here once per reload."""
+
+    def __init__(self, reloads: Callable[[], int], cafile: str | None, crlfile: str | None = None) -> None:
+        self.reloads = reloads
+        self.cafile = cafile
+        self.crlfile = crlfile
+        self._read_at = 0
+        self._trusted: frozenset[bytes] | None = None
+        self._revoked: set[CertificateId] = set()
+
+    def _read(self, reloads: int) -> None:
+        if self._read_at != reloads or self._trusted is None:
+            self._trusted = trusted_keys(self.cafile) if self.cafile else None
+            self._revoked = revoked_in(self.crlfile) if self.crlfile else set()
+            self._read_at = reloads
+
+    def refusal(self, peer: PeerCertificate) -> tuple[str, str] | None:
+        """Why ``peer``'s certificate is no longer accepted since the last reload (its reason and the line
+        to say), or None; checked once per reload."""
+        reloads = self.reloads()
+        if peer.checked == reloads:
+            return None
+        peer.checked = reloads
+        self._read(reloads)
+        if peer.certificate is not None and peer.certificate in self._revoked:
+            return (
+                "certificate_revoked",
+                f"its client certificate (CN={peer.name}) is revoked in {self.crlfile}",
+            )
+        if self._trusted is not None and not peer.needs <= self._trusted:
+            return (
+                "certificate_untrusted",
+                f"its client certificate (CN={peer.name}) is no longer trusted: {self.cafile} lacks a CA its "
+                "chain rests on",
+            )
+        return None
+
+
+def _expired(peer: PeerCertificate) -> tuple[str, str]:
+    when = f"{datetime.datetime.fromtimestamp(peer.end, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    whose = f"the certificate of its CA ({peer.ending})" if peer.ending else "its client certificate"
+    return "certificate_expired", f"{whose} expired at {when} (CN={peer.name})"
+
+
+class CertificateCheck:
+    """An HTTPS endpoint's check of the client certificate of each request's connection: ``name`` in its
+    log lines, ``trust`` for what a reload no longer accepts (None: the end alone), ``counted(reason)`` told
+    of each refusal."""
+
+    def __init__(
+        self, name: str, trust: ClientTrust | None = None, counted: Callable[[str], None] | None = None
+    ) -> None:
+        self.name = name
+        self.trust = trust
+        self.counted = counted
+
+    def refused(self, request: web.Request, peer: PeerCertificate) -> web.Response | None:
+        """The answer to ``request`` on a connection whose certificate ``peer`` is no longer accepted (403,
+        the connection closed after it; counted, one WARNING), or None: it is served."""
+        if time.time() < peer.end:
+            why = self.trust.refusal(peer) if self.trust is not None else None
+            if why is None:
+                return None
+        else:
+            why = _expired(peer)
+        reason, line = why
+        if self.counted is not None:
+            self.counted(reason)
+        log.warning(
+            "%s: refused a request from %s and closed its connection: %s", self.name, request.remote, line
+        )
+        body = {"error": reason, "message": f"{line}: connect again with a renewed certificate"}
+        answer = web.json_response(body, status=HTTPStatus.FORBIDDEN)
+        answer.force_close()
+        return answer
