@@ -1,7 +1,9 @@
-"""``systemctl stop timestone-pipeline@actions`` as systemd delivers it: SIGTERM to the processes its
-``KillMode`` names (the default, ``control-group``, signals every process of the unit: the driver and the
-Spark JVM it started; ``mixed`` the driver alone, the rest SIGKILLed once it has exited). The job must stop
-cleanly, between batches, well within ``TimeoutStopSec``."""
+"""``systemctl stop`` and ``systemctl reload`` of ``timestone-pipeline@actions`` as systemd delivers them.
+
+Stop: SIGTERM to the processes its ``KillMode`` names (the default, ``control-group``, signals every process
+of the unit: the driver and the Spark JVM it started; ``mixed`` the driver alone, the rest SIGKILLed once it
+has exited). The job must stop cleanly, between batches, well within ``TimeoutStopSec``. Reload: the unit's
+``ExecReload`` with ``$MAINPID`` the driver's; the job goes on."""
 
 from __future__ import annotations
 
@@ -12,25 +14,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from broker_edge.runtime.launcher import BrokerProcess
 
 UNIT = Path(__file__).resolve().parents[3] / "conf" / "systemd" / "timestone-pipeline@.service"
 STARTED = "actions job started"
+RELOADED = "timestone pipeline actions: SIGHUP: nothing to reload"
 
 
 def setting(key: str, default: str) -> str:
     """The unit's value of ``key`` (systemd's default when it sets none)."""
-    found = re.search(rf"^{key}=(\S+)", UNIT.read_text(), re.MULTILINE)
+    found = re.search(rf"^{key}=(.+?)\s*$", UNIT.read_text(), re.MULTILINE)
     return found.group(1) if found else default
 
 
-def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_path: Path) -> None:
-    """With ``control-group`` the JVM died of the SIGTERM while the driver asked it to stop its queries: the
-    driver logged py4j tracebacks and never exited, so every stop waited the 180 s of ``TimeoutStopSec`` and
-    ended in SIGKILL."""
-    timeout_stop_s = int(setting("TimeoutStopSec", "90"))
+@contextlib.contextmanager
+def actions_job(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """The actions job run as the unit runs it, on a broker of its own, once it has started; its log."""
     with BrokerProcess(tmp_path / "broker") as broker:
         config = tmp_path / "actions.yaml"
         config.write_text(
@@ -40,13 +42,7 @@ def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_pa
             f'offsets_api: "{broker.offsets_url}"}}\n'
         )
         log = tmp_path / "job.log"
-        command = [
-            str(Path(sys.executable).parent / "timestone"),
-            "pipeline",
-            "actions",
-            "--config",
-            str(config),
-        ]
+        command = [str(Path(sys.executable).parent / "timestone"), "pipeline", "actions", "-c", str(config)]
         with log.open("w") as output:
             job = subprocess.Popen(
                 [*command, "--spark-master", "local[1]"],
@@ -55,20 +51,8 @@ def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_pa
                 start_new_session=True,
             )
         try:
-            deadline = time.monotonic() + 120
-            while STARTED not in log.read_text() and job.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.3)
-            assert STARTED in log.read_text(), log.read_text()[-3000:]
-            mode = setting("KillMode", "control-group")
-            assert mode in ("control-group", "mixed", "process")
-            if mode == "control-group":
-                os.killpg(job.pid, signal.SIGTERM)
-            else:
-                os.kill(job.pid, signal.SIGTERM)
-            stopped = time.monotonic()
-            status = job.wait(timeout=min(45, timeout_stop_s))
-            assert status == 0 and time.monotonic() - stopped < 45, log.read_text()[-3000:]
-            assert "Traceback" not in log.read_text()
+            wait_for(job, log, STARTED)
+            yield job, log
         finally:
             if job.poll() is None:
                 os.killpg(job.pid, signal.SIGKILL)
@@ -76,3 +60,47 @@ def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_pa
             else:
                 with contextlib.suppress(ProcessLookupError):  # systemd: the rest, once the main has exited
                     os.killpg(job.pid, signal.SIGKILL)
+
+
+def wait_for(job: subprocess.Popen[bytes], log: Path, line: str) -> None:
+    """Until the job's log holds ``line``, or the job has ended, or 120 s."""
+    deadline = time.monotonic() + 120
+    while line not in log.read_text() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert line in log.read_text(), log.read_text()[-3000:]
+
+
+def stop_as_systemd_does(job: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM as the unit's ``KillMode`` sends it; the job must end with status 0 within 45 s."""
+    timeout_stop_s = int(setting("TimeoutStopSec", "90"))
+    mode = setting("KillMode", "control-group")
+    assert mode in ("control-group", "mixed", "process")
+    if mode == "control-group":
+        os.killpg(job.pid, signal.SIGTERM)
+    else:
+        os.kill(job.pid, signal.SIGTERM)
+    stopped = time.monotonic()
+    status = job.wait(timeout=min(45, timeout_stop_s))
+    assert status == 0 and time.monotonic() - stopped < 45, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+
+
+def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_path: Path) -> None:
+    """With ``control-group`` the JVM died of the SIGTERM while the driver asked it to stop its queries: the
+    driver logged py4j tracebacks and never exited, so every stop waited the 180 s of ``TimeoutStopSec`` and
+    ended in SIGKILL."""
+    with actions_job(tmp_path) as (job, log):
+        stop_as_systemd_does(job, log)
+
+
+def test_reloading_the_pipeline_unit_leaves_the_job_running(tmp_path: Path) -> None:
+    """``systemctl reload`` sends the driver SIGHUP (the unit's ``ExecReload``), which the job did not
+    handle: Python's default ended it at once, mid-batch, and as SIGHUP is a clean end to systemd,
+    ``Restart=on-failure`` did not start it again: the job stayed stopped. It says there is nothing to
+    reload and goes on, and stops cleanly afterwards."""
+    reload = setting("ExecReload", "")
+    with actions_job(tmp_path) as (job, log):
+        subprocess.run(reload.replace("$MAINPID", str(job.pid)).split(), check=True, timeout=10)
+        wait_for(job, log, RELOADED)
+        assert job.poll() is None, log.read_text()[-3000:]
+        stop_as_systemd_does(job, log)
