@@ -570,7 +570,8 @@ def action_executions() -> TableSpec:
                 "sending_at",
                 TimestampType(),
                 True,
-                "when a tick marked the row as being sent, before publishing (null once recorded as sent)",
+                "when a tick or a fan-out marked the row as being sent, before publishing (null once "
+                "recorded as sent)",
             ),
         ),
         properties=CHANGE_DATA_FEED,

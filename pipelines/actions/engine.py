@@ -75,6 +75,8 @@ class ActionsEngine(Summaries, Compliance):
             known, counts = self.tables.executions_and_counts(list(latest))
             previous = self._summary_states(list(latest))
             changed: list[Execution] = []
+            new: list[Execution] = []
+            turns: dict[str, Turn] = {}
             rejected: dict[str, str] = {}
             for action_id, row in latest.items():
                 rows_of_action = known.get(action_id, {})
@@ -97,9 +99,14 @@ class ActionsEngine(Summaries, Compliance):
                 elif ended:
                     self._ended_row(action_id, previous[action_id][0], action_id in inserted)
                 elif not rows_of_action:
-                    changed += self._fan_out(action, now)
-            self.tables.write_executions(changed, f"{app_id}/executions", batch_id)
-            counted = counts_after(counts, known, changed)
+                    queued_rows, turn = self._fan_out(action, now)
+                    new += queued_rows
+                    if turn.sends:
+                        turns[action_id] = turn
+            sent = [row for turn in turns.values() for row in turn.sent]
+            sent = self._publish_turns(turns, sent, now, f"{app_id}/sending", batch_id, new)
+            self.tables.write_executions(changed + sent, f"{app_id}/executions", batch_id)
+            counted = counts_after(counts, known, changed + new)
             empty = {a: self._no_target.pop(a) for a in list(self._no_target) if a in latest}
             self._summarise(list(latest), f"{app_id}/summary", batch_id, counted, rejected, completed=empty)
             log.info(
@@ -263,7 +270,7 @@ class ActionsEngine(Summaries, Compliance):
         if not summarised:
             return
         self._tick_batch = max(self._tick_batch + 1, now)
-        changed = self._publish_turns(turns, changed, now)
+        changed = self._publish_turns(turns, changed, now, f"{self.app_id}/tick/sending", self._tick_batch)
         self.tables.write_executions(changed, f"{self.app_id}/tick/executions", self._tick_batch)
         self._summarise(
             sorted(summarised),
@@ -273,13 +280,27 @@ class ActionsEngine(Summaries, Compliance):
             lost=lost,
         )
 
-    def _publish_turns(self, turns: dict[str, Turn], changed: list[Execution], now: int) -> list[Execution]:
-        """Publish what the tick sends, each action's turn marked as being sent first, all in one merge (a
-        job that stops before it records them knows that they may have gone out: ``docs/ota.md``, "Sends a
-        job did not record"). Returns ``changed`` with the rows sent recorded as sent, and without those of
-        an action whose publish failed: they stay marked, and are sent again at the next tick."""
-        marked = [replace(row, sending_at=now) for turn in turns.values() for row in turn.sent]
-        self.tables.write_executions(marked, f"{self.app_id}/tick/sending", self._tick_batch)
+    def _publish_turns(
+        self,
+        turns: dict[str, Turn],
+        changed: list[Execution],
+        now: int,
+        app_id: str,
+        batch_id: int,
+        new: Iterable[Execution] = (),
+    ) -> list[Execution]:
+        """Publish what a batch or tick sends, each action's turn marked as being sent first, all in one
+        merge with ``new`` (the rows of actions fanned out now, as queued: a job that stops before it records
+        the sends knows that they may have gone out, ``docs/ota.md``, "Sends a job did not record"). Returns
+        ``changed`` with the rows sent recorded as sent, and without those of an action whose publish failed:
+        they stay marked, and are sent again at the next tick."""
+        marked = {
+            (row.action_id, row.device_id): replace(row, sending_at=now)
+            for turn in turns.values()
+            for row in turn.sent
+        }
+        rows = [marked.pop((row.action_id, row.device_id), row) for row in new]
+        self.tables.write_executions(rows + list(marked.values()), app_id, batch_id)
         failed: set[tuple[str, str]] = set()
         recorded: dict[tuple[str, str], Execution] = {}
         for action_id, turn in turns.items():

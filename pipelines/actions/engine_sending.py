@@ -46,7 +46,8 @@ class Turn:
 
 
 def unrecorded(rows: Iterable[Execution]) -> list[Execution]:
-    """Rows a tick marked as being sent and never recorded as sent, the device not heard from since."""
+    """Rows a tick or a fan-out marked as being sent and never recorded as sent, the device not heard from
+    since."""
     return sorted(
         (r for r in rows if r.sending_at is not None and r.awaiting_device), key=lambda r: r.device_id
     )
@@ -55,8 +56,9 @@ def unrecorded(rows: Iterable[Execution]) -> list[Execution]:
 class Sending(EngineBase):
     """Fan-out, release, failures and stopping of :class:`~pipelines.actions.engine.ActionsEngine`."""
 
-    def _fan_out(self, action: Action, now: int) -> list[Execution]:
-        """Queue a new action's targets (with their phases) and send what is due now."""
+    def _fan_out(self, action: Action, now: int) -> tuple[list[Execution], Turn]:
+        """Queue a new action's targets (with their phases): their rows as queued, and what is due now, not
+        published yet (``_publish_turns`` marks it as being sent with the rows, publishes it, records it)."""
         targets = self._targets(action)
         phases = phase_of_devices(action.id, action.phases, targets) if len(action.phases) > 1 else {}
         rows = {d: queued(action.id, d, now, phase=phases.get(d)) for d in targets}
@@ -65,7 +67,7 @@ class Sending(EngineBase):
             message = action.message(now, expiry_s=self.message_expiry_s)
             self.publisher.publish(topic, message, self._expires_in(action, now))  # for later joiners
             log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
-            return []
+            return [], Turn([], [])
         if not rows and not action.continuous:  # targets the group as it was: nothing will ever go out
             where = "no device" if action.all_devices else f"no device in group {action.group!r}"
             self._no_target[action.id] = (
@@ -75,35 +77,22 @@ class Sending(EngineBase):
             log.warning(
                 "action %s completed without sending anything: %s", action.id, self._no_target[action.id]
             )
-            return []
-        try:
-            sent = {row.device_id: row for row in self._send(action, rows, now)}
-        except Exception as error:  # refused (a topic quota): queued, unsent, for the ticker to send
-            self._held_back(action.id, error)
-            if self._unsent is not None:  # else the first tick looks at every action
-                self._unsent.add(action.id)
-            return list(rows.values())
+            return [], Turn([], [])
+        turn = self._turn(action, rows, now)
         log.info(
             "action %s queued for %d devices, %d sent now%s",
             action.id,
             len(rows),
-            len(sent),
+            len(turn.sent),
             f" ({action.max_per_minute}/min)" if action.max_per_minute else "",
         )
-        return [sent.get(device_id, row) for device_id, row in rows.items()]
-
-    def _send(self, action: Action, rows: Mapping[str, Execution], now: int) -> list[Execution]:
-        """Send what ``release.due`` says is due and return the rows as sent (a new action's fan-out: a
-        batch that stopped before it recorded them is replayed, and publishes again)."""
-        turn = self._turn(action, rows, now)
-        turn.publish()
-        return turn.sent
+        return list(rows.values()), turn
 
     def _turn(self, action: Action, rows: Mapping[str, Execution], now: int) -> Turn:
         """What ``action`` sends now, not sent yet: first messages and retries that are due, and the
-        messages of rows a tick marked as being sent and never recorded (``Execution.sending_at``: the
-        device may have it or not; it acts once per action id, so it is sent again), unless an abort
-        rule fired."""
+        messages of rows a tick or a fan-out marked as being sent and never recorded
+        (``Execution.sending_at``: the device may have it or not; it acts once per action id, so it is sent
+        again), unless an abort rule fired."""
         release = due(action, rows, now)
         if release.phase is not None:
             self._phases[action.id] = release.phase
@@ -157,8 +146,8 @@ class Sending(EngineBase):
         return [self._publishing(messages)]
 
     def _sends_again(self, action: Action, rows: list[Execution]) -> list[Callable[[], None]]:
-        """The messages of rows marked as being sent by a tick that did not record them, as they were
-        issued then (same time, attempt and expiry)."""
+        """The messages of rows marked as being sent by a tick or a fan-out that did not record them, as
+        they were issued then (same time, attempt and expiry)."""
         sends = []
         for issued_at, attempt, expires_at in sorted({(r.updated_at, r.attempt, r.expires_at) for r in rows}):
             ids = [
@@ -176,7 +165,7 @@ class Sending(EngineBase):
             sends.append(self._publishing(self._listed_messages(ids, message, expires_in)))
         if rows:
             log.warning(
-                "action %s: sent again to %s that a tick marked as being sent and did not record (the job "
+                "action %s: sent again to %s that the job marked as being sent and did not record (it "
                 "stopped or the publish failed in between)",
                 action.id,
                 _devices(len(rows)),

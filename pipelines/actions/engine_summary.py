@@ -161,7 +161,7 @@ class Summaries(Sending):
         """Stop an aborted action and write its rollback; the summary's fields that change."""
         rows = self.tables.executions([action.id]).get(action.id, {})
         # devices with the build and no final report (working on it, or sent it and not heard from, also by
-        # a tick that did not record it): the cancel may reach them after they installed it
+        # a tick or a fan-out that did not record it): the cancel may reach them after they installed it
         may_have_it = [row.device_id for row in rows.values() if _reached_and_open(row)]
         stopped = self._stop(
             action, rows, ACTION_ABORTED, f"action aborted: {summary['aborted_by']} reached", now

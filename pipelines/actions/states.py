@@ -61,9 +61,9 @@ class Execution:
     in a paced rollout); ``attempt`` counts from 1 and grows with every retry; ``retry_at`` is when a retry
     is due (None once it went out); ``phase`` is the device's phase of a phased rollout (from 1);
     ``expires_at`` is when the message last sent expires (None: sent by a job before the column);
-    ``sending_at`` is when a tick marked the row as being sent, before it published the message, and is
-    None once the tick recorded that the message went out: a row still marked was sent by a tick that
-    stopped in between (the device may have the action, or not), ``docs/ota.md``, "Sends a job did not
+    ``sending_at`` is when a tick or a fan-out marked the row as being sent, before it published the
+    message, and is None once it recorded that the message went out: a row still marked was sent by a job
+    that stopped in between (the device may have the action, or not), ``docs/ota.md``, "Sends a job did not
     record".
     """
 

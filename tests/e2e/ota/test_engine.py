@@ -218,34 +218,36 @@ def test_a_row_written_without_an_id_is_ignored_with_a_warning_and_the_rest_are_
     assert warned == ["an actions row without an id is ignored: nothing can name its action"]
 
 
-def test_devices_whose_reports_came_before_a_failed_write_are_counted_after_the_replay(tmp_path, monkeypatch):
-    """The fan-out publishes, then its write of the executions fails (a store error): the devices took the
-    action and reported, but their reports found no row and were left out. Spark replays the batch, which
-    publishes the action again; before, devices ignored a message of an action they had seen, the rows
-    stayed QUEUED for ever and the action never completed. A device now answers a repeated action message
-    with its latest report again (same ``seq``), and the replay's rows take it."""
+def test_devices_whose_sends_a_failed_write_did_not_record_are_counted_and_not_sent_again(
+    tmp_path, monkeypatch
+):
+    """The fan-out publishes, then its write recording the sends fails (a store error): the devices took
+    the action and reported. Their rows were written before the publish, marked as being sent, so their
+    reports are taken at once, and Spark's replay of the failed batch publishes nothing again. Before, the
+    rows were written only after the publish: the reports found no row and were left out, and only the
+    replay's second publish, which every device answered with its latest report again, completed it."""
     with rollout_run(tmp_path, quiet_devices(), count=4) as run:
         devices = sorted(d.device_id for d in run.fleet.devices)
         write = run.engine.tables.write_executions
-        failed: list[bool] = []
+        writes: list[str] = []
 
-        def failing_once(*args, **kwargs):
-            if not failed:
-                failed.append(True)
-                raise OSError("injected failure of the executions write")
-            return write(*args, **kwargs)
+        def failing_after_the_publish(rows, app_id, batch_id):
+            writes.append(app_id)
+            if app_id == "fanout/executions" and writes.count(app_id) == 1:
+                raise OSError("injected failure of the write recording the sends")
+            return write(rows, app_id, batch_id)
 
-        monkeypatch.setattr(run.engine.tables, "write_executions", failing_once)
+        monkeypatch.setattr(run.engine.tables, "write_executions", failing_after_the_publish)
         row = action_row("rw-1", device_ids=devices)
         write_actions(run.store, [row], 0)
         with pytest.raises(OSError):
             run.engine.on_action_rows([row], "fanout", 0)
-        run.feed(lambda reports: finals(reports, "rw-1") == len(devices))  # about rows not written: left out
-        run.engine.on_action_rows([row], "fanout", 0)  # Spark's replay of the failed batch
-        run.feed(lambda reports: finals(reports, "rw-1") == len(devices) and len(reports) > 2 * len(devices))
+        run.feed(lambda reports: finals(reports, "rw-1") == len(devices))
         assert run.states("rw-1") == {SUCCEEDED: len(devices)}
+        run.engine.on_action_rows([row], "fanout", 0)  # Spark's replay of the failed batch
         assert run.summary("rw-1")["action_state"] == "COMPLETED"
-        assert run.fleet.stats["reported_SUCCEEDED"] == len(devices)  # each device did the update once
+        assert run.fleet.stats["actions_received"] == len(devices)  # each device sent it once
+        assert run.fleet.stats["reported_SUCCEEDED"] == len(devices)
 
 
 def test_a_restarted_job_replaying_an_ended_actions_first_row_says_nothing_of_a_change(

@@ -152,7 +152,8 @@ def test_offline_and_late_devices_take_the_action_from_the_log_and_outsiders_nev
 def test_per_device_topics_beyond_the_brokers_topic_quota_are_held_back_with_a_clear_warning(
     table_store, tmp_path, caplog: pytest.LogCaptureFixture
 ):
-    """The action refused is queued unsent for the ticker (docs/ota.md), its WARNING naming the limit."""
+    """The action refused stays marked as being sent, for the ticker to send again (docs/ota.md), its
+    WARNING naming the limit."""
     with BrokerProcess(tmp_path / "broker", limits={"max_topics_per_client": 5}) as broker:
         fan_out(table_store, broker, action_row("act-five", device_ids=absent_ids(5)), 0, buckets=0)
         row = action_row("act-more", device_ids=[f"more-{i}" for i in range(10)])
@@ -161,8 +162,10 @@ def test_per_device_topics_beyond_the_brokers_topic_quota_are_held_back_with_a_c
         warned = [r.getMessage() for r in caplog.records if "act-more held back" in r.getMessage()]
         assert len(warned) == 1 and re.search(r"10 publishes refused.*0x97.*max_topics_per_client", warned[0])
         executions = table_store.read_arrow("action_executions").to_pylist()
-        sent = {(r["action_id"], r["published_at"] is not None) for r in executions}
-        assert sent == {("act-five", True), ("act-more", False)} and len(executions) == 15
+        marked = {
+            (r["action_id"], r["published_at"] is not None, r["sending_at"] is not None) for r in executions
+        }
+        assert marked == {("act-five", True, False), ("act-more", True, True)} and len(executions) == 15
 
 
 def test_bucket_topics_stay_within_the_topic_quota_whatever_the_list(table_store, tmp_path):

@@ -1,10 +1,12 @@
-"""A tick of the actions job killed after it published a turn of a rollout and before it recorded it.
+"""The actions job killed after it published a turn of a rollout and before it recorded it: a tick's turn,
+or a new action's first turn at its fan-out.
 
 The devices of that turn have the action, but their rows were still ``QUEUED`` and unsent in
-``action_executions``: a job started again thought they were never sent, so a cancel or an abort coming
-first reached only the devices recorded as sent (no cancel message, no rollback for the others), and their
-reports were left out as about an action never sent to them. The job now marks a turn's rows as being sent,
-in one merge, before it publishes them: a job started again treats them as sent.
+``action_executions`` (a fan-out's rows not written at all): a job started again thought they were never
+sent, so a cancel or an abort coming first reached only the devices recorded as sent (no cancel message, no
+rollback for the others), and their reports were left out as about an action never sent to them. The job
+now marks a turn's rows as being sent, in one merge, before it publishes them: a job started again treats
+them as sent.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from pipelines.actions.job import ActionsJob, start_actions_job
 from pipelines.actions.operator import cancel_action
 from pipelines.actions.phases import rollout_order
 from pipelines.actions.rollback import rollback_id
+from pipelines.supervisor import RestartConfig
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.ota.conftest import (
     ActionsStack,
     action_row,
     actions_stack,
     device_report,
+    register_devices,
     summary,
     wait_for,
     write_actions,
@@ -64,6 +68,51 @@ def kill_the_ticker_after_it_publishes(
         return result
 
     monkeypatch.setattr(job.engine.publisher, "publish_many", publishing)
+    return killed
+
+
+def kill_the_job_after_its_fan_out_publishes(
+    job: ActionsJob, monkeypatch: pytest.MonkeyPatch
+) -> threading.Event:
+    """The job dies right after its fan-out published a new action's first turn (acknowledged by the
+    broker), before the batch recorded anything; nothing of it runs afterwards (its ticker, its reports and
+    fan-out batches), so the batch stays uncommitted in Spark's checkpoint. The event returned is set then."""
+    killed = threading.Event()
+    engine = job.engine
+    publish_many, on_action_rows, on_reports, tick = (
+        engine.publisher.publish_many,
+        engine.on_action_rows,
+        engine.on_reports,
+        engine.tick,
+    )
+
+    def publishing(messages, *args, **kwargs):
+        result = publish_many(messages, *args, **kwargs)
+        if threading.current_thread().name != "actions-ticker" and messages and not killed.is_set():
+            killed.set()
+            raise Killed("the actions job died after its fan-out published, before it recorded the sends")
+        return result
+
+    def dead(work: Callable) -> Callable:
+        def working(*args, **kwargs):
+            if killed.is_set():
+                raise RuntimeError("the actions job is dead")
+            try:
+                return work(*args, **kwargs)
+            except Killed as error:  # through Spark's foreachBatch as the failure of its batch
+                raise RuntimeError(str(error)) from None
+
+        return working
+
+    def ticking(*args, **kwargs):
+        if killed.is_set():
+            raise Killed("the actions job is dead")
+        return tick(*args, **kwargs)
+
+    monkeypatch.setattr(engine.publisher, "publish_many", publishing)
+    monkeypatch.setattr(engine, "on_action_rows", dead(on_action_rows))
+    monkeypatch.setattr(engine, "on_reports", dead(on_reports))
+    monkeypatch.setattr(engine, "tick", ticking)
     return killed
 
 
@@ -174,3 +223,47 @@ def test_an_abort_rolls_back_the_devices_a_killed_tick_sent_the_build_to(spark, 
             )
         finally:
             device.disconnect()
+
+
+def test_a_cancel_reaches_the_device_a_killed_fan_out_sent_the_action_to(spark, tmp_path, monkeypatch):
+    """A paced rollout to group ``g`` (three devices that hang after IN_PROGRESS): the fan-out sends its
+    first device and the job dies before it records anything. While no job runs, a fourth device that comes
+    first in the rollout's order is registered in ``g`` and the operator cancels the action. The job started
+    again sends the cancel to the device that has the action, and nothing to the newcomer. Before, Spark's
+    replay of the batch fanned the canceled action out again to the group as it was then: its first turn
+    went to the newcomer, the cancel followed it there, and the device that had the action never heard of
+    the cancel."""
+    restart = RestartConfig(enabled=False)  # a dead job: nothing restarts its queries
+    behaviour = quiet_devices(silent_attempts=1)
+    spec = {"count": 4, "groups": ["g"]}
+    with actions_stack(spark, tmp_path, spec, behaviour, register=False, restart=restart) as stack:
+        *first_three, newcomer = sorted(stack.fleet.devices, key=lambda d: d.device_id)
+        register_devices(stack.store, {d.device_id: "g" for d in first_three})
+        everyone = [d.device_id for d in stack.fleet.devices]
+        action_id = next(
+            f"kf-{n}" for n in range(1000) if rollout_order(f"kf-{n}", everyone)[0] == newcomer.device_id
+        )
+        first = next(d for d in first_three if d.device_id == rollout_order(action_id, everyone)[1])
+        killed = kill_the_job_after_its_fan_out_publishes(stack.job, monkeypatch)
+        write_actions(stack.store, [action_row(action_id, group="g", max_per_minute=1)], 0)
+        wait_for(killed.is_set, what="the fan-out sending the action")
+
+        def regroup_and_cancel() -> None:
+            stack.harness.wait_until(
+                lambda: action_id in first.actions and first.actions[action_id].state == "IN_PROGRESS", 30
+            )
+            register_devices(stack.store, {newcomer.device_id: "g"})
+            assert cancel_action(stack.store, action_id)
+
+        restart_after(stack, regroup_and_cancel)
+        wait_for(
+            lambda: first.actions[action_id].state == "CANCELED",
+            what="the device that has the action canceling it",
+        )
+        wait_for(
+            lambda: (summary(stack.store, action_id) or {}).get("canceled_count") == 3, what="3 rows CANCELED"
+        )
+        canceled = summary(stack.store, action_id) or {}
+        assert (canceled["action_state"], canceled["total_count"]) == ("CANCELED", 3)
+        assert action_id not in newcomer.actions
+        assert [d.device_id for d in stack.fleet.devices if action_id in d.actions] == [first.device_id]
