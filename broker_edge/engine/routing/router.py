@@ -61,6 +61,12 @@ def _is_online(session: Session) -> bool:
     return session.connection is not None
 
 
+def _has_room(session: Session) -> bool:
+    """Whether an online ``session`` can be sent a QoS 1/2 message now, not held behind what it has not
+    acknowledged (``Session.window_open``)."""
+    return session.window_open()
+
+
 class Router:
     """Sessions by client id, the subscription trie, retained messages, delayed wills, expiring sessions.
 
@@ -243,9 +249,9 @@ class Router:
         session.deliver(message, qos, False, subscription_ids)
 
     def deliver_to_group(self, group: SharedGroup[Session], message: Message) -> Session | None:
-        """Deliver ``message`` to one member of a shared group (round robin, online members first); the
-        member it went to, None if the group is empty."""
-        picked = group.pick(_is_online)
+        """Deliver ``message`` to one member of a shared group (round robin, online members first, those
+        with room in their window before the others); the member it went to, None if the group is empty."""
+        picked = group.pick(_is_online, _has_room)
         if picked is None:
             return None
         member, options = picked

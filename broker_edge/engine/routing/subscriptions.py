@@ -17,7 +17,7 @@ more filter, so a broker can refuse a SUBSCRIBE that would let one publish cost 
 (``limits.max_match_nodes``).
 
 The trie holds subscribers as opaque hashable objects (the router's sessions); it never looks inside them
-except through ``SharedGroup.pick``'s ``is_online`` callback.
+except through ``SharedGroup.pick``'s ``is_online`` and ``has_room`` callbacks.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ class SharedGroup(Generic[S]):
 
     Members are picked round robin, skipping offline members while any member is online, so a group keeps
     flowing when some of its consumers are away (their persistent sessions only get messages when nobody
-    else of the group can take them).
+    else of the group can take them), and online members that cannot take a message now while another can
+    (a slow consumer at its Receive Maximum).
     """
 
     __slots__ = ("_cursor", "_order", "filter", "members", "name")
@@ -112,20 +113,30 @@ class SharedGroup(Generic[S]):
         self._order.remove(member)
         return True
 
-    def pick(self, is_online: Callable[[S], bool]) -> tuple[S, SubscriptionOptions] | None:
-        """The next member in round-robin order, preferring online members; None if the group is empty."""
+    def pick(
+        self, is_online: Callable[[S], bool], has_room: Callable[[S], bool] | None = None
+    ) -> tuple[S, SubscriptionOptions] | None:
+        """The next member in round-robin order, preferring online members and, among them, one that
+        ``has_room`` for a message now (when given: one whose window is full would only hold it in its
+        queue); None if the group is empty."""
         order = self._order
         count = len(order)
         if not count:
             return None
         start = self._cursor % count
+        chosen = -1  # steps from ``start`` to the member chosen; -1: none online
         for step in range(count):
             member = order[(start + step) % count]
             if is_online(member):
-                self._cursor = start + step + 1
-                return member, self.members[member]
-        member = order[start]
-        self._cursor = start + 1
+                if has_room is None or has_room(member):
+                    chosen = step
+                    break
+                if chosen < 0:
+                    chosen = step  # online, but full: taken if no member online has room
+        if chosen < 0:
+            chosen = 0
+        self._cursor = start + chosen + 1
+        member = order[(start + chosen) % count]
         return member, self.members[member]
 
 

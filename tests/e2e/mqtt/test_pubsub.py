@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from broker_edge.protocol.packets import PubAck, Publish, Subscribe, Subscription, Will
+from broker_edge.protocol.packets import (
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    Subscription,
+    Will,
+)
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient
 
@@ -321,6 +330,35 @@ def test_shared_subscription_prefers_connected_members(broker):
     for i in range(4):
         pub.publish("t", str(i), 1)
     assert len(here.expect(4)) == 4
+
+
+@pytest.mark.mqtt5("MQTT-4.9.0-2")
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_shared_member_whose_receive_maximum_is_used_up_is_passed_over(broker, qos):
+    """A member of a group that has all the unacknowledged messages its Receive Maximum allows (a slow or
+    stuck consumer, still connected) gets nothing more while it does [MQTT-4.9.0-2]; the group's messages
+    go to the members that can take them now, instead of waiting in its queue behind it. Once it
+    acknowledges, it is in the round again."""
+    slow = RawClient(broker.port, 5)
+    slow.connect("slow", properties=Properties(receive_maximum=1))
+    slow.subscribe("$share/workers/jobs", qos)
+    fast = PahoClient(broker.port, "fast")
+    fast.subscribe("$share/workers/jobs", qos)
+    pub = PahoClient(broker.port, "pub")
+    for job in range(6):
+        pub.publish("jobs", str(job), qos)
+    held = slow.recv()
+    assert held.payload == b"0"  # and not acknowledged: its window is full
+    assert [m.payload for m in fast.expect(5)] == [b"1", b"2", b"3", b"4", b"5"]
+    slow.recv_none()
+    slow.send_packet(PubAck(held.packet_id) if qos == 1 else PubRec(held.packet_id))
+    if qos == 2:
+        assert isinstance(slow.recv(), PubRel)
+        slow.send_packet(PubComp(held.packet_id))
+    for job in (6, 7):
+        pub.publish("jobs", str(job), qos)
+    assert slow.recv().payload == b"6"
+    assert fast.expect(1)[0].payload == b"7"
 
 
 def test_qos1_jobs_of_a_shared_member_whose_session_ends_go_to_another_member(broker):
