@@ -126,8 +126,8 @@ KINDS: dict[str, Kind] = {
         _no_uri,
         False,
         "a client whose subject CN is NAME: a device on a listener that requires client certificates (the CN "
-        "is its user name), an etcd user (etcd takes the CN as the user: the cluster's etcd user, root for "
-        "etcdctl)",
+        "is its user name), a reader of an offsets API that asks for one (the Spark source's certFile, "
+        "keyFile), an etcd user (etcd takes the CN as the user: the cluster's etcd user, root for etcdctl)",
     ),
     "etcd": Kind(
         True,
