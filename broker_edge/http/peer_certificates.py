@@ -12,6 +12,7 @@ are read once, by the first request after it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -34,7 +35,7 @@ from broker_edge.security.tls import peer_common_name
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["CertificateCheck", "ClientTrust", "PeerCertificate", "peer_certificate"]
+__all__ = ["CertificateCheck", "ClientTrust", "PeerCertificate", "certificate_ended", "peer_certificate"]
 
 log = logging.getLogger("broker_edge.http.guard")
 
@@ -129,20 +130,50 @@ class CertificateCheck:
 
     def refused(self, request: web.Request, peer: PeerCertificate) -> web.Response | None:
         """The answer to ``request`` on a connection whose certificate ``peer`` is no longer accepted (403,
-        the connection closed after it; counted, one WARNING), or None: it is served."""
-        if time.time() < peer.end:
-            why = self.trust.refusal(peer) if self.trust is not None else None
-            if why is None:
-                return None
-        else:
-            why = _expired(peer)
+        the connection closed after it; counted, one WARNING), or None: it is served (and its connection's
+        certificate kept on it, for ``certificate_ended``)."""
+        request[_NOTED] = (self, peer)
+        why = self.why(peer)
+        if why is None:
+            return None
         reason, line = why
-        if self.counted is not None:
-            self.counted(reason)
-        log.warning(
-            "%s: refused a request from %s and closed its connection: %s", self.name, request.remote, line
-        )
+        self.say(reason, f"refused a request from {request.remote} and closed its connection: {line}")
         body = {"error": reason, "message": f"{line}: connect again with a renewed certificate"}
         answer = web.json_response(body, status=HTTPStatus.FORBIDDEN)
         answer.force_close()
         return answer
+
+    def why(self, peer: PeerCertificate) -> tuple[str, str] | None:
+        """Why ``peer``'s certificate is no longer accepted (its reason and the line to say), or None."""
+        if time.time() >= peer.end:
+            return _expired(peer)
+        return self.trust.refusal(peer) if self.trust is not None else None
+
+    def say(self, reason: str, line: str) -> None:
+        """One WARNING naming the endpoint, counted as ``reason``."""
+        if self.counted is not None:
+            self.counted(reason)
+        log.warning("%s: %s", self.name, line)
+
+
+_NOTED: web.RequestKey[tuple[CertificateCheck, PeerCertificate]] = web.RequestKey("peer_certificate")
+"""The check and the client certificate of a request's connection (``CertificateCheck.refused``)."""
+
+ENDED_POLL_S = 1.0
+"""How often ``certificate_ended`` looks at the endpoint's reloads (a few long-lived connections)."""
+
+
+async def certificate_ended(request: web.Request) -> None:
+    """Return once the client certificate of ``request``'s connection is no longer accepted (its chain
+    ended, or a reload no longer trusts or revokes it), said and counted; never when its endpoint does not
+    check certificates. For a request that holds its connection for good (a WebSocket), which no next
+    request refuses: its handler closes it then."""
+    noted = request.get(_NOTED)
+    if noted is None:
+        await asyncio.Event().wait()
+        return
+    check, peer = noted
+    while (why := check.why(peer)) is None:
+        await asyncio.sleep(min(max(peer.end - time.time(), 0.0), ENDED_POLL_S))
+    reason, line = why
+    check.say(reason, f"closing the connection of {request.remote} ({request.path}): {line}")

@@ -688,11 +688,13 @@ class PeerLinks:
         socket = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
         await socket.prepare(request)
         link = self.link(peer)
+        ending = asyncio.get_running_loop().create_task(_close_when_ended(request, socket))
         try:
             await self._read(link, socket)
         except ConnectionError as exc:  # the transport closed under it (a peer paused, cut off, gone)
             log.info("peer link to %s closed: %s", peer, exc)
         finally:
+            ending.cancel()
             link.detach(socket)
             with contextlib.suppress(ConnectionError):  # "Cannot write to closing transport"
                 await socket.close()
@@ -715,3 +717,13 @@ class PeerLinks:
             await link.close()
         if self._own_clients:
             await self.clients.close()
+
+
+async def _close_when_ended(request: web.Request, socket: web.WebSocketResponse) -> None:
+    """Close a peer's link once the member certificate it connected with has ended (expired, or its CA
+    taken out of ``cluster.tls.cafile`` by a reload): a link lasts for weeks, no request of it is checked."""
+    from broker_edge.http.peer_certificates import certificate_ended
+
+    await certificate_ended(request)
+    with contextlib.suppress(ConnectionError):
+        await socket.close()

@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import shutil
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +23,7 @@ from broker_edge.cluster.links.member_identity import (
     node_of_certificate_file,
 )
 from broker_edge.cluster.links.member_proofs import MemberProofs
+from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
 from broker_edge.cluster.view import ClusterView
 from broker_edge.config.loader import ConfigError
 from broker_edge.offsets_api.server import access_of
@@ -82,6 +84,8 @@ class Endpoint:
         self.seen: list[str | None] = []
         self.refused: list[str] = []
         """The reasons of requests refused for their connection's certificate."""
+        self.routes: list[Callable[[web.Application], None]] = []
+        """Routes served beside ``/who``."""
 
     async def __aenter__(self) -> Endpoint:
         self.store.open()
@@ -93,13 +97,14 @@ class Endpoint:
         def route(app: web.Application) -> None:
             app.router.add_get("/who", who)
 
+        self.routes.insert(0, route)
         self.runner = await serve_members_endpoint(
             self.sock,
             self.store,
             self.view,
             self.tls,
             MemberListenConfig(port=0),
-            [route],
+            self.routes,
             None,
             self.refused.append,
         )
@@ -245,6 +250,60 @@ def test_a_request_on_a_kept_alive_connection_whose_ca_a_reload_took_out_is_refu
                 await clients.close()
 
     asyncio.run(scenario())
+
+
+class Quiet:
+    """A peer receiver that is sent nothing here."""
+
+    def forwarded(self, link: PeerLink, batch: int, messages: list) -> None:
+        raise AssertionError("nothing is forwarded here")
+
+    def unlogged(self, message: object) -> None:
+        raise AssertionError("nothing is broadcast here")
+
+
+def test_a_peer_link_is_closed_once_a_reload_no_longer_trusts_the_ca_its_member_connected_with(
+    tmp_path: Path,
+) -> None:
+    """A peer link is one request held for weeks: a1, on the old CA, dialled b1 before b1's ``cafile`` lost
+    that CA. The link is closed (where it stayed up), said and counted, and a1's next handshake is refused."""
+    old_pki, new_pki = LocalPki(tmp_path / "old"), LocalPki(tmp_path / "new")
+    bundle = tmp_path / "cluster-cas.pem"
+    bundle.write_bytes(old_pki.ca.cert.read_bytes() + new_pki.ca.cert.read_bytes())
+    b1_files, a1_files = old_pki.member("b1"), old_pki.member("a1")
+    b1_tls = MemberTls(MemberTlsConfig(str(b1_files.cert), str(b1_files.key), str(bundle)), "b1")
+    a1_tls = MemberTls(MemberTlsConfig(str(a1_files.cert), str(a1_files.key), str(bundle)), "a1")
+
+    async def scenario() -> None:
+        b1_links = PeerLinks("b1", None, Quiet())
+        endpoint = Endpoint(tmp_path, b1_tls, members=("a1", "b1"))
+        endpoint.routes.append(b1_links.add_routes)
+        async with endpoint:
+            a1_links = PeerLinks("a1", MemberClients("a1", a1_tls), Quiet())
+            a1_links.update({"b1": endpoint.url})  # the smaller node id dials
+            assert await until(lambda: b1_links.up("a1"))
+            bundle.write_bytes(new_pki.ca.cert.read_bytes())
+            b1_tls.reload()
+            assert await until(lambda: not b1_links.up("a1"))
+            assert endpoint.refused == ["certificate_untrusted"]
+            a1 = MemberClients("a1", a1_tls)
+            with pytest.raises(aiohttp.ClientError):  # its next handshake is refused
+                await _get(a1, "b1", endpoint.url)
+            assert not b1_links.up("a1")
+            await a1.close()
+            await a1_links.close()
+            await b1_links.close()
+
+    asyncio.run(scenario())
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 def test_a_member_is_proven_by_a_link_until_its_record_changes_and_taken_for_dead_after_its_grace() -> None:
