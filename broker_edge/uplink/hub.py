@@ -169,10 +169,15 @@ class UplinkHub:
         allowed = self.config.sites
         if allowed is not None and site not in allowed:
             return _refuse(request, f"site {site!r} is not admitted here")
+        ssl_object = transport.get_extra_info("ssl_object") if transport else None
+        status = self.status.site(site)
+        refused = self.certificates.refused_at_connect(ssl_object)
+        if refused is not None:  # a TLS session resumed after a reload that no longer accepts it
+            reason, line = refused
+            status.certificate_closes[reason] = status.certificate_closes.get(reason, 0) + 1
+            return _refuse(request, f"site {site!r}: {line} (a resumed TLS session)")
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=self.config.max_message_bytes)
         await ws.prepare(request)
-        status = self.status.site(site)
-        ssl_object = transport.get_extra_info("ssl_object") if transport else None
         watched = self.certificates.watch(site, ws, status, ssl_object)
         try:
             return await self._serve_site(request, ws, site, status)

@@ -122,6 +122,22 @@ class SiteCertificates:
         self.ends = CertificateEnds()
         self.connections: dict[int, SiteConnection] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._reloaded: tuple[frozenset[bytes], set[CertificateId]] | None = None
+        """The CAs and the revoked certificates the last reload read (None: none since the start)."""
+
+    def refused_at_connect(self, ssl_object: ssl.SSLObject | None) -> tuple[str, str] | None:
+        """Why a connection on a resumed TLS session is refused (its reason and the line to say), or None. A
+        resumed session is not verified again: one begun before a reload would let a certificate that reload
+        no longer trusts, or revokes, back in. A full handshake was checked against the files in force."""
+        if ssl_object is None or not ssl_object.session_reused or self._reloaded is None:
+            return None
+        trusted, revoked = self._reloaded
+        if certificate_id(ssl_object) in revoked:
+            return "revoked", "its certificate is revoked (uplink_hub.tls.crlfile)"
+        chain = peer_chain(ssl_object)
+        if chain is not None and not chain.needs <= trusted:
+            return "untrusted", "its certificate is no longer trusted (uplink_hub.tls.cafile lacks its CA)"
+        return None
 
     def watch(
         self, site: str, ws: web.WebSocketResponse, status: SiteStatus, ssl_object: ssl.SSLObject | None
@@ -149,6 +165,7 @@ class SiteCertificates:
             return 0
         trusted = trusted_keys(tls.cafile)
         revoked = revoked_in(tls.crlfile) if tls.crlfile else set()
+        self._reloaded = trusted, revoked
         ended = 0
         for connection in list(self.connections.values()):
             if connection.ended:

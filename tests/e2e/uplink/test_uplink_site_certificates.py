@@ -6,12 +6,16 @@ the hub's ends, and the hub's copy equals the site's logs, every acknowledged re
 
 from __future__ import annotations
 
+import base64
 import datetime
 import logging
+import os
+import socket
 import ssl
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +177,62 @@ def test_a_reload_that_no_longer_trusts_or_revokes_a_site_ends_its_link_and_a_ne
     finally:
         telemetry.stop()
     assert closes() == 1
+
+
+def upgrade(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None = None) -> tuple[bytes, Any]:
+    """A WebSocket upgrade of the hub's uplink path over TLS (resuming ``session`` when given): the
+    answer's status line, and the TLS session (to resume) with whether this one was resumed."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET /v1/uplink HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost", session=session) as tls,
+    ):
+        tls.sendall(request.encode())
+        answer = tls.recv(65536)
+        return answer.split(b"\r\n", 1)[0], (tls.session, tls.session_reused)
+
+
+@pytest.mark.parametrize("why", ["untrusted", "revoked"])
+def test_a_tls_session_begun_before_the_reload_does_not_let_the_certificate_back_in(
+    brokers: Callable[..., RunningBroker], tmp_path: Path, why: str
+) -> None:
+    """A resumed TLS session is not verified again: the holder of a site's key, who kept a session from
+    before the reload that revoked its certificate (or took its CA out), resumes it. The hub refuses the
+    upgrade (403), where it took it as the site."""
+    pki = pki_in(tmp_path)
+    new_ca = LocalPki(tmp_path / "pki", name="sites-2")
+    pair = pki.site("plant-s")
+    cafile, crlfile = tmp_path / "sites-cas.pem", tmp_path / "sites-crls.pem"
+    cafile.write_bytes(pki.ca.cert.read_bytes() + new_ca.ca.cert.read_bytes())
+
+    def write_crls() -> None:
+        crlfile.write_bytes(write_crl(pki.authority).read_bytes() + write_crl(new_ca.authority).read_bytes())
+
+    write_crls()
+    section = hub_section(pki)
+    section["tls"].update(cafile=str(cafile), crlfile=str(crlfile))
+    hub = brokers("hub", uplink_hub=section)
+    context = site_context(pki, pair)
+    status, (session, _) = upgrade(hub_port(hub), context)
+    assert status == b"HTTP/1.1 101 Switching Protocols"
+    status, (session, resumed) = upgrade(hub_port(hub), context, session)
+    assert status == b"HTTP/1.1 101 Switching Protocols" and resumed  # the server resumes sessions
+    uplink_hub = hub.broker.uplink_hub
+    assert uplink_hub is not None
+    assert wait_for(lambda: not hub.call(lambda: len(uplink_hub.certificates.connections)))  # both ended
+    if why == "untrusted":
+        cafile.write_bytes(new_ca.ca.cert.read_bytes())
+    else:
+        revoke(pki.authority, pair.cert)
+        write_crls()
+    hub.call(lambda: reload_files(hub.broker))
+
+    status, (_, resumed) = upgrade(hub_port(hub), context, session)
+    assert resumed and status == b"HTTP/1.1 403 Forbidden", status
+    reason = "untrusted" if why == "untrusted" else "revoked"
+    assert hub.metric("timestone_broker_uplink_site_certificate_closes", site="plant-s", reason=reason) == 1
+    assert handshake_refused(hub_port(hub), context)
