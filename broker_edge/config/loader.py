@@ -283,6 +283,9 @@ NUL_TEXT = (
 )
 
 
+_TOO_DEEP = "nested deeper than it can be read (lists or mappings inside each other hundreds of times)"
+
+
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
     import yaml  # here: a broker started without a file never needs it
@@ -299,6 +302,8 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
         document = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {yaml_error_line(exc)}") from None
+    except RecursionError:  # the parser follows each nesting with a call of its own
+        raise ConfigError(str(path), f"not valid YAML: {_TOO_DEEP}") from None
     except ConfigError as exc:  # a key given twice: its lines are this file's
         raise ConfigError(exc.path, exc.detail, f"in {path}") from None
     if document is None:

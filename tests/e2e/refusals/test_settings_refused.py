@@ -210,6 +210,12 @@ def test_a_key_given_twice_is_refused_naming_the_key_and_its_lines(tmp_path, tex
             "not valid YAML: line 2, column 3: expected <block end>, but found '<block mapping start>' "
             "(while parsing a block mapping)",
         ),
+        pytest.param(  # before, a RecursionError traceback
+            "limits: {max_connections: " + "[" * 10_000 + "]" * 10_000 + "}\n",
+            "not valid YAML: nested deeper than it can be read (lists or mappings inside each other hundreds"
+            " of times)",
+            id="nested_past_the_parser",
+        ),
     ],
 )
 def test_a_file_that_is_no_yaml_is_refused_in_one_line_naming_line_and_column(tmp_path, text, line):
