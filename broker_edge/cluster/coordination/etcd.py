@@ -72,6 +72,10 @@ class WatchCompacted(EtcdError):
     """A watch asked for revisions etcd has compacted away: re-read the keys, then watch again."""
 
 
+class EtcdRefusedWatch(EtcdError):
+    """etcd refused to make a watch (its answer: "created" and "canceled", watch id -1)."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyValue:
     key: str
@@ -374,6 +378,12 @@ class Etcd:
     def _watch(self, prefix: bytes, start_revision: int) -> Awaitable[Any]:
         return self._client.watch_prefix(prefix, start_revision=start_revision)
 
+    async def _drop_refused(self, watch: Any) -> None:
+        """Forget a watch etcd refused (aetcd took its refusal, "created" and "canceled" with watch id -1,
+        for a watch made, which would never deliver anything)."""
+        with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
+            await asyncio.wait_for(watch.cancel(), self.timeout_s)
+
     async def watch_prefix(
         self, prefix: str, start_revision: int, retry_delay_s: float = 0.5
     ) -> AsyncGenerator[WatchEvent, None]:
@@ -387,10 +397,14 @@ class Etcd:
         encoded = prefix.encode("utf-8")
         failures = 0
         warned = False
+        renewed_for_refusal = False
         while True:
             client = self._client
             try:
                 watch = await self._call(functools.partial(self._watch, encoded, next_revision))
+                if watch.watch_id < 0:
+                    await self._drop_refused(watch)
+                    raise EtcdRefusedWatch(f"etcd {','.join(self.urls)}: the watch was refused (watch id -1)")
             except WatchCompacted:
                 raise
             except EtcdError as exc:
@@ -399,6 +413,13 @@ class Etcd:
                     # create, answered late, would wire the next watch made on it to this range, its events
                     # delivered there and its own range's nowhere. A new channel leaves that answer behind.
                     self.renew("a watch was not made in time")
+                elif isinstance(exc, EtcdRefusedWatch) and client is self._client and not renewed_for_refusal:
+                    # The watch stream carries the auth token it was made with: one made while etcd was
+                    # down carries a token etcd forgot when it restarted, and every watch made on it is
+                    # refused. A new channel authenticates anew (once in a run of refusals: one that goes
+                    # on is not the token's doing).
+                    renewed_for_refusal = True
+                    self.renew("etcd refused a watch: its stream's auth token may be one etcd forgot")
                 failures += 1
                 (log.debug if warned else log.warning)("etcd watch on %s: %s; retrying", prefix, exc)
                 warned = True
@@ -408,6 +429,7 @@ class Etcd:
                 async for event in watch:
                     failures = 0
                     warned = False
+                    renewed_for_refusal = False
                     kv = event.kv
                     deleted = event.kind == "DELETE"
                     change = WatchEvent(
