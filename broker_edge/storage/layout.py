@@ -272,9 +272,14 @@ def write_meta_file(meta: str, name: str, line: str) -> None:
     directory synced): a crash leaves the old file or the new, whole."""
     path = os.path.join(meta, name)
     temporary = path + ".tmp"
-    with open(temporary, "w", encoding="ascii") as file:
-        file.write(line + "\n")
-        file.flush()
-        os.fsync(file.fileno())
+    try:
+        with open(temporary, "w", encoding="ascii") as file:
+            file.write(line + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, temporary) from error  # a write's error names no file
     os.replace(temporary, path)
     fsync_directory(meta)

@@ -85,3 +85,34 @@ def test_a_stop_on_a_full_disk_completes_and_the_next_start_keeps_every_acknowle
         broker.stop()
     after = broker.log_path.read_text()[len(log) :]
     assert "after an unclean shutdown" in after  # the start says why it checked the logs
+
+
+def test_a_first_start_on_a_full_disk_stops_naming_the_file_and_starts_once_there_is_room(
+    tmp_path, small_disk
+):
+    """A new data directory on a disk already full: the start stops (exit 1) in one line naming the file it
+    could not write, not a bare ``[Errno 28] No space left on device`` that names nothing; once space is freed
+    the same command starts and serves."""
+    fill(small_disk / "filler")
+    broker = BrokerProcess(tmp_path / "broker", storage={"directory": str(small_disk / "data")})
+
+    with pytest.raises(RuntimeError, match="did not start"):
+        broker.start(timeout_s=20)
+
+    assert broker.process is not None and broker.process.returncode == 1
+    lines = [line for line in broker.log_path.read_text().splitlines() if "cannot start" in line]
+    layout = small_disk / "data" / "meta" / "LAYOUT.tmp"
+    assert len(lines) == 1 and lines[0].endswith(
+        f"cannot start: [Errno 28] No space left on device: '{layout}'"
+    )
+    (small_disk / "filler").unlink()
+    broker.start()
+    try:
+        device = RawClient(broker.port, version=5)
+        assert device.connect("meter-1").reason_code == 0
+        device.send_packet(Publish("site/meter/1", PAYLOAD, 1, packet_id=1))
+        ack = device.recv()
+        assert isinstance(ack, PubAck) and ack.reason_code < 0x80
+    finally:
+        close_all()
+        broker.stop()
