@@ -1,13 +1,18 @@
 """What a TLS listener notes of a client's certificate as its connection opens, on every transport: the name
 it logs in with (CN, Timestone URI), its issuer and serial number for the CRLs (``revoked_peers``), and the
-end and the CAs of its chain, watched (``certificate_ends``, ``untrusted_peers``)."""
+end and the CAs of its chain, watched (``certificate_ends``, ``untrusted_peers``).
+
+A resumed TLS session is not verified again by OpenSSL: a session begun before a SIGHUP that revoked the
+certificate, or took its CA out of ``cafile``, would let it back in (the holder of a stolen key who kept
+one). Such a connection is refused (``resumed_refusal``), checked against the files of the last reload, read
+once per reload."""
 
 from __future__ import annotations
 
 import ssl
 from typing import TYPE_CHECKING
 
-from broker_edge.security.peer_chain import certificate_id
+from broker_edge.security.peer_chain import CertificateId, certificate_id, revoked_in, trusted_keys
 from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
@@ -15,7 +20,10 @@ if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
     from broker_edge.engine.connection.terms import ListenerRuntime
 
-__all__ = ["note_peer_certificate"]
+__all__ = ["note_peer_certificate", "refuse_resumed", "resumed_refusal"]
+
+_RELOADED: dict[tuple[str | None, str | None, int], tuple[frozenset[bytes] | None, set[CertificateId]]] = {}
+"""The CAs and revoked certificates of each (cafile, crlfile, reload) resumed sessions are checked with."""
 
 
 def note_peer_certificate(
@@ -32,3 +40,44 @@ def note_peer_certificate(
         conn.peer_certificate = certificate_id(ssl_object)
     if listener.certificate_ends is not None:
         conn.peer_trust = listener.certificate_ends.watch_chain(conn, ssl_object, call_later)
+
+
+def resumed_refusal(
+    conn: Connection, listener: ListenerRuntime, ssl_object: ssl.SSLObject | ssl.SSLSocket | None
+) -> tuple[str, str] | None:
+    """Why ``conn``, on a TLS session resumed after a reload of its listener that no longer accepts its
+    certificate, is refused (the reason it is counted as, and the line to say), or None (noted first)."""
+    contexts, tls = listener.tls_contexts, listener.config.tls
+    if ssl_object is None or not ssl_object.session_reused or contexts is None or tls is None:
+        return None
+    if not contexts.reloads:
+        return None  # the session was verified against the files in force
+    key = (tls.cafile, tls.crlfile, contexts.reloads)
+    files = _RELOADED.get(key)
+    if files is None:
+        if len(_RELOADED) >= 64:
+            _RELOADED.clear()
+        trusted = trusted_keys(tls.cafile) if tls.cafile else None
+        files = _RELOADED[key] = trusted, revoked_in(tls.crlfile) if tls.crlfile else set()
+    trusted, revoked = files
+    if conn.peer_certificate is not None and conn.peer_certificate in revoked:
+        return (
+            "certificate_revoked",
+            f"its client certificate (CN={conn.peer_cn}) is revoked in {tls.crlfile}",
+        )
+    if trusted is not None and conn.peer_trust is not None and not conn.peer_trust <= trusted:
+        return (
+            "certificate_untrusted",
+            f"its client certificate (CN={conn.peer_cn}) is no longer trusted: {tls.cafile} lacks a CA its "
+            "chain rests on",
+        )
+    return None
+
+
+def refuse_resumed(conn: Connection, reason: str, line: str) -> None:
+    """Refuse ``conn`` before its CONNECT is read (``resumed_refusal``): counted as ``reason``, one line in
+    the broker's refusal lines, closed."""
+    host = conn.terms.host
+    message = f"connection refused: {reason} ({line}; a TLS session resumed after the reload)"
+    host.counters.refusal_log.write(conn.log, host.now(), reason, message, action="connect")
+    conn.refuse(reason, None)

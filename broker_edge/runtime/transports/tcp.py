@@ -28,7 +28,7 @@ from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
 from broker_edge.http.tls_accept import PROBE, HandshakeFailure, start_tls_server
-from broker_edge.runtime.peer_certificate import note_peer_certificate
+from broker_edge.runtime.peer_certificate import note_peer_certificate, refuse_resumed, resumed_refusal
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.turns import ReadTurns
@@ -165,13 +165,17 @@ class TcpConnection(StreamConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limit = self.terms.host.config.limits.outgoing_buffer_bytes
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
+        refused = None
         if self.terms.listener.tls:
             ssl_object = transport.get_extra_info("ssl_object")
             note_peer_certificate(self, self.terms.listener, ssl_object, self.terms.host.call_later)
+            refused = resumed_refusal(self, self.terms.listener, ssl_object)
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close
                 self.peer = f"{address[0]}:{address[1]}"
         super().connection_made(transport)
+        if refused is not None:  # a TLS session resumed after a reload that no longer accepts it
+            refuse_resumed(self, *refused)
 
 
 class HandedInConnection(TcpConnection):

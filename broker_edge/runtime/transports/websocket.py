@@ -28,7 +28,7 @@ from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, reads_of, start_guarded_site, watch_bytes
 from broker_edge.http.json_errors import refuse
 from broker_edge.protocol.errors import PacketTooLarge
-from broker_edge.runtime.peer_certificate import note_peer_certificate
+from broker_edge.runtime.peer_certificate import note_peer_certificate, refuse_resumed, resumed_refusal
 from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
 from broker_edge.runtime.transports.turns import ReadTurns, SocketTurns
@@ -337,10 +337,14 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         ws.mqtt = transport
         connection = StreamConnection(broker, listener)
         transport._connection = connection
+        refused = None
         if listener.tls and request.transport is not None:
             ssl_object = request.transport.get_extra_info("ssl_object")
             note_peer_certificate(connection, listener, ssl_object, broker.call_later)
+            refused = resumed_refusal(connection, listener, ssl_object)
         connection.attach_transport(transport)
+        if refused is not None:  # a TLS session resumed after a reload that no longer accepts it
+            refuse_resumed(connection, *refused)
         watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         gate = reads_of(request)
         if gate is not None and isinstance(gate.intake, SocketTurns):
