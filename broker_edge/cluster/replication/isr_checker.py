@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from broker_edge.cluster.coordination.etcd import EtcdError
+
 if TYPE_CHECKING:
     from broker_edge.cluster.partition import Partitions
 
@@ -120,6 +122,15 @@ class IsrChecker:
                     changed = await self.changer.shrink_isr(partition, epoch, replica)
                 else:
                     changed = await self.changer.expand_isr(partition, epoch, replica)
+            except EtcdError as exc:  # etcd out of reach: a later check tries again
+                log.info(
+                    "%s not %s the in-sync replicas of partition %d: %s; tried again at a later check",
+                    replica,
+                    change,
+                    partition,
+                    exc,
+                )
+            else:
                 if changed:
                     (log.warning if shrink else log.info)(
                         "%s %s the in-sync replicas of partition %d", replica, change, partition

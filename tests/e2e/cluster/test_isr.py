@@ -15,6 +15,7 @@ from tests.e2e.broker_clients import PahoClient, RawClient, close_all
 from tests.e2e.cluster.proof import (
     cluster_state,
     cluster_status,
+    logged,
     metric,
     read_log,
     status_in_sync,
@@ -135,3 +136,36 @@ def test_fewer_in_sync_replicas_than_min_insync_refuses_publishes(cluster_broker
     for topic in (led_by_a, led_by_b):
         assert read_log(brokers["a"], topic) == [] and read_log(brokers["b"], topic) == []
     close_all()
+
+
+def test_an_in_sync_set_change_etcd_does_not_answer_is_said_in_a_line_and_tried_again(
+    cluster_brokers, private_etcd
+):
+    """etcd stopped (SIGSTOP) while the leases still hold (10 s): the leader's removal of a killed follower
+    from the in-sync sets fails (etcd does not answer), is said in one line per partition and try, and is
+    tried again at a later check, where it ended its task with the exception, which asyncio logged at ERROR
+    with a traceback (``Task exception was never retrieved``)."""
+    brokers = {
+        node: cluster_brokers(
+            node, target=private_etcd, replica_lag_max_ms=LAG_MS, lease_ttl_s=10, replication_factor=2
+        )
+        for node in ("a", "b")
+    }
+    wait_settled(private_etcd, {"a", "b"}, 2)
+    leader = brokers["a"]
+    tried = "b not removed from the in-sync replicas of partition"
+    private_etcd.server.pause()
+    try:
+        brokers["b"].kill()
+        wait_until(
+            lambda: logged(leader, tried) > 0 or logged(leader, "Task exception was never retrieved") > 0,
+            what="a's removal of b from the in-sync sets failed",
+        )
+    finally:
+        private_etcd.server.resume()
+    wait_until(
+        lambda: all(p.isr == ("a",) for p in cluster_state(private_etcd).partitions.values()),
+        what="b out of every in-sync set once etcd answers",
+    )
+    assert logged(leader, "Task exception was never retrieved") == 0
+    assert logged(leader, "Traceback") == 0
