@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from pipelines.actions.engine_compliance import Compliance
-from pipelines.actions.engine_sending import ROW_DELETED, Turn
+from pipelines.actions.engine_sending import ROW_DELETED, Turn, unrecorded
 from pipelines.actions.engine_summary import Summaries
 from pipelines.actions.engine_tables import ACTIONS, DEVICES, EXECUTIONS, SUMMARY, counts_after
 from pipelines.actions.feed_rows import latest_rows
@@ -217,15 +217,21 @@ class ActionsEngine(Summaries, Compliance):
         handed to :meth:`on_reports` (the job's reports stream has caught up to it, 0 before it has; None:
         reports are handed over as they come). A device's message is taken as expired before it took it only
         up to there, so a report of a device that took it in time, still unread (a job restarted after the
-        expiry), is not overtaken.
+        expiry), is not overtaken. Nothing is sent before the stream has caught up (0): the rate's next turn,
+        the abort rules and the phase gates are judged on the reports of the devices sent before the job
+        started, and a message sent again reaches only the devices that did not answer it.
         """
         with self.lock:
             now = self.clock()
             expired_by = now if reports_read_until is None else min(now, reports_read_until)
-            self._tick(now, expired_by)
+            sends = reports_read_until is None or reports_read_until > 0
+            if not sends and not self._waited_for_reports:
+                self._waited_for_reports = True
+                log.info("nothing is sent until the reports stream has read what the brokers took in")
+            self._tick(now, expired_by, sends)
             self._keep_compliance(now)
 
-    def _tick(self, now: int, expired_by: int) -> None:
+    def _tick(self, now: int, expired_by: int, sends: bool = True) -> None:
         self._end_deleted(now)
         actions = {a.id: a for a in self._actions() if not a.cancel}
         if self._unsent is None:  # a job's first tick: any action may hold rows its fan-out did not send
@@ -248,7 +254,7 @@ class ActionsEngine(Summaries, Compliance):
             action = actions[action_id]
             rows = dict(known.get(action_id, {}))
             try:
-                moved, turn = self._advance(action, rows, now, expired_by)
+                moved, turn = self._advance(action, rows, now, expired_by, sends)
             except Exception as error:  # one action a broker refuses holds no other back
                 self._held_back(action_id, error)
                 continue
@@ -256,7 +262,8 @@ class ActionsEngine(Summaries, Compliance):
                 turns[action_id] = turn
             else:
                 self._failing.pop(action_id, None)
-            if not any(row.state == QUEUED and row.published_at is None for row in rows.values()):
+            waiting = any(row.state == QUEUED and row.published_at is None for row in rows.values())
+            if sends and not waiting and not unrecorded(rows.values()):
                 self._unsent.discard(action_id)
             changed += moved
             gate = lost_gate(action, rows, now)
@@ -344,11 +351,11 @@ class ActionsEngine(Summaries, Compliance):
         self._summarise(sorted(ended), f"{self.app_id}/deleted/summary", self._tick_batch, canceled=ended)
 
     def _advance(
-        self, action: Action, rows: dict[str, Execution], now: int, expired_by: int
+        self, action: Action, rows: dict[str, Execution], now: int, expired_by: int, sends: bool = True
     ) -> tuple[list[Execution], Turn]:
         """One tick of one action: joiners queued, timeouts (and their retries), expired messages, the
-        schedule's end, what is due to be sent (its turn, not published yet). Returns the rows it changed,
-        each once (those of the turn as sent), and the turn."""
+        schedule's end, what is due to be sent (its turn, not published yet; none unless ``sends``). Returns
+        the rows it changed, each once (those of the turn as sent), and the turn."""
         changed: dict[str, Execution] = {}
 
         def put(row: Execution) -> None:
@@ -367,7 +374,7 @@ class ActionsEngine(Summaries, Compliance):
         if action.schedule.ended(now):
             for row in self._end(action, rows, now):
                 put(row)
-        else:
+        elif sends:
             turn = self._turn(action, rows, now)
             for row in turn.sent:
                 put(row)

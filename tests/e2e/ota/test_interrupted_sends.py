@@ -267,3 +267,33 @@ def test_a_cancel_reaches_the_device_a_killed_fan_out_sent_the_action_to(spark, 
         assert (canceled["action_state"], canceled["total_count"]) == ("CANCELED", 3)
         assert action_id not in newcomer.actions
         assert [d.device_id for d in stack.fleet.devices if action_id in d.actions] == [first.device_id]
+
+
+def test_a_job_started_again_sends_a_killed_fan_outs_action_only_to_devices_that_did_not_answer(
+    spark, tmp_path, monkeypatch, caplog
+):
+    """Three devices and one listed id that no device has: the fan-out sends them all and the job dies
+    before it records anything. The devices install it while no job runs. The job started again reads their
+    reports before it sends anything: the message goes again to the silent id alone, and no device is sent
+    the action twice (before, the first tick after the start sent it again to all four, and the devices
+    answered a message they had already done)."""
+    restart = RestartConfig(enabled=False)
+    with actions_stack(
+        spark, tmp_path, {"count": 3, "groups": ["g"]}, quiet_devices(), restart=restart
+    ) as stack:
+        devices = sorted(d.device_id for d in stack.fleet.devices)
+        killed = kill_the_job_after_its_fan_out_publishes(stack.job, monkeypatch)
+        write_actions(stack.store, [action_row("ka-1", device_ids=[*devices, "ka-silent"])], 0)
+        wait_for(killed.is_set, what="the fan-out sending the action")
+        restart_after(stack, lambda: stack.harness.wait_until(lambda: stack.fleet.finished("ka-1") == 3, 30))
+        wait_for(
+            lambda: execution(stack, "ka-1", "ka-silent").get("sending_at", 0) is None,
+            what="the silent id sent the action again",
+        )
+        wait_for(
+            lambda: (summary(stack.store, "ka-1") or {}).get("succeeded_count") == 3,
+            what="3 devices succeeded",
+        )
+        assert (summary(stack.store, "ka-1") or {})["queued_count"] == 1
+        assert (stack.fleet.stats["actions_received"], stack.fleet.stats["repeated_actions"]) == (3, 0)
+        assert "sent again to 1 device " in caplog.text

@@ -1,0 +1,64 @@
+"""An actions job started again in the middle of a rollout, before its reports stream has read what the
+devices said while no job ran.
+
+The ticker's decisions (the rate's next turn, an abort rule, a phase gate, a timeout) are taken from the
+executions; the reports of the devices sent the last turn before the stop are still unread in the brokers'
+logs. Before, the first ticks of the job started again sent the rate's whole catch-up at once, past an abort
+rule the unread failures had already crossed. The ticker now sends nothing until the reports stream has
+caught up (``tick``'s ``reports_read_until`` above 0).
+"""
+
+from __future__ import annotations
+
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.states import CANCELED, FAILED
+from tests.e2e.ota.conftest import action_row
+from tests.e2e.ota.rollout_harness import RolloutRun, finals, rollout_run
+from tests.e2e.ota.test_rollout_aborts import rule
+from tests.fleet_harness import quiet_devices
+
+DEVICES = 40
+"""Devices of the rollout: the rate's catch-up after a minute without a job would send them all."""
+PER_MINUTE = 60
+"""One device a second."""
+
+
+def sent(run: RolloutRun, action_id: str) -> set[str]:
+    """The devices the executions say were sent the action."""
+    return {device_id for device_id, at in run.published(action_id).items() if at is not None}
+
+
+def engine_started_again(run: RolloutRun) -> None:
+    """A new engine on the same tables, publisher and clock: the job started again (nothing of the stopped
+    one's memory)."""
+    run.engine = ActionsEngine(run.store, run.engine.publisher, clock=run.clock, compliance_interval_s=0)
+
+
+def test_a_rollout_started_again_sends_nothing_before_the_failures_it_missed_are_read(tmp_path):
+    """A build every device fails, one device a second, aborted at 50 % failed of 2 finished. Two devices
+    are sent it; they fail while no job runs; the job starts again a minute later. Its ticks before the
+    reports stream caught up send nothing (before: the minute's catch-up, every other device); once the
+    failures are read the rule fires, and only the two devices ever had the build."""
+    with rollout_run(tmp_path, quiet_devices(failure_rate=1.0), count=DEVICES) as run:
+        devices = sorted(d.device_id for d in run.fleet.devices)
+        row = action_row(
+            "rs-1", device_ids=devices, max_per_minute=PER_MINUTE, abort_rules=[rule("failed", 50.0, 2)]
+        )
+        run.create(row)
+        run.tick_at(1)
+        run.harness.wait_until(lambda: finals(list(run.harness.reports), "rs-1") == 2)
+
+        engine_started_again(run)
+        run.clock.now = run.clock.at(60)
+        run.engine.tick(reports_read_until=0)
+        run.clock.now = run.clock.at(61)
+        run.engine.tick(reports_read_until=0)
+        assert len(sent(run, "rs-1")) == 2
+
+        run.feed(lambda reports: finals(reports, "rs-1") == 2)
+        run.clock.now = run.clock.at(62)
+        run.engine.tick(reports_read_until=run.clock.now)
+        summary = run.summary("rs-1")
+        assert (summary["action_state"], summary["aborted_by"]) == ("ABORTED", "abort_rules[0]"), summary
+        assert (run.states("rs-1")[FAILED], run.states("rs-1")[CANCELED]) == (2, DEVICES - 2)
+        assert sent(run, "rs-1") == run.received("rs-1")
