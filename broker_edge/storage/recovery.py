@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from broker_edge.bounds import MAX_OFFSET
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
-from .catalog import CATALOG_FILE, TopicCatalog
+from .catalog import CATALOG_FILE, LOST_NAME, TopicCatalog
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
 from .file_pool import FileHandlePool
 from .lost_files import (
@@ -556,6 +556,7 @@ def _rebuild_index(
         part.config.max_record_bytes,
         topics,
         lambda topic_id: sealed.end[topic_id] if topic_id < len(sealed) else 0,
+        _filed_in(part),
     )
     end, report = scanner.scan(0, apply, on_marker, rows.add_skipped)
     cut_short = end < os.path.getsize(segment.log_path)
@@ -607,7 +608,12 @@ def _load_rows(
         if len(open_rows.topic_ids):
             start = _replay_open_rows(part, segment, open_rows, topics, quarantine, loading.marked)
     scanner = SegmentScanner(
-        pool, segment.log_path, part.config.max_record_bytes, topics, part.table.next.__getitem__
+        pool,
+        segment.log_path,
+        part.config.max_record_bytes,
+        topics,
+        part.table.next.__getitem__,
+        _filed_in(part),
     )
     end, report = scanner.scan(
         start,
@@ -763,3 +769,13 @@ def replay_marker(
         rows.add_marker(topic_id, position, marker.offset, RESTART, 0, part.marker_prev(topic_id, segment))
         part.restart_live(topic_id, marker.offset, segment.number)
         table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = marker.offset
+
+
+def _filed_in(part: PartitionLog) -> Callable[[int], bool]:
+    """Whether the catalog files a topic id in `part` (its scan takes no other partition's entries). A topic
+    whose entry was lost to damage (`catalog.LOST_NAME`) may be in any: its partition is not known."""
+    filed, number, names = part.table.partition, part.number, part.names
+    lost = LOST_NAME.format("")
+    return lambda topic_id: (
+        topic_id >= len(filed) or filed[topic_id] == number or names[topic_id].startswith(lost)
+    )

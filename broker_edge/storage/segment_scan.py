@@ -58,6 +58,10 @@ __all__ = [
 ]
 
 
+FOREIGN = "another partition's topic"
+"""The damage of an entry whose topic the catalog files in another partition."""
+
+
 @dataclass(slots=True)
 class ScanReport:
     """What scanning a segment at open found."""
@@ -90,12 +94,16 @@ class SegmentScanner:
         max_body: int,
         topics: int,
         next_offset: Callable[[int], int],
+        ours: Callable[[int], bool] = lambda _topic_id: True,
     ) -> None:
         self.pool = pool
         self.path = path
         self.max_body = max_body
         self.topics = topics
         self.next_offset = next_offset
+        self.ours = ours
+        """Whether a topic id is filed in this segment's partition (the catalog's): an entry of another
+        partition's topic (that partition's file copied over this one) is not this log's."""
         self.expected: dict[int, int] = {}
 
     def scan(
@@ -187,6 +195,9 @@ class SegmentScanner:
                 except EntryError as error:
                     report.damage = error.reason
                     return position
+                if not self.ours(marker.topic_id):
+                    report.damage = FOREIGN
+                    return position
                 on_marker(marker, position)
                 expected[marker.topic_id] = marker.offset
                 position += size
@@ -194,6 +205,9 @@ class SegmentScanner:
             topic_id = marked
             if topic_id >= self.topics:
                 report.damage = "unknown topic"
+                return position
+            if not self.ours(topic_id):
+                report.damage = FOREIGN
                 return position
             want = expected.get(topic_id)
             if want is None:
@@ -303,7 +317,10 @@ class SegmentScanner:
         try:
             parse_head(data, 0, self.max_body)
             if marked & MARKER_BIT:
-                parse_marker(data, 0)
+                if not self.ours(parse_marker(data, 0).topic_id):
+                    return False
+            elif not self.ours(marked):
+                return False
             else:
                 found = int.from_bytes(data[HEAD_SIZE + 9 : HEAD_SIZE + 17], "little")
                 check_frame(data, HEAD_SIZE, found, self.max_body)

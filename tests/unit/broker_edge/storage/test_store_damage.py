@@ -320,3 +320,36 @@ def test_an_entry_inside_a_payload_is_never_taken_for_the_log_after_damage(tmp_p
     assert _served_and_missing(store, "t") == (list(range(50)), [])
     assert _served_and_missing(store, "u") == ([*range(20), *range(21, 50)], [20])
     store.close()
+
+
+def test_a_partition_s_active_segment_copied_over_another_s_is_not_taken_for_that_partition_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """After a crash, partition 1's active segment copied over partition 0's (by hand, a restore of the wrong
+    file): before, the scan of partition 0 took partition 1's records for its own, filing them where reads
+    never look, and then skipped the genuine ones in partition 1's file as repeats (ERROR lines blaming that
+    file): every record of partition 1's topics was reported missing, though its own file held them all. The
+    entries of topics filed in another partition are not this partition's: partition 1's topics are served
+    whole from their own file, and the copy is cut as a torn end, said naming the file it is in."""
+    config = StorageConfig(partitions=2, segment_bytes=1 << 20, index_checkpoint_bytes=1 << 30)
+    topics = [f"dev/{number}/t" for number in range(8)]
+    store = LogStore(tmp_path, config)
+    store.open()
+    for number in range(10):
+        for topic in topics:
+            store.append(topic, make_record(number))
+    store.flush()
+    theirs = {topic for topic in topics if store.partition_of(topic) == 1}
+    assert theirs and len(theirs) < len(topics)
+    store.file_pool.close()  # a crash: the active segments are scanned at open
+    [ours_file] = partition_segments(tmp_path, 0)
+    [their_file] = partition_segments(tmp_path, 1)
+    ours_file.write_bytes(their_file.read_bytes())
+
+    reopened, _report = _reopen(tmp_path, config)
+
+    for topic in sorted(theirs):
+        assert _served_and_missing(reopened, topic) == (list(range(10)), [])
+    assert f"{their_file}: entry at" not in caplog.text  # the genuine file is not blamed
+    assert str(ours_file) in caplog.text
+    reopened.close()
