@@ -353,3 +353,39 @@ def test_a_partition_s_active_segment_copied_over_another_s_is_not_taken_for_tha
     assert f"{their_file}: entry at" not in caplog.text  # the genuine file is not blamed
     assert str(ours_file) in caplog.text
     reopened.close()
+
+
+def test_records_of_a_topic_whose_catalog_entry_is_lost_are_not_taken_for_another_partition_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A topic of partition 1 whose catalog entry is damaged (its partition field with it: the lost topic is
+    filed in partition 0), after a crash: its records in partition 1's active segment are not another
+    partition's to the scan (a lost entry's partition is not known): they stay in place, set aside with their
+    topic, not stepped over as damage, and partition 1's other topics are served whole."""
+    config = StorageConfig(partitions=2, segment_bytes=1 << 20, index_checkpoint_bytes=1 << 30)
+    topics = [f"dev/{number}/t" for number in range(8)]
+    store = LogStore(tmp_path, config)
+    store.open()
+    for number in range(10):
+        for topic in topics:
+            store.append(topic, make_record(number))
+    store.flush()
+    theirs = [topic for topic in topics if store.partition_of(topic) == 1]
+    lost = theirs[0]
+    store.file_pool.close()  # a crash
+    catalog = tmp_path / "log" / "catalog"
+    data = bytearray(catalog.read_bytes())
+    position = 16  # after the header: u32 length | u32 crc | u32 topic id | u16 partition | name
+    while data[position + 14 : position + 14 + len(lost)] != lost.encode():
+        position += 8 + int.from_bytes(data[position : position + 4], "little")
+    data[position + 12] ^= 1  # its partition 1 reads 0, its check fails
+    catalog.write_bytes(bytes(data))
+
+    reopened, _report = _reopen(tmp_path, config)
+
+    lost_name = f"\x00lost catalog entry {topics.index(lost)}"
+    assert [entry.topic for entry in reopened.quarantined()] == [lost_name]
+    for topic in theirs[1:]:
+        assert _served_and_missing(reopened, topic) == (list(range(10)), [])
+    assert "another partition's topic" not in caplog.text
+    reopened.close()
