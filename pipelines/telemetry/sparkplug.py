@@ -11,7 +11,8 @@ report. A query of its own because Spark runs at most one ``applyInPandasWithSta
 and the telemetry query's flags duplicates. Its checkpoint is the telemetry one's with
 ``-sparkplug`` appended; both queries write through one store, whose commits retry a race lost to the
 other, each table exactly once per (query, batch). Bronze gets the Sparkplug records from the telemetry
-query, which reads the namespace too (:attr:`.config.TelemetryConfig.topic_filters`).
+query, which reads the namespace too (:attr:`.config.TelemetryConfig.topic_filters`). Each micro-batch reads
+every topic to its end, whatever ``source.max_records_per_trigger`` says (:data:`UNLIMITED`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ log = logging.getLogger(__name__)
 TABLES = (SPARKPLUG_METRICS, "telemetry_quarantine", "devices")
 #: Why its messages go to quarantine (the session's reasons).
 REASONS = (REASON_UNKNOWN_ALIAS, REASON_MALFORMED)
+#: The source option this query goes without: the limit shares a batch's records among the logs it reads in
+#: proportion to their backlog, and a broker of several storage partitions keeps an edge node's topics in
+#: several logs, so its quiet ones (its births, its death) would be read ahead of its busy ones, and a birth
+#: put in force before the data sent under the birth before it were read.
+UNLIMITED = "maxRecordsPerTrigger"
 
 
 def query_name(config: TelemetryConfig) -> str:
@@ -229,6 +235,7 @@ def supervise_query(
 
         register_sources(spark)
         options = config.source_options(topics)
+        options.pop(UNLIMITED, None)
         if available_now:
             options.update(available_now_run.source_options(spark))
         records = spark.readStream.format("timestone").options(**options).load()
