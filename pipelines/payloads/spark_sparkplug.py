@@ -5,7 +5,8 @@ each group is handed, with its node's state from the previous micro-batches, to 
 .EdgeNodeSession` in a Python worker (``applyInPandasWithState``). The state (births, aliases, sequence,
 online devices) lives in the state store of the streaming query's checkpoint, on the executors: it is
 restored with the checkpoint after a restart, and the driver never holds it. The rows that come out are the
-session's (:data:`.session.ROW_COLUMNS`): metrics, quarantined messages and online-state changes, with
+session's (:data:`.session.ROW_COLUMNS`): metrics, quarantined messages, online-state changes and
+messages delivered again (one row each, which no table takes), with
 times as timestamps, and ``ordinal``, each row's place in its edge node's rows of the micro-batch (the order
 the node's messages took effect in: its last online-state change is the one in force).
 """
