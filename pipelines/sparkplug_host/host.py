@@ -10,9 +10,10 @@ Stopping, it publishes the death itself before DISCONNECT. A lost connection is 
 
 It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen on
 this connection (or whose NDEATH followed it: an NDEATH whose ``bdSeq`` is not the NBIRTH's is an earlier
-connection's will, and ends nothing) means its aliases are unknown here, and so does a DDATA from a device not
-born since its node's last NBIRTH (no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job
-quarantines as unreadable is none), and so does data naming a metric its birth does not define; so does a
+connection's will, and ends nothing; a copy of the NBIRTH in force, the same bytes, is no new birth)
+means its aliases are unknown here, and so does a DDATA from a device not born since its node's last NBIRTH
+(no DBIRTH seen since, or a DDEATH after it; a birth the telemetry job quarantines as unreadable is none),
+and so does data naming a metric its birth does not define; so does a
 birth it cannot take (one giving an alias to two metrics, or a DBIRTH giving an alias its node's NBIRTH or
 another device's DBIRTH in force gives, [tck-id-payloads-alias-uniqueness], or otherwise unreadable, as the
 telemetry job quarantines it), at once; and so does a born node's sequence number that
@@ -70,6 +71,8 @@ class HostState:
     """The edge nodes born on this connection, with their NBIRTH's ``bdSeq`` (None when it has none)."""
     births: dict[tuple[str, str], Birth] = field(default_factory=dict)
     """What each born edge node's NBIRTH declares (its aliases and names)."""
+    birth_payloads: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    """Each born edge node's NBIRTH as sent: a copy of it (the same bytes) is no new birth."""
     devices: dict[tuple[str, str], dict[str, Birth]] = field(default_factory=dict)
     """The devices of each born edge node born since its last NBIRTH (by DBIRTH, not dead since), with
     what their DBIRTH declares."""
@@ -258,10 +261,14 @@ class SparkplugHost:
         kind = topic.message_type
         state = self.state
         if kind == "NBIRTH":
+            if node in state.born and state.birth_payloads.get(node) == payload:
+                self.stats["birth_copies"] += 1  # delivered again (a bridge): changes nothing
+                return
             birth = birth_of(payload)
             if birth is not None:
                 self._forget(node)
                 state.born[node], state.births[node] = _bdseq(payload), birth
+                state.birth_payloads[node] = payload
                 state.devices[node] = {}  # its devices are born again after it
                 state.aliases[node] = NodeAliases.of(birth.aliases, {})
                 state.sequences[node] = Sequence.after_birth(_seq(payload) or 0)
@@ -345,6 +352,7 @@ class SparkplugHost:
         """The node's birth, and its devices', no longer in force."""
         self.state.born.pop(node, None)
         self.state.births.pop(node, None)
+        self.state.birth_payloads.pop(node, None)
         self.state.devices.pop(node, None)
         self.state.aliases.pop(node, None)
         sequence = self.state.sequences.pop(node, None)

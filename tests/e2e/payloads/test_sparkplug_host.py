@@ -293,7 +293,12 @@ def test_a_second_host_with_the_same_id_takes_over_and_the_first_stops_without_r
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-NODE_BIRTH = encode([bdseq_metric(4), MetricOut(1.5, "Double", name="t", alias=1)], timestamp_ms=1, seq=0)
+def node_birth(at_ms: int) -> bytes:
+    """An NBIRTH sent at ``at_ms``: a rebirth is another message, a copy of a birth the same bytes."""
+    return encode([bdseq_metric(4), MetricOut(1.5, "Double", name="t", alias=1)], timestamp_ms=at_ms, seq=0)
+
+
+NODE_BIRTH = node_birth(1)
 DEVICE_BIRTH = encode([MetricOut(7.0, "Double", name="rpm", alias=2)], timestamp_ms=2, seq=1)
 DEVICE_DATA = encode([MetricOut(8.0, "Double", alias=2, with_datatype=False)], timestamp_ms=3, seq=2)
 DEVICE_DEATH = encode([], timestamp_ms=4, seq=3)
@@ -342,7 +347,7 @@ def test_a_new_nbirth_ends_the_births_of_the_nodes_devices_until_they_are_born_a
         await sparkplug.start()
         node.publish("spBv1.0/plant1/NBIRTH/gw7", NODE_BIRTH, 1)
         node.publish("spBv1.0/plant1/DBIRTH/gw7/pump1", DEVICE_BIRTH, 1)
-        node.publish("spBv1.0/plant1/NBIRTH/gw7", NODE_BIRTH, 1)
+        node.publish("spBv1.0/plant1/NBIRTH/gw7", node_birth(5), 1)
         node.publish("spBv1.0/plant1/DDATA/gw7/pump1", DEVICE_DATA, 1)
         [request] = await expect(commands, 1)
         assert request.topic == "spBv1.0/plant1/NCMD/gw7"
@@ -625,13 +630,13 @@ def test_a_number_missing_or_repeated_past_the_reorder_timeout_brings_a_rebirth_
     async def scenario() -> None:
         sparkplug = reordering(broker.port, 0.2)
         await sparkplug.start()
-        for sent in ([0, 1, 3], [0, 1, 1]):  # 2 missing; 1 twice
-            node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 0)
+        for at_ms, sent in enumerate(([0, 1, 3], [0, 1, 1])):  # 2 missing; 1 twice
+            node.publish("spBv1.0/plant1/NBIRTH/gw9", node_birth(at_ms), 0)
             for seq in sent[1:]:
                 node.publish("spBv1.0/plant1/NDATA/gw9", numbered(seq), 0)
             [request] = await expect(commands, 1)
             assert request.topic == "spBv1.0/plant1/NCMD/gw9"
-        node.publish("spBv1.0/plant1/NBIRTH/gw9", NODE_BIRTH, 0)
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", node_birth(2), 0)
         for seq in (1, 2):
             node.publish("spBv1.0/plant1/NDATA/gw9", numbered(seq), 0)
         await asyncio.to_thread(commands.expect_none, 0.6)  # in order: no window, no request
@@ -729,6 +734,36 @@ def test_a_dbirth_giving_an_alias_of_the_nbirth_or_of_another_device_brings_a_re
         assert request.topic == "spBv1.0/plant1/NCMD/gw8"
         assert sparkplug.stats["rebirth_requests"] == 2
         assert sorted(sparkplug.state.devices[("plant1", "gw9")]) == ["pump"]
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_late_copy_of_the_nbirth_in_force_ends_no_device_birth_and_brings_no_rebirth_request(broker):
+    """A bridge passing an NBIRTH on twice delivered its copy after the node's DBIRTHs: the host took it for
+    a new birth, forgot the devices' births and asked a rebirth at the device's next data (and its sequence
+    restarted, the data's numbers out of order). The telemetry job takes such a copy for the duplicate it is
+    (docs/payload-formats.md); so does the host: the same bytes as the NBIRTH in force change nothing."""
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    node = PahoClient(broker.port, "gw9")
+    birth = encode([bdseq_metric(0), MetricOut(1.5, "Double", name="Level", alias=1)], timestamp_ms=1, seq=0)
+
+    def pump_data(seq: int) -> bytes:
+        return encode([MetricOut(2.5, "Float", alias=10, with_datatype=False)], timestamp_ms=seq, seq=seq)
+
+    async def scenario() -> None:
+        sparkplug = reordering(broker.port, 0.2)
+        await sparkplug.start()
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", birth, 0)
+        device_birth = encode([MetricOut(2.0, "Float", name="T", alias=10)], timestamp_ms=1, seq=1)
+        node.publish("spBv1.0/plant1/DBIRTH/gw9/pump", device_birth, 0)
+        node.publish("spBv1.0/plant1/DDATA/gw9/pump", pump_data(2), 0)
+        node.publish("spBv1.0/plant1/NBIRTH/gw9", birth, 0)  # the copy
+        node.publish("spBv1.0/plant1/DDATA/gw9/pump", pump_data(3), 0)
+        await asyncio.to_thread(commands.expect_none, 0.6)  # past the reorder timeout
+        assert sorted(sparkplug.state.devices[("plant1", "gw9")]) == ["pump"]
+        assert sparkplug.stats["rebirth_requests"] == 0
         await sparkplug.stop()
 
     asyncio.run(scenario())
