@@ -215,11 +215,12 @@ class ActionsEngine(Summaries, Compliance):
 
         ``reports_read_until``: every report the brokers took in before this time (epoch ms) has been
         handed to :meth:`on_reports` (the job's reports stream has caught up to it, 0 before it has; None:
-        reports are handed over as they come). A device's message is taken as expired before it took it only
-        up to there, so a report of a device that took it in time, still unread (a job restarted after the
-        expiry), is not overtaken. Nothing is sent before the stream has caught up (0): the rate's next turn,
-        the abort rules and the phase gates are judged on the reports of the devices sent before the job
-        started, and a message sent again reaches only the devices that did not answer it.
+        reports are handed over as they come). A device's message is taken as expired before it took it, and
+        an execution as timed out, only up to there, so a report of a device that answered in time, still
+        unread (a job restarted after the expiry or the timeout), is not overtaken. Nothing is sent before
+        the stream has caught up (0): the rate's next turn, the abort rules and the phase gates are judged
+        on the reports of the devices sent before the job started, and a message sent again reaches only
+        the devices that did not answer it.
         """
         with self.lock:
             now = self.clock()
@@ -366,7 +367,7 @@ class ActionsEngine(Summaries, Compliance):
             for device_id in self._targets(action):
                 if device_id not in rows:
                     put(queued(action.id, device_id, now, phase=last_phase))
-        for row in self._time_out(action, rows, now):
+        for row in self._time_out(action, rows, now, expired_by):
             put(self._after_failure(action, row, now))
         for row in self._expire(action, rows, now, expired_by):
             put(row)

@@ -283,13 +283,21 @@ class Sending(EngineBase):
             )
         return changed
 
-    def _time_out(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+    def _time_out(
+        self, action: Action, rows: dict[str, Execution], now: int, read_until: int
+    ) -> list[Execution]:
+        """``IN_PROGRESS`` rows whose timeout passed by ``read_until`` (the reports read until then: a final
+        report that came in time, still unread after a restart, is not overtaken), TIMED_OUT at ``now``."""
         if not action.in_progress_timeout_s:
             return []
         limit = action.in_progress_timeout_s * 1000
         changed = []
         for row in rows.values():
-            if row.state == IN_PROGRESS and row.started_at is not None and now - row.started_at >= limit:
+            if (
+                row.state == IN_PROGRESS
+                and row.started_at is not None
+                and read_until - row.started_at >= limit
+            ):
                 details = f"no final report within {action.in_progress_timeout_s} s"
                 updated = platform_transition(row, TIMED_OUT, details, now)
                 if updated is not None:

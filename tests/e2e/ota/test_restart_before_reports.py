@@ -11,7 +11,7 @@ caught up (``tick``'s ``reports_read_until`` above 0).
 from __future__ import annotations
 
 from pipelines.actions.engine import ActionsEngine
-from pipelines.actions.states import CANCELED, FAILED
+from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, SUCCEEDED
 from tests.e2e.ota.conftest import action_row
 from tests.e2e.ota.rollout_harness import RolloutRun, finals, rollout_run
 from tests.e2e.ota.test_rollout_aborts import rule
@@ -62,3 +62,27 @@ def test_a_rollout_started_again_sends_nothing_before_the_failures_it_missed_are
         assert (summary["action_state"], summary["aborted_by"]) == ("ABORTED", "abort_rules[0]"), summary
         assert (run.states("rs-1")[FAILED], run.states("rs-1")[CANCELED]) == (2, DEVICES - 2)
         assert sent(run, "rs-1") == run.received("rs-1")
+
+
+def test_a_job_started_after_a_timeout_passed_does_not_time_out_a_device_whose_success_is_unread(tmp_path):
+    """A device reports IN_PROGRESS, which the job reads, then SUCCEEDED well within the action's 10 s
+    timeout; the job stops before it reads the success and starts again a minute later. Its ticks before
+    the reports stream caught up time nothing out; once read, the device has SUCCEEDED. Before, its first
+    tick timed the device out, and the success read afterwards changed nothing: a device that installed the
+    build counted as timed out, towards the abort rules."""
+    with rollout_run(tmp_path, quiet_devices(), count=1) as run:
+        (device,) = [d.device_id for d in run.fleet.devices]
+        run.create(action_row("rt-1", device_ids=[device], timeout_s=10))
+        run.harness.wait_until(lambda: finals(list(run.harness.reports), "rt-1") == 1)
+        reports = run.harness.take_reports()
+        run.engine.on_reports([r for r in reports if r.state == IN_PROGRESS], "reports", 0)
+        assert run.states("rt-1") == {IN_PROGRESS: 1}
+
+        engine_started_again(run)
+        run.clock.now = run.clock.at(60)
+        run.engine.tick(reports_read_until=0)
+        assert run.states("rt-1") == {IN_PROGRESS: 1}
+        run.engine.on_reports([r for r in reports if r.state != IN_PROGRESS], "reports", 1)
+        run.engine.tick(reports_read_until=run.clock.now)
+        assert run.states("rt-1") == {SUCCEEDED: 1}
+        assert run.summary("rt-1")["action_state"] == "COMPLETED"
