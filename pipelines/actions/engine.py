@@ -267,7 +267,7 @@ class ActionsEngine(Summaries, Compliance):
             if sends and not waiting and not unrecorded(rows.values()):
                 self._unsent.discard(action_id)
             changed += moved
-            gate = lost_gate(action, rows, now)
+            gate = lost_gate(action, rows, expired_by)  # silent: judged on the reports read
             if gate is not None:
                 lost[action_id] = gate
             before = previous.get(action_id, (None,))[0]

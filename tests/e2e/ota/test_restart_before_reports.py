@@ -86,3 +86,28 @@ def test_a_job_started_after_a_timeout_passed_does_not_time_out_a_device_whose_s
         run.engine.tick(reports_read_until=run.clock.now)
         assert run.states("rt-1") == {SUCCEEDED: 1}
         assert run.summary("rt-1")["action_state"] == "COMPLETED"
+
+
+def test_a_job_started_again_does_not_abort_a_phase_whose_successes_it_has_not_read(tmp_path):
+    """Two phases, the first of one device needing 100 % successes, a 10 s timeout. The first phase's
+    device installs the build while no job runs; the job starts again a minute later. Before its reports
+    stream caught up the phase holds; once the success is read the second phase goes out. Before, its first
+    tick found the device silent past the timeout, the gate lost, and aborted the rollout of a good build."""
+    phases = [
+        {"percent": None, "devices": 1, "wait_s": 0, "success_pct": 100.0},
+        {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
+    ]
+    with rollout_run(tmp_path, quiet_devices(), count=2) as run:
+        devices = sorted(d.device_id for d in run.fleet.devices)
+        run.create(action_row("rp-1", device_ids=devices, timeout_s=10, phases=phases))
+        run.harness.wait_until(lambda: finals(list(run.harness.reports), "rp-1") == 1)
+
+        engine_started_again(run)
+        run.clock.now = run.clock.at(60)
+        run.engine.tick(reports_read_until=0)
+        assert run.summary("rp-1")["action_state"] == "IN_PROGRESS", run.summary("rp-1")["reason"]
+        run.feed(lambda reports: finals(reports, "rp-1") == 1)
+        run.clock.now = run.clock.at(61)
+        run.engine.tick(reports_read_until=run.clock.now)
+        assert run.summary("rp-1")["action_state"] == "IN_PROGRESS", run.summary("rp-1")["reason"]
+        assert sent(run, "rp-1") == set(devices)
