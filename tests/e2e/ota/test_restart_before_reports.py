@@ -4,8 +4,10 @@ devices said while no job ran.
 The ticker's decisions (the rate's next turn, an abort rule, a phase gate, a timeout) are taken from the
 executions; the reports of the devices sent the last turn before the stop are still unread in the brokers'
 logs. Before, the first ticks of the job started again sent the rate's whole catch-up at once, past an abort
-rule the unread failures had already crossed. The ticker now sends nothing until the reports stream has
-caught up (``tick``'s ``reports_read_until`` above 0).
+rule the unread failures had already crossed, timed out devices whose success was unread, and took a
+phase's devices that had succeeded for silent, aborting a good build. The ticker now sends nothing until
+the reports stream has caught up (``tick``'s ``reports_read_until`` above 0), and times out and judges
+silence only up to the time the reports were read until.
 """
 
 from __future__ import annotations
