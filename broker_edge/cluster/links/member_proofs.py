@@ -5,7 +5,9 @@ write a member record. So the controller gives copies and leaderships only to me
 node id to it: a peer link with them came up, which happens only after the TLS handshake and the node
 check of ``member_api`` / ``member_clients`` (without ``cluster.tls``, on loopback, a link coming up is
 all there is). A proof holds for as long as the member's record stays the one it had then; a record
-rewritten (another address) must be proven again, and a link that drops for a moment does not undo it.
+rewritten (another address) must be proven again, and a link that drops for a moment does not undo it. A
+record that went (the member's lease ran out: cut off from etcd) and came back as it was, while the link
+that proved it stayed up all along (``linked``), is proven still: no new link comes up to prove it again.
 
 A member registered for ``grace_s`` without proving itself is taken for dead: the controller elects others
 for the partitions it leads, as for a member that left. A member key written into etcd by someone without
@@ -40,7 +42,11 @@ class MemberProofs:
         """node → the member record it proved itself under."""
         self._first_seen: dict[str, tuple[Member, float]] = {}
         """node → its current record and when this node first saw it."""
+        self._proven_before: dict[str, Member] = {}
+        """node → the record it proved itself under, kept after the record went (until its link drops)."""
         self._listeners: list[Callable[[], None]] = []
+        self.linked: Callable[[str], bool] = lambda _node: False
+        """Whether the peer link with a node is up (``PeerLinks.up``)."""
 
     def on_proof(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` when a member proves itself."""
@@ -51,9 +57,13 @@ class MemberProofs:
         member = self.view.members.get(node)
         if member is None or self._proven.get(node) == member:
             return
-        self._proven[node] = member
+        self._proven[node] = self._proven_before[node] = member
         for listener in list(self._listeners):
             listener()
+
+    def link_down(self, node: str) -> None:
+        """The peer link with ``node`` dropped: a record of it that goes and comes back is proven anew."""
+        self._proven_before.pop(node, None)
 
     def changed(self) -> None:
         """Forget the proofs and first sightings of records that changed or went."""
@@ -62,6 +72,9 @@ class MemberProofs:
         for node in list(self._proven):
             if members.get(node) != self._proven[node]:
                 del self._proven[node]
+        for node, member in members.items():
+            if node not in self._proven and self._proven_before.get(node) == member and self.linked(node):
+                self._proven[node] = member  # back as it was, over the link that proved it
         for node in list(self._first_seen):
             if members.get(node) != self._first_seen[node][0]:
                 del self._first_seen[node]

@@ -559,6 +559,8 @@ class PeerLinks:
         self.clients = clients if clients is not None else MemberClients(node_id, None)
         self.receiver = receiver
         self.proofs = proofs
+        if proofs is not None:
+            proofs.linked = self.up
         self.links: dict[str, PeerLink] = {}
         self._dialers: dict[str, asyncio.Task[None]] = {}
         self._urls: dict[str, str] = {}
@@ -647,10 +649,17 @@ class PeerLinks:
             except ConnectionError as exc:
                 log.info("peer link to %s closed: %s", peer, exc)
             finally:
-                link.detach(socket)
+                self._detach(link, socket)
                 with contextlib.suppress(ConnectionError):
                     await socket.close()
             await asyncio.sleep(REDIAL_S)
+
+    def _detach(self, link: PeerLink, socket: Any) -> None:
+        """``socket`` closed: the link is down unless a newer socket replaced it."""
+        current = link.uses(socket)
+        link.detach(socket)
+        if current and self.proofs is not None:
+            self.proofs.link_down(link.peer)
 
     async def _read(self, link: PeerLink, socket: Any) -> None:
         import aiohttp
@@ -695,7 +704,7 @@ class PeerLinks:
             log.info("peer link to %s closed: %s", peer, exc)
         finally:
             ending.cancel()
-            link.detach(socket)
+            self._detach(link, socket)
             with contextlib.suppress(ConnectionError):  # "Cannot write to closing transport"
                 await socket.close()
         return socket

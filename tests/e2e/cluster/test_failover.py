@@ -118,3 +118,34 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
         proxy.close()
         for broker in brokers.values():
             broker.stop()
+
+
+def test_a_member_cut_from_etcd_past_its_lease_leads_its_partitions_again_once_back(tmp_path, etcd):
+    """Replication factor 1: a member cut off from etcd for longer than its lease, its peer links up all
+    along, registers again as it was; the partitions it holds the only copy of, offline meanwhile, are led
+    by it again. The controller had dropped its proof with its record and took it for a member that never
+    proved who it is (no new link came up to prove it again): they stayed offline until it restarted."""
+    proxy = EtcdProxy(etcd.url)
+    brokers: dict[str, BrokerProcess] = {}
+    try:
+        for node in ("a", "b"):
+            section: dict[str, object] = {"replication_factor": 1, "min_insync_replicas": 1}
+            if node == "a":
+                section["etcd"] = [proxy.url]
+            brokers[node] = started(partial(cluster_broker, tmp_path, etcd, node, section))
+        wait_settled(etcd, {"a", "b"}, 1)
+        wait_until(lambda: cluster_state(etcd).leaders().get("a", 0) > 0, what="a leading partitions")
+        proxy.cut()
+        wait_until(
+            lambda: (
+                "a" not in cluster_state(etcd).members
+                and any(p.leader is None for p in cluster_state(etcd).partitions.values())
+            ),
+            what="a's lease ended and its partitions offline",
+        )
+        proxy.mend()
+        wait_settled(etcd, {"a", "b"}, 1, 60, brokers)
+    finally:
+        proxy.close()
+        for broker in brokers.values():
+            broker.stop()
