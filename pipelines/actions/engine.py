@@ -44,7 +44,11 @@ _Reports = TypeVar("_Reports")
 Fold = Callable[[Mapping[Key, _Reports], Mapping[str, Mapping[str, Execution]]], dict[Key, Execution | None]]
 """Each pair's row after its reports (None: unchanged), given the rows read (by action and device)."""
 
-__all__ = ["ACTIONS", "DEVICES", "EXECUTIONS", "SUMMARY", "ActionsEngine"]
+__all__ = ["ACTIONS", "DEVICES", "EXECUTIONS", "REPORTS_WAIT_WARNING_S", "SUMMARY", "ActionsEngine"]
+
+REPORTS_WAIT_WARNING_S = 120.0
+"""How long the ticker sends nothing, waiting for the reports stream to catch up, before it says so at
+WARNING."""
 
 
 class ActionsEngine(Summaries, Compliance):
@@ -226,11 +230,31 @@ class ActionsEngine(Summaries, Compliance):
             now = self.clock()
             expired_by = now if reports_read_until is None else min(now, reports_read_until)
             sends = reports_read_until is None or reports_read_until > 0
-            if not sends and not self._waited_for_reports:
-                self._waited_for_reports = True
-                log.info("nothing is sent until the reports stream has read what the brokers took in")
+            self._note_reports_wait(now, sends)
             self._tick(now, expired_by, sends)
             self._keep_compliance(now)
+
+    def _note_reports_wait(self, now: int, sends: bool) -> None:
+        """Say that the ticker waits for the reports stream: at INFO when it starts, at WARNING once it has
+        waited ``REPORTS_WAIT_WARNING_S`` (a broker the stream reads may be down: no action advances), and
+        at INFO when sends start again after that."""
+        if sends:
+            if self._reports_wait_warned:
+                log.info("the reports stream has caught up: sending again")
+            self._reports_waited_since = None
+            self._reports_wait_warned = False
+            return
+        if self._reports_waited_since is None:
+            self._reports_waited_since = now
+            log.info("nothing is sent until the reports stream has read what the brokers took in")
+        waited_s = (now - self._reports_waited_since) / 1000
+        if waited_s >= REPORTS_WAIT_WARNING_S and not self._reports_wait_warned:
+            self._reports_wait_warned = True
+            log.warning(
+                "nothing sent for %.0f s: the reports stream has not caught up with the brokers (is one of "
+                "them down?); no action advances until it has",
+                waited_s,
+            )
 
     def _tick(self, now: int, expired_by: int, sends: bool = True) -> None:
         self._end_deleted(now)

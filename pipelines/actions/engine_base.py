@@ -113,8 +113,10 @@ class EngineBase:
         """Actions whose row's kind or payload changed after they were taken in, with what was said."""
         self._failing: dict[str, str] = {}
         """Actions whose last tick failed, with the error said about it."""
-        self._waited_for_reports = False
-        """Whether a tick has said that it sends nothing until the reports stream caught up."""
+        self._reports_waited_since: int | None = None
+        """Since when (ms) the ticks have sent nothing, waiting for the reports stream to catch up."""
+        self._reports_wait_warned = False
+        """Whether that wait was said at WARNING."""
         self._unsent: set[str] | None = None
         """Actions whose fan-out was refused, sent by the ticker (None until the first tick: every action)."""
         self._compliance_inputs: tuple[int, ...] | None = None

@@ -12,7 +12,9 @@ silence only up to the time the reports were read until.
 
 from __future__ import annotations
 
-from pipelines.actions.engine import ActionsEngine
+import logging
+
+from pipelines.actions.engine import REPORTS_WAIT_WARNING_S, ActionsEngine
 from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, SUCCEEDED
 from tests.e2e.ota.conftest import action_row
 from tests.e2e.ota.rollout_harness import RolloutRun, finals, rollout_run
@@ -113,3 +115,24 @@ def test_a_job_started_again_does_not_abort_a_phase_whose_successes_it_has_not_r
         run.engine.tick(reports_read_until=run.clock.now)
         assert run.summary("rp-1")["action_state"] == "IN_PROGRESS", run.summary("rp-1")["reason"]
         assert sent(run, "rp-1") == set(devices)
+
+
+def test_a_ticker_waiting_long_for_its_reports_stream_says_so_at_warning(tmp_path, caplog):
+    """A reports stream that does not catch up (a broker it reads down) holds every action: the wait is said
+    at INFO when it starts, at WARNING once it has lasted ``REPORTS_WAIT_WARNING_S`` (once), and sending
+    again at INFO once the stream caught up; before, one INFO line at the start said it, however long it
+    lasted."""
+    caplog.set_level(logging.INFO, logger="pipelines.actions.engine")
+    with rollout_run(tmp_path, quiet_devices(), count=2) as run:
+        devices = sorted(d.device_id for d in run.fleet.devices)
+        run.create(action_row("rw-1", device_ids=devices[:1]))
+        engine_started_again(run)
+        waits = [1, REPORTS_WAIT_WARNING_S / 2, REPORTS_WAIT_WARNING_S + 1, REPORTS_WAIT_WARNING_S + 30]
+        for second in waits:
+            run.clock.now = run.clock.at(second)
+            run.engine.tick(reports_read_until=0)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "reports stream has not caught up" in warnings[0], warnings
+        run.clock.now = run.clock.at(REPORTS_WAIT_WARNING_S + 31)
+        run.engine.tick(reports_read_until=run.clock.now)
+        assert any("sending again" in r.getMessage() for r in caplog.records)
