@@ -5,7 +5,8 @@ A pipeline is a module with
 - ``validate(config: Any) -> object`` (optional): build and check its configuration, every value the job
   will use, raising ``broker_edge.config.loader.ConfigError`` naming the field; called before Spark starts;
 - ``preflight(validated: object, options: RunOptions) -> None`` (optional): what must hold of the world
-  before Spark starts (``pipelines.preflight``: the brokers answer), raising ``BrokersUnreachable``;
+  before Spark starts (``pipelines.preflight``: the brokers answer), raising ``BrokersUnreachable``, or
+  ``TokenRefused`` for a broker that refuses the token (exit status 5, as a running query failing on it);
 - ``run(spark, config: Any, options: RunOptions) -> int``: run the pipeline, return the exit code.
 
 ``config`` is the parsed YAML of the pipeline's file, or one top-level section of it. Adding a pipeline is
@@ -15,7 +16,8 @@ cluster is the one tested here; only the SparkSession differs.
 Exit status: 0 the pipeline caught up (``--available-now``) or was stopped (Ctrl-C, SIGTERM); 1 it failed
 while running; 2 a wrong command line or configuration (the message names the dotted key); 3 missing
 optional dependencies (``pipelines.cli``); 4 with ``--available-now``, the brokers to read did not answer;
-5 a query failed, or could not start, in a way no restart fixes (``pipelines.supervisor.NOT_RESTARTABLE``).
+5 a query failed, or could not start, in a way no restart fixes (``pipelines.supervisor.NOT_RESTARTABLE``),
+a token the brokers refuse included, with ``--available-now`` too.
 No user error ends in a traceback: each is one line (``--log-level DEBUG`` logs the details).
 """
 
@@ -38,7 +40,7 @@ from pipelines.graceful_stop import StopRequest, stop_on_signals
 from pipelines.metrics import PipelineMetrics
 from pipelines.overrides import apply_override, key_steps, split_assignment
 from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
-from pipelines.preflight import BrokersUnreachable
+from pipelines.preflight import BrokersUnreachable, TokenRefused
 from pipelines.run_options import RunOptions
 from pipelines.supervisor import NOT_RESTARTABLE, unrecoverable_failure
 from pipelines.views.location import notebooks_hint
@@ -98,7 +100,8 @@ PIPELINES: dict[str, Pipeline] = {
 EXIT_STATUS = f"""exit status: 0 caught up (--available-now) or stopped (Ctrl-C, SIGTERM);
 1 failed while running (a query's restarts used up or off), or --metrics-port could not be served;
 2 a wrong command line or configuration (naming the dotted key);
-3 optional dependencies missing; 4 with --available-now, the brokers to read did not answer;
+3 optional dependencies missing; 4 with --available-now, the brokers to read did not answer
+(a broker that refuses the token is {NOT_RESTARTABLE}, as in a continuous run);
 {NOT_RESTARTABLE} a query failed, or could not start, in a way no restart fixes (data loss, a refused token,
 checkpoint offsets edited by hand, a table that does not match): starting the job again fails the same way,
 so a service manager should not (conf/systemd/timestone-pipeline@.service)."""
@@ -271,6 +274,9 @@ def pipeline_main(argv: list[str]) -> int:
     except BrokersUnreachable as exc:
         print(f"{prefix}: {exc}", file=sys.stderr)
         return UNREACHABLE
+    except TokenRefused as exc:  # said and ended as a running query that fails on it
+        print(f"{prefix}: failed, not restarted: broker refused the token: {exc}", file=sys.stderr)
+        return NOT_RESTARTABLE
     if validated is not None and pipeline.tables_root:
         print(notebooks_hint(str(attrgetter(pipeline.tables_root)(validated))), flush=True)
     if args.metrics_port is not None and options.metrics is not None:

@@ -11,9 +11,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 
 from broker_edge.runtime.launcher import free_port
@@ -91,13 +93,20 @@ def test_json_logs_without_library_noise_and_ctrl_c_stops_between_batches(tmp_pa
     assert all(line.startswith(JVM_START) or "WARN NativeCodeLoader" in line for line in others[:-2]), text
 
 
-def test_a_failure_no_restart_fixes_ends_the_job_with_a_status_its_service_does_not_restart(tmp_path):
+@pytest.mark.parametrize("run_flags", [(), ("--available-now",)], ids=["continuous", "available-now"])
+def test_a_failure_no_restart_fixes_ends_the_job_with_a_status_its_service_does_not_restart(
+    tmp_path, run_flags
+):
     """A token the broker refuses fails the running query, and no restart changes that: the job stopped
     with exit status 1, which systemd's ``Restart=on-failure`` restarted every 10 s for ever, failing the
-    same way. It stops with its own status, one the unit lists in ``RestartPreventExitStatus``."""
+    same way. It stops with its own status, one the unit lists in ``RestartPreventExitStatus``. A run with
+    ``--available-now`` asks the brokers before Spark starts, and took the refusal for a broker not
+    answering (exit status 4, network trouble); it ends the same way as the continuous run."""
     broker = EdgeBroker(tmp_path / "edge", token="the-right-token")
     try:
-        done = run_telemetry(tmp_path, broker.url, "telemetry.source.options={authToken: a-wrong-token}")
+        done = run_telemetry(
+            tmp_path, broker.url, "telemetry.source.options={authToken: a-wrong-token}", flags=run_flags
+        )
     finally:
         broker.close()
     assert done.returncode == NOT_RESTARTABLE, done.stderr[-3000:]
@@ -116,10 +125,12 @@ def test_a_table_that_does_not_match_its_declaration_ends_the_job_as_no_restart_
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-def run_telemetry(tmp_path: Path, broker_url: str, *overrides: str) -> subprocess.CompletedProcess[str]:
-    """``timestone pipeline telemetry`` run to its end, reading ``broker_url``, its tables and checkpoint
-    under ``tmp_path``."""
-    argv = [sys.executable, "-m", "pipelines.cli", "pipeline", "telemetry"]
+def run_telemetry(
+    tmp_path: Path, broker_url: str, *overrides: str, flags: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``timestone pipeline telemetry`` (with ``flags``) run to its end, reading ``broker_url``, its tables
+    and checkpoint under ``tmp_path``."""
+    argv = [sys.executable, "-m", "pipelines.cli", "pipeline", "telemetry", *flags]
     for override in (
         f"telemetry.source.brokers=[edge1={broker_url}]",
         f"telemetry.tables.root={tmp_path / 'tables'}",
