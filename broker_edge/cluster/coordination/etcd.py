@@ -221,13 +221,15 @@ class Etcd:
 
     async def _call(self, operation: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
         """Run ``operation()`` on the client; once more after authenticating anew when etcd forgot the
-        token (it restarted)."""
+        token (it restarted). A channel ``renew`` opened while the call was under way authenticates as it
+        connects: the call is made again on it."""
         bound = (timeout_s or self.timeout_s) + 0.5
+        client = self._client
         try:
             try:
                 return await asyncio.wait_for(operation(), bound)
             except aetcd.exceptions.UnauthenticatedError:
-                if not await self._client.reauthenticate():
+                if self._client is client and not await client.reauthenticate():
                     raise
                 return await asyncio.wait_for(operation(), bound)
         except aetcd.exceptions.RevisionCompactedError as exc:
