@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from broker_edge.engine.connection.states import CLOSED
+from broker_edge.engine.connection.states import CLOSED, NO_LIMIT
 from broker_edge.engine.rare_fields import RareField, RareSlots
 from broker_edge.protocol.codec import around_packet_id, encode, encode_puback_success, encode_pubacks
 from broker_edge.protocol.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
@@ -261,6 +261,24 @@ class Outgoing:
             out.append(tail)
         terms.stats.sent[qos] += 1
         return True
+
+    def fits(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> bool:
+        """Whether this delivery is within the client's Maximum Packet Size, encoded without a topic alias
+        (an alias only makes it smaller): a shared group gives one that is not to another member."""
+        limit = self.terms.max_packet_out
+        if limit >= NO_LIMIT:
+            return True  # the client stated none
+        if len(message.payload) + len(message.topic) > limit:
+            return False
+        session = self.session
+        offsets = (
+            message.offset is not None
+            and session is not None
+            and (rare := session._rare) is not None
+            and rare.log_offsets
+        )
+        template = message.template(self.terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+        return len(template.head) + (len(template.tail) + 2 if qos else 0) <= limit
 
     def encode_while_framed(
         self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]

@@ -67,6 +67,16 @@ def _has_room(session: Session) -> bool:
     return session.window_open()
 
 
+def _delivery_terms(message: Message, options: SubscriptionOptions) -> tuple[int, bool, tuple[int, ...]]:
+    """The QoS, RETAIN flag and subscription identifiers of ``message`` delivered to a shared subscription."""
+    sub_id = options.subscription_id
+    return (
+        options.qos if options.qos < message.qos else message.qos,
+        message.retain and options.retain_as_published,
+        (sub_id,) if sub_id is not None else (),
+    )
+
+
 class Router:
     """Sessions by client id, the subscription trie, retained messages, delayed wills, expiring sessions.
 
@@ -250,19 +260,18 @@ class Router:
 
     def deliver_to_group(self, group: SharedGroup[Session], message: Message) -> Session | None:
         """Deliver ``message`` to one member of a shared group (round robin, online members first, those
-        with room in their window before the others); the member it went to, None if the group is empty."""
-        picked = group.pick(_is_online, _has_room)
+        with room in their window before the others, and an online member it is too large for only when
+        no other can take it); the member it went to, None if the group is empty."""
+
+        def takes(member: Session, options: SubscriptionOptions) -> bool:
+            conn = member.connection
+            return conn is None or conn.fits(message, *_delivery_terms(message, options))
+
+        picked = group.pick(_is_online, _has_room, takes)
         if picked is None:
             return None
         member, options = picked
-        sub_id = options.subscription_id
-        member.deliver(
-            message,
-            options.qos if options.qos < message.qos else message.qos,
-            message.retain and options.retain_as_published,
-            (sub_id,) if sub_id is not None else (),
-            True,
-        )
+        member.deliver(message, *_delivery_terms(message, options), True)
         return member
 
     def send_retained(self, session: Session, topic_filter: str, options: SubscriptionOptions) -> int:

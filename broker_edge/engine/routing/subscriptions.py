@@ -114,30 +114,47 @@ class SharedGroup(Generic[S]):
         return True
 
     def pick(
-        self, is_online: Callable[[S], bool], has_room: Callable[[S], bool] | None = None
+        self,
+        is_online: Callable[[S], bool],
+        has_room: Callable[[S], bool] | None = None,
+        takes: Callable[[S, SubscriptionOptions], bool] | None = None,
     ) -> tuple[S, SubscriptionOptions] | None:
         """The next member in round-robin order, preferring online members and, among them, one that
         ``has_room`` for a message now (when given: one whose window is full would only hold it in its
-        queue); None if the group is empty."""
+        queue); an online member that cannot ``take`` the message at all (when given: larger than its
+        Maximum Packet Size) comes after every other, offline ones included. None if the group is empty."""
         order = self._order
         count = len(order)
         if not count:
             return None
+        members = self.members
         start = self._cursor % count
-        chosen = -1  # steps from ``start`` to the member chosen; -1: none online
+        chosen = 0  # steps from ``start`` to the member chosen
+        best = _CANNOT_TAKE + 1
         for step in range(count):
             member = order[(start + step) % count]
-            if is_online(member):
-                if has_room is None or has_room(member):
-                    chosen = step
-                    break
-                if chosen < 0:
-                    chosen = step  # online, but full: taken if no member online has room
-        if chosen < 0:
-            chosen = 0
+            if not is_online(member):
+                rank = _OFFLINE
+            elif takes is not None and not takes(member, members[member]):
+                rank = _CANNOT_TAKE
+            elif has_room is None or has_room(member):
+                chosen = step
+                break
+            else:
+                rank = _FULL
+            if rank < best:
+                best, chosen = rank, step
         self._cursor = start + chosen + 1
         member = order[(start + chosen) % count]
-        return member, self.members[member]
+        return member, members[member]
+
+
+_FULL = 1
+"""``SharedGroup.pick``'s ranks after an online member with room: online, its window full;"""
+_OFFLINE = 2
+"""offline (its persistent session holds the message);"""
+_CANNOT_TAKE = 3
+"""online, and the message would be dropped for it."""
 
 
 class Match(Generic[S]):

@@ -93,6 +93,9 @@ class Outlet(Protocol):
     def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
         """Write a run of plain messages of one topic (``engine.publish_run``) at QoS 0."""
 
+    def fits(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> bool:
+        """Whether this delivery is within the client's Maximum Packet Size (one that is not is dropped)."""
+
     def encode_while_framed(
         self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> None:

@@ -17,7 +17,7 @@ from broker_edge.protocol.packets import (
     Will,
 )
 from broker_edge.protocol.properties import Properties
-from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 
 @pytest.mark.mqtt311("MQTT-3.3.4-1", "MQTT-7.1.1-1")
@@ -359,6 +359,31 @@ def test_a_shared_member_whose_receive_maximum_is_used_up_is_passed_over(broker,
         pub.publish("jobs", str(job), qos)
     assert slow.recv().payload == b"6"
     assert fast.expect(1)[0].payload == b"7"
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25")
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_a_shared_message_too_large_for_one_member_goes_to_another(broker, qos):
+    """A message larger than a member's Maximum Packet Size is never sent to it [MQTT-3.1.2-24]; in a
+    shared group it goes to a member that can take it (MQTT 5.0 4.8.2 lets the Server choose so) instead of
+    being dropped for the one whose turn it was. Only when no member can take it is it dropped, counted
+    ``too_large`` [MQTT-3.1.2-25]."""
+    small = RawClient(broker.port, 5)
+    small.connect("small", properties=Properties(maximum_packet_size=64))
+    small.subscribe("$share/workers/jobs", qos)
+    large = PahoClient(broker.port, "large")
+    large.subscribe("$share/workers/jobs", qos)
+    pub = PahoClient(broker.port, "pub")
+    for job in range(4):
+        pub.publish("jobs", str(job).encode() * 200, qos)
+    assert [m.payload[:1] for m in large.expect(4)] == [b"0", b"1", b"2", b"3"]
+    small.recv_none()
+    assert broker.drops("too_large") == 0
+    large.unsubscribe("$share/workers/jobs")
+    pub.publish("jobs", b"x" * 200, qos)
+    pub.publish("jobs", b"ok", qos)
+    assert small.recv().payload == b"ok"
+    assert wait_for(lambda: broker.drops("too_large") == 1)
 
 
 def test_qos1_jobs_of_a_shared_member_whose_session_ends_go_to_another_member(broker):

@@ -159,6 +159,9 @@ class RecordingConnection:
         self.sent.append((message.payload, qos, packet_id, dup))
         return True
 
+    def fits(self, message, qos, retain, subscription_ids) -> bool:
+        return True
+
     def send_run(self, run, subscription_ids) -> None:
         for message in run.messages():
             self.send_message(message, 0, False, subscription_ids, None)
