@@ -174,6 +174,10 @@ def _route(args: list[str]) -> int:
         from broker_edge.runtime.stop_signals import catch_early_stops
 
         catch_early_stops()
+    if name == "pipeline":  # a reload while the job's modules load changes nothing, as once it runs
+        from pipelines.reload_signal import say_nothing_to_reload
+
+        say_nothing_to_reload(" ".join(["timestone", name, *rest[:1]]))
     try:
         function = getattr(importlib.import_module(module_name), function_name)
         return int(function(rest) or 0)

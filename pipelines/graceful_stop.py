@@ -6,9 +6,7 @@ Here the first signal asks every streaming query of the session to stop once its
 another thread, so the main thread's call simply returns when the query ends) and the pipeline returns as
 it does when a query ends; a second signal exits at once.
 
-SIGHUP (``systemctl reload``, the unit's ``ExecReload``) changes nothing: a job reads its files at start, so
-it says so in one line and goes on. Python's default for SIGHUP ended the job at once, mid-batch, and
-systemd, to which SIGHUP is a clean end, did not start it again.
+SIGHUP (``systemctl reload``) changes nothing: ``pipelines.reload_signal`` takes it from the job's start.
 """
 
 from __future__ import annotations
@@ -68,15 +66,6 @@ def stop_on_signals(spark: SparkSession, prefix: str) -> StopRequest:
         print(f"{prefix}: {name}: stopping after the running batch (again to stop now)", file=sys.stderr)
         threading.Thread(target=request.stop_queries, args=(spark,), name="stop-queries", daemon=True).start()
 
-    def nothing_to_reload(signum: int, frame: FrameType | None) -> None:
-        print(
-            f"{prefix}: SIGHUP: nothing to reload (the job reads its files at start: restart it to apply a "
-            "changed one)",
-            file=sys.stderr,
-            flush=True,
-        )
-
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, handle)
-    signal.signal(signal.SIGHUP, nothing_to_reload)
     return request

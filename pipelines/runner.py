@@ -41,6 +41,7 @@ from pipelines.metrics import PipelineMetrics
 from pipelines.overrides import apply_override, key_steps, split_assignment
 from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
 from pipelines.preflight import BrokersUnreachable, TokenRefused
+from pipelines.reload_signal import say_nothing_to_reload
 from pipelines.run_options import RunOptions
 from pipelines.supervisor import NOT_RESTARTABLE, unrecoverable_failure
 from pipelines.views.location import notebooks_hint
@@ -254,8 +255,9 @@ def pipeline_main(argv: list[str]) -> int:
     """Entry point of ``timestone pipeline``: parse, load config, start Spark, run until done or stopped."""
     args = parse_args(argv)
     pipeline = PIPELINES[args.name]
-    configure_pipeline_logging(args.log_level, args.log_format)
     prefix = f"timestone pipeline {args.name}"
+    say_nothing_to_reload(prefix)
+    configure_pipeline_logging(args.log_level, args.log_format)
     module = importlib.import_module(pipeline.module)
     options = RunOptions(args.available_now, args.spark_master, args.config, PipelineMetrics())
     try:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -104,3 +105,37 @@ def test_reloading_the_pipeline_unit_leaves_the_job_running(tmp_path: Path) -> N
         wait_for(job, log, RELOADED)
         assert job.poll() is None, log.read_text()[-3000:]
         stop_as_systemd_does(job, log)
+
+
+def test_reloading_the_pipeline_unit_before_spark_has_started_leaves_the_job_going(tmp_path: Path) -> None:
+    """``systemctl reload`` right after ``systemctl start``: the job took SIGHUP only once Spark had started,
+    and one sent in the seconds before (reading its files, asking the brokers) ended it at once. Here the
+    job is held asking its one broker whether it is a cluster member (an offsets API that takes the
+    connection and never answers) when the SIGHUP comes: it says there is nothing to reload, and once the
+    broker has gone away it ends as it would have without the SIGHUP, naming the broker (exit status 4)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent_api:
+        port = silent_api.getsockname()[1]
+        config = tmp_path / "actions.yaml"
+        config.write_text(
+            f"tables_root: {tmp_path}/tables\ncheckpoint_root: {tmp_path}/checkpoints\nbrokers:\n"
+            f'  - {{name: e1, mqtt_port: {port}, offsets_api: "http://127.0.0.1:{port}"}}\n'
+        )
+        command = [str(Path(sys.executable).parent / "timestone"), "pipeline", "actions", "-c", str(config)]
+        job = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            silent_api.settimeout(120)
+            asking, _ = silent_api.accept()  # the job is past its start, asking the broker before Spark
+            with asking:
+                reload = setting("ExecReload", "")
+                subprocess.run(reload.replace("$MAINPID", str(job.pid)).split(), check=True, timeout=10)
+            _, err = job.communicate(timeout=60)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+    assert job.returncode == 4, err
+    assert err.splitlines() == [
+        f"{RELOADED} (the job reads its files at start: restart it to apply a changed one)",
+        "timestone pipeline actions: no broker answered to tell whether they form a cluster: e1 (their "
+        "offsets APIs; set cluster: true or false to start without asking)",
+    ], err
