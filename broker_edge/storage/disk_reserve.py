@@ -9,12 +9,21 @@ publishes until someone freed space by hand. The store therefore keeps a file of
 seal): when writing the snapshot finds the disk full, the sealer
 deletes the reserve, writes the snapshot into the space it gave back, and deletes the segments retention
 gave up; the reserve is made again once there is space.
+
+Anything else at that path (a directory made by hand, a link, a pipe) is no reserve: the file could not be
+made, and deleting it for a snapshot would fail on a full disk, when it is needed. At open it is renamed
+``disk-reserve.set-aside-<n>`` beside it, all it holds kept, said in one WARNING line, and the reserve made
+anew: a missing safety margin is not worth a broker that refuses to start, nor anything of an operator's
+deleted.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
+
+from .segment import fsync_directory
 
 __all__ = ["RESERVE_FILE", "DiskReserve"]
 
@@ -58,7 +67,9 @@ class DiskReserve:
         self.held = wanted
 
     def adopt(self) -> None:
-        """At open: count the reserve a previous run left, or delete it when none is to be kept now."""
+        """At open: count the reserve a previous run left, or delete it when none is to be kept now;
+        anything there that is not a file is set aside first (:func:`_set_aside_other_than_file`)."""
+        _set_aside_other_than_file(self.path, kept=bool(self.floor_bytes))
         self.held = _size_of(self.path)
         if self.held and not self.floor_bytes:
             os.unlink(self.path)
@@ -79,3 +90,38 @@ def _size_of(path: str) -> int:
         return os.stat(path).st_blocks * 512  # what it holds on the disk, not its apparent length
     except FileNotFoundError:
         return 0
+
+
+def _set_aside_other_than_file(path: str, kept: bool) -> None:
+    """Rename whatever is at ``path`` unless it is a regular file (or nothing) to the first free
+    ``<path>.set-aside-<n>``, said in one line; ``kept``: whether a reserve is to be made there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = "a directory" if stat.S_ISDIR(mode) else "a link" if stat.S_ISLNK(mode) else "no regular file"
+    then = "the reserve is made anew" if kept else "no reserve is kept (storage.disk_reserve_bytes: 0)"
+    number = 1
+    while os.path.lexists(aside := f"{path}.set-aside-{number}"):
+        number += 1
+    try:
+        os.rename(path, aside)
+        fsync_directory(os.path.dirname(path))
+    except OSError as error:
+        log.warning(
+            "%s is %s, not the disk reserve's file, and could not be set aside (%s): the broker runs without "
+            "a disk reserve until it is moved away",
+            path,
+            kind,
+            error,
+        )
+        return
+    log.warning(
+        "%s is %s, not the disk reserve's file: set aside as %s (nothing in it deleted); %s",
+        path,
+        kind,
+        aside,
+        then,
+    )

@@ -159,6 +159,39 @@ def test_a_reserve_left_by_a_run_that_kept_one_goes_when_none_is_kept(tmp_path: 
     store.close()
 
 
+@pytest.mark.parametrize("reserve_bytes", [64 * 1024, 0], ids=["kept", "none-kept"])
+def test_a_directory_where_the_reserve_goes_is_set_aside_said_in_one_line_and_the_reserve_made_anew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, reserve_bytes: int
+):
+    """A ``log/disk-reserve`` made by hand as a directory left the broker without its reserve, said nowhere
+    (the file could not be made, logged at DEBUG), and with none kept it stopped the store's open. It is set
+    aside under a name of its own, all it holds kept, said in one WARNING line; the reserve is then made."""
+    _filled(tmp_path, disk_reserve_bytes=64 * 1024).close()
+    reserve = tmp_path / "log" / RESERVE_FILE
+    reserve.unlink()
+    reserve.mkdir()
+    (reserve / "notes.txt").write_text("made by hand")
+
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, disk_reserve_bytes=reserve_bytes))
+    with caplog.at_level(logging.WARNING):
+        store.open()
+    store.close()
+
+    aside = tmp_path / "log" / f"{RESERVE_FILE}.set-aside-1"
+    assert (aside / "notes.txt").read_text() == "made by hand"
+    said = [record.getMessage() for record in caplog.records if RESERVE_FILE in record.getMessage()]
+    none = "no reserve is kept (storage.disk_reserve_bytes: 0)"
+    then = "the reserve is made anew" if reserve_bytes else none
+    assert said == [
+        f"{reserve} is a directory, not the disk reserve's file: set aside as {aside} "
+        f"(nothing in it deleted); {then}"
+    ], caplog.text
+    if reserve_bytes:
+        assert reserve.is_file() and reserve.stat().st_blocks * 512 >= reserve_bytes
+    else:
+        assert not reserve.exists()
+
+
 def test_a_negative_reserve_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"^storage\.disk_reserve_bytes: must be >= 0, got -1"):
         load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": -1}})
