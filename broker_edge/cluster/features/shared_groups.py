@@ -51,6 +51,7 @@ from broker_edge.cluster.features.shared_directory import (
 from broker_edge.cluster.features.shared_groups_wire import (
     ASSIGN,
     ASSIGNED,
+    DECLINED_TOO_LARGE,
     DIRECT,
     DONE,
     NOTE,
@@ -161,6 +162,9 @@ class SharedGroups:
         self.read_record = read_record
         self.deliveries = Deliveries(remembered)
         self._here: set[DeliveryKey] = set()
+        self._too_large: set[DeliveryKey] = set()
+        """Deliveries of partitions this node leads that a broker declined as too large for its members: one
+        no other broker takes is dropped, counted ``too_large``."""
         """Deliveries handed to a member of this broker and not finished."""
         self._retry_timer: asyncio.TimerHandle | None = None
         self.resend_s = resend_s
@@ -241,6 +245,16 @@ class SharedGroups:
             self._finished(key)  # no member left anywhere: dropped, as a broker alone drops it
             return
         node = choose(group, lambda n: self._usable(n, excluded))
+        if node is None and key in self._too_large and all(n in excluded for n in group.members):
+            log.info(
+                "%s %s@%d dropped: larger than the Maximum Packet Size of every member of the group",
+                key.group,
+                key.topic,
+                key.offset,
+            )
+            self.router.count_drop("too_large")
+            self._finished(key)
+            return
         if node is None:  # no link up to a broker with members: tried again shortly
             self.deliveries.hold(key)
             self._retry_later()
@@ -263,6 +277,9 @@ class SharedGroups:
         """Deliver to one member of the group here; a logged delivery is tracked until it is finished."""
         group = self.router.trie.shared_group(group_key[1], group_key[0])
         copy = _copy(message, key)
+        if key is not None and group is not None and not self.router.group_takes(group, copy):
+            self._decline(key, too_large=True)  # another broker's member may take it
+            return
         member = self.router.deliver_to_group(group, copy) if group is not None else None
         if key is None:
             return
@@ -294,16 +311,20 @@ class SharedGroups:
 
     def _finished(self, key: DeliveryKey) -> None:
         self.deliveries.finish(key)
+        self._too_large.discard(key)
         self._sent_at.pop(key, None)
         self._tell_others(DONE, encode_done(key, False))
 
-    def _decline(self, key: DeliveryKey) -> None:
-        """No member of the group here (any more): the leader gives it to another broker."""
+    def _decline(self, key: DeliveryKey, too_large: bool = False) -> None:
+        """No member of the group here (any more), or none that can take the message (``too_large``): the
+        leader gives it to another broker."""
         if self._leads(key.topic):
+            if too_large:
+                self._too_large.add(key)
             self._reassign(key, self.deliveries.decline(key, self.view.node_id))
         else:
             self.deliveries.decline(key, self.view.node_id)
-            self._tell_others(DONE, encode_done(key, True))
+            self._tell_others(DONE, encode_done(key, DECLINED_TOO_LARGE if too_large else 1))
 
     def _tell_others(self, kind: int, body: bytes) -> None:
         for peer, link in self.links.links.items():
@@ -330,9 +351,12 @@ class SharedGroups:
         if not declined:
             self.deliveries.finish(key)
             self._sent_at.pop(key, None)
+            self._too_large.discard(key)
             return
         excluded = self.deliveries.decline(key, link.peer)
         if excluded and self._leads(key.topic):
+            if declined == DECLINED_TOO_LARGE:
+                self._too_large.add(key)
             self._reassign(key, excluded)
 
     def _on_direct(self, link: PeerLink, body: memoryview) -> None:

@@ -25,6 +25,7 @@ from broker_edge.engine.message import Message
 __all__ = [
     "ASSIGN",
     "ASSIGNED",
+    "DECLINED_TOO_LARGE",
     "DIRECT",
     "DONE",
     "NOTE",
@@ -120,13 +121,22 @@ def decode_note(body: bytes | memoryview) -> tuple[DeliveryKey, str]:
     return reader.key(), reader.text()
 
 
-def encode_done(key: DeliveryKey, declined: bool) -> bytes:
+DECLINED_TOO_LARGE = 3
+"""``DONE``'s code of a delivery declined because no member there can take a message that large (its
+Maximum Packet Size); 1 is declined for want of members, 0 finished. Its low bit set: a broker that knows
+only 0 and 1 reads it as declined."""
+
+
+def encode_done(key: DeliveryKey, declined: int) -> bytes:
+    """``declined``: 0 (False) finished, 1 (True) declined, ``DECLINED_TOO_LARGE``."""
     return _key(key) + _U8.pack(declined)
 
 
-def decode_done(body: bytes | memoryview) -> tuple[DeliveryKey, bool]:
+def decode_done(body: bytes | memoryview) -> tuple[DeliveryKey, int]:
+    """The key and ``encode_done``'s code (true when declined)."""
     reader = _Reader(body)
-    return reader.key(), bool(reader.number(_U8))
+    key = reader.key()
+    return key, int(reader.number(_U8))
 
 
 def encode_direct(group: str, topic_filter: str, message: Message) -> bytes:

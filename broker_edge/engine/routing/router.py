@@ -77,6 +77,13 @@ def _delivery_terms(message: Message, options: SubscriptionOptions) -> tuple[int
     )
 
 
+def _takes(member: Session, options: SubscriptionOptions, message: Message) -> bool:
+    """Whether a shared ``message`` would not be dropped for ``member`` as too large: it is offline (its
+    next connection's Maximum Packet Size is not known), or the message fits its connection's."""
+    conn = member.connection
+    return conn is None or conn.fits(message, *_delivery_terms(message, options))
+
+
 class Router:
     """Sessions by client id, the subscription trie, retained messages, delayed wills, expiring sessions.
 
@@ -262,17 +269,17 @@ class Router:
         """Deliver ``message`` to one member of a shared group (round robin, online members first, those
         with room in their window before the others, and an online member it is too large for only when
         no other can take it); the member it went to, None if the group is empty."""
-
-        def takes(member: Session, options: SubscriptionOptions) -> bool:
-            conn = member.connection
-            return conn is None or conn.fits(message, *_delivery_terms(message, options))
-
-        picked = group.pick(_is_online, _has_room, takes)
+        picked = group.pick(_is_online, _has_room, lambda member, options: _takes(member, options, message))
         if picked is None:
             return None
         member, options = picked
         member.deliver(message, *_delivery_terms(message, options), True)
         return member
+
+    def group_takes(self, group: SharedGroup[Session], message: Message) -> bool:
+        """Whether a member of ``group`` can take ``message``: an offline one, or an online one it is not
+        larger than the Maximum Packet Size of (a cluster gives it to another broker's member else)."""
+        return any(_takes(member, options, message) for member, options in group.members.items())
 
     def send_retained(self, session: Session, topic_filter: str, options: SubscriptionOptions) -> int:
         """Deliver the retained messages matching a new subscription (RETAIN set, MQTT 3.3.1.3)."""

@@ -18,8 +18,9 @@ from collections.abc import Callable
 import pytest
 
 from broker_edge.protocol.packets import Publish
+from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient
-from tests.e2e.cluster.proof import Device, cluster_state, wait_until
+from tests.e2e.cluster.proof import Device, cluster_state, metric, wait_until
 
 GROUP = "$share/workers/jobs/#"
 WARM = b"warm"
@@ -233,3 +234,41 @@ def test_a_qos1_job_of_a_member_whose_session_ends_goes_to_a_member_on_another_b
 
     wait_until(moved, 20, "the leaving member's job at the member on a")
     assert received.count(b"for the leaving member") == 1
+
+
+def too_large_drops(brokers: dict) -> int:
+    """Messages the brokers dropped as larger than a subscriber's Maximum Packet Size, all together."""
+    total = 0
+    for broker in brokers.values():
+        with contextlib.suppress(AssertionError):  # none counted yet on that broker
+            total += int(metric(broker, "timestone_broker_messages_dropped_total", reason="too_large"))
+    return total
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25")
+def test_a_message_too_large_for_a_brokers_members_goes_to_a_member_on_another_broker(three_brokers):
+    """A logged message larger than the Maximum Packet Size of every member of the group on the broker it
+    was given to is never sent to them [MQTT-3.1.2-24]: that broker declines it and the leader gives it to
+    a broker whose member can take it. It is dropped, counted ``too_large`` once [MQTT-3.1.2-25], only when
+    no member anywhere can."""
+    small = RawClient(three_brokers["a"].port, 5)
+    small.connect("small", properties=Properties(maximum_packet_size=64))
+    small.subscribe(GROUP, 1)
+    large = PahoClient(three_brokers["b"].port, "large")
+    large.subscribe(GROUP, 1)
+    members = Members({"a": small, "b": large})
+    publisher = PahoClient(three_brokers["c"].port, "boss")
+    members.warm_up(lambda payload: publisher.publish("jobs/warm", payload, 1))
+
+    sent = {str(n).encode() * 100 for n in range(6)}
+    for n, payload in enumerate(sorted(sent)):
+        publisher.publish(f"jobs/{n}", payload, 1)  # topics of every partition
+    wait_all(members, sent, "b", "every large message at the member that can take it")
+    assert members.payloads("a") == Counter()
+    assert too_large_drops(three_brokers) == 0
+
+    large.unsubscribe(GROUP)
+    publisher.publish("jobs/last", b"x" * 100, 1)
+    wait_until(lambda: too_large_drops(three_brokers) == 1, 40, "the last one dropped as too large")
+    members.collect()
+    assert members.payloads("a") == Counter()

@@ -9,6 +9,7 @@ import pytest
 
 from broker_edge.cluster.features.shared_directory import Deliveries, DeliveryKey, SharedDirectory, choose
 from broker_edge.cluster.features.shared_groups_wire import (
+    DECLINED_TOO_LARGE,
     decode_assign,
     decode_assigned,
     decode_direct,
@@ -103,6 +104,8 @@ def test_every_part_and_request_round_trips():
     assert decode_note(encode_note(KEY, "b")) == (KEY, "b")
     assert decode_done(encode_done(KEY, True)) == (KEY, True)
     assert decode_done(encode_done(KEY, False)) == (KEY, False)
+    assert decode_done(encode_done(KEY, DECLINED_TOO_LARGE)) == (KEY, DECLINED_TOO_LARGE)
+    assert DECLINED_TOO_LARGE & 1  # a broker that knows only 0 and 1 reads it as declined
     group, topic_filter, direct = decode_direct(encode_direct("g", "t/#", Message("t/x", b"q0")), now=1.0)
     assert (group, topic_filter, direct.topic, direct.payload, direct.qos) == ("g", "t/#", "t/x", b"q0", 0)
     assert decode_partitions(encode_partitions({3, 1, 15})) == {1, 3, 15}
