@@ -348,9 +348,12 @@ def _takes_string(annotation: Any) -> bool:
     return False
 
 
-def _environment_scalar(annotation: Any, text: str) -> Any:
-    """An ``!env`` variable's value: its text where a string goes, else the number, boolean or null YAML
-    reads in it (``1883``, ``true``, ``2.5``), or the text when it holds none (the error then shows it)."""
+def _environment_scalar(annotation: Any, variable: EnvironmentValue, path: str) -> Any:
+    """The value at ``path`` written ``!env NAME`` (``variable``): the variable's text where a string goes,
+    else the number, boolean or null YAML reads in it (``1883``, ``true``, ``2.5``), or the text when it
+    holds none (the error then shows it). A text nested past what YAML's parser follows is refused naming
+    the variable, as a file nested so is."""
+    text = variable.resolve(path)
     if _takes_string(annotation) or not text.strip():
         return text
     import yaml
@@ -359,12 +362,17 @@ def _environment_scalar(annotation: Any, text: str) -> Any:
         value = parse_yaml(text)
     except (yaml.YAMLError, ConfigError):
         return text
+    except RecursionError:  # the parser follows each nesting with a call of its own
+        name = variable.name
+        raise ConfigError(
+            path, f"the environment variable {name} (!env {name}) is not valid YAML: {_TOO_DEEP}"
+        ) from None
     return value if value is None or isinstance(value, (bool, int, float)) else text
 
 
 def _convert(annotation: Any, value: Any, path: str) -> Any:
     if isinstance(value, EnvironmentValue):
-        value = _environment_scalar(annotation, value.resolve(path))
+        value = _environment_scalar(annotation, value, path)
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
 

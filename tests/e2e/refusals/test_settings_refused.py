@@ -17,12 +17,14 @@ from broker_edge.settings.broker import BrokerConfig
 from tests.tls_certs import make_test_pki
 
 
-def refused(tmp_path: Path, text: str) -> str:
-    """Run the broker on config ``text`` from ``tmp_path``; assert exit 2 and no data; return stderr."""
+def refused(tmp_path: Path, text: str, environment: dict[str, str] | None = None) -> str:
+    """Run the broker on config ``text`` from ``tmp_path`` (with ``environment`` added to its environment);
+    assert exit 2 and no data; return stderr."""
     config = tmp_path / "broker.yaml"
     config.write_text(text)
     command = [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    env = {**os.environ, **(environment or {})}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "timestone-data").exists()  # refused before the store was opened
@@ -222,6 +224,20 @@ def test_a_file_that_is_no_yaml_is_refused_in_one_line_naming_line_and_column(tm
     err = refused(tmp_path, text + PORTS)
     config = tmp_path / "broker.yaml"
     assert err.splitlines() == [f"timestone broker: configuration error: {config}: {line}"]
+
+
+def test_an_env_value_nested_past_the_parser_is_refused_in_one_line_naming_its_variable(tmp_path):
+    """A file nested that deep is refused as not valid YAML; a value of ``!env NAME`` nested as deep stopped
+    the start with a RecursionError traceback as YAML read the number in it."""
+    deep = "[" * 10_000 + "]" * 10_000
+    err = refused(
+        tmp_path, "limits: {max_connections: !env TIMESTONE_DEEP}\n" + PORTS, {"TIMESTONE_DEEP": deep}
+    )
+    assert err.splitlines() == [
+        "timestone broker: configuration error: limits.max_connections: the environment variable "
+        "TIMESTONE_DEEP (!env TIMESTONE_DEEP) is not valid YAML: nested deeper than it can be read (lists or "
+        f"mappings inside each other hundreds of times) (in {tmp_path / 'broker.yaml'}, line 1)"
+    ]
 
 
 def test_a_garbage_collector_threshold_past_what_the_interpreter_holds_is_refused(tmp_path):
