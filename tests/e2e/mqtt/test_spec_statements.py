@@ -292,6 +292,85 @@ def test_a_shared_delivery_is_not_moved_to_another_member_when_its_session_ends(
     other.expect_none(0.5)
 
 
+def _complete(client: RawClient, delivery: Publish) -> None:
+    """Acknowledge ``delivery`` to the end of its flow (PUBACK; PUBREC, PUBREL, PUBCOMP)."""
+    packet_id = delivery.packet_id
+    assert packet_id is not None
+    if delivery.qos == 1:
+        client.send_packet(PubAck(packet_id))
+        return
+    client.send_packet(PubRec(packet_id))
+    assert isinstance(client.recv(), PubRel)
+    client.send_packet(PubComp(packet_id))
+
+
+@pytest.mark.mqtt5("MQTT-4.8.2-4")
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_shared_member_back_with_its_session_gets_its_unfinished_deliveries_and_the_group_loses_none(
+    broker, qos
+):
+    """A worker of a pool that drops off with deliveries unacknowledged and comes back with its session gets
+    those again, with DUP and their packet ids, and completes them with the broker [MQTT-4.8.2-4]; what is
+    published while it is away goes to the member that is connected. Every job reaches one member once."""
+    away = connected(broker, "away", clean_start=False, properties=PERSISTENT)
+    away.subscribe("$share/g/jobs", qos)
+    here = PahoClient(broker.port, "here")
+    here.subscribe("$share/g/jobs", qos)
+    pub = PahoClient(broker.port, "p")
+    for job in range(4):
+        pub.publish("jobs", str(job), qos)
+    started = [away.recv(), away.recv()]
+    assert [m.payload for m in started] == [b"0", b"2"]  # round robin; not acknowledged
+    assert [m.payload for m in here.expect(2)] == [b"1", b"3"]
+    away.close()
+    assert wait_for(lambda: broker.call(lambda: broker.broker.router.sessions["away"].connection is None))
+    for job in range(4, 8):
+        pub.publish("jobs", str(job), qos)
+    assert [m.payload for m in here.expect(4)] == [b"4", b"5", b"6", b"7"]
+    back = connected(broker, "away", clean_start=False, properties=PERSISTENT)
+    again = [back.recv(), back.recv()]
+    expected = [(m.payload, True, m.packet_id) for m in started]
+    assert [(m.payload, m.dup, m.packet_id) for m in again] == expected
+    for delivery in again:
+        _complete(back, delivery)
+    for job in (8, 9):
+        pub.publish("jobs", str(job), qos)
+    assert back.recv().payload == b"8"
+    assert [m.payload for m in here.expect(1)] == [b"9"]
+    back.recv_none()
+    here.expect_none()
+
+
+@pytest.mark.mqtt5("MQTT-3.8.3-4")
+def test_no_local_on_a_shared_subscription_is_a_protocol_error(broker):
+    """No Local set on a Shared Subscription is a Protocol Error [MQTT-3.8.3-4]: DISCONNECT 0x82 and the
+    connection closed, the subscription not made."""
+    member = connected(broker, "member")
+    member.send_packet(Subscribe(1, [Subscription("$share/g/jobs", 1, no_local=True)]))
+    member.expect_disconnect(0x82)
+    other = PahoClient(broker.port, "other")
+    other.subscribe("$share/g/jobs", 1)
+    other.publish("jobs", b"j", 1)
+    assert [m.payload for m in other.expect(1)] == [b"j"]  # the group's only member: the refused one is none
+
+
+@pytest.mark.mqtt5("MQTT-3.3.1-13")
+def test_a_shared_subscription_gets_no_retained_message_and_retain_as_published_holds_live(broker):
+    """Retained messages are not sent to a new shared subscription, whatever its Retain Handling (one member
+    would get what is the group's); a live message published with RETAIN reaches a member that asked for
+    Retain As Published with RETAIN set [MQTT-3.3.1-13], and one that did not with it clear."""
+    pub = PahoClient(broker.port, "p")
+    pub.publish("jobs", b"kept", 1, retain=True)
+    keeps = connected(broker, "keeps")
+    assert keeps.subscribe("$share/g/jobs", 1, retain_as_published=True).reason_codes == [1]
+    plain = connected(broker, "plain")
+    assert plain.subscribe("$share/h/jobs", 1, retain_handling=0).reason_codes == [1]
+    pub.publish("jobs", b"live", 1, retain=True)
+    first, second = keeps.recv(), plain.recv()  # the first packet of each is the live message
+    assert (first.payload, first.retain) == (b"live", True)
+    assert (second.payload, second.retain) == (b"live", False)
+
+
 @pytest.mark.mqtt5("MQTT-3.10.4-3")
 @pytest.mark.mqtt311("MQTT-3.10.4-3")
 def test_unsubscribing_completes_the_deliveries_already_started(broker):
