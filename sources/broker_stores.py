@@ -102,13 +102,14 @@ def with_stores(
 ) -> Offsets:
     """``offsets`` (the planner's, no store keys) with each broker naming its store: the one listed now
     (``current``), else the one ``start`` named (a broker down keeps its offsets and their store). A listed
-    broker missing from ``offsets`` (no logs yet) is added with its store alone."""
+    broker missing from ``offsets`` (no logs yet) is added with its store alone. Not sorted:
+    ``offsets_planner.canonical`` the batch's offsets once they are complete."""
     named: Offsets = {broker: dict(keys) for broker, keys in offsets.items()}
     for broker in set(named) | {broker for broker, store in current.items() if store is not None}:
         store = current.get(broker) or store_of(start.get(broker, {}))
         if store is not None:
             named.setdefault(broker, {})[store_key(store)] = 0
-    return {broker: dict(sorted(keys.items())) for broker, keys in sorted(named.items())}
+    return named
 
 
 def batch_bounds(

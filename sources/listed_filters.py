@@ -71,7 +71,8 @@ def with_listed(
     filters: Collection[str],
 ) -> Offsets:
     """``offsets`` (without listed filters' keys) with each broker of ``listed`` naming ``filters`` (none past
-    MAX_KEPT_FILTERS) and every other broker the filters ``start`` named (a broker down keeps them)."""
+    MAX_KEPT_FILTERS) and every other broker the filters ``start`` named (a broker down keeps them). Not
+    sorted: ``offsets_planner.canonical`` the batch's offsets once they are complete."""
     kept = len(filters) <= MAX_KEPT_FILTERS
     named: Offsets = {broker: dict(keys) for broker, keys in offsets.items()}
     for broker in set(named) | set(listed):
@@ -80,4 +81,4 @@ def with_listed(
             continue
         for topic_filter in marks:
             named.setdefault(broker, {})[LISTED_PREFIX + topic_filter] = 0
-    return {broker: dict(sorted(keys.items())) for broker, keys in sorted(named.items())}
+    return named

@@ -16,7 +16,8 @@ import re
 import zlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import NoReturn
+from operator import methodcaller
+from typing import NoReturn, cast
 
 from .options import EARLIEST, LATEST, StartingOffsets, StartKind
 from .partition_offsets import REMOVED_POSITIONS, describe, is_partition_key
@@ -166,6 +167,8 @@ def check_offsets(offsets: object) -> None:
     if isinstance(offsets, dict):
         brokers = list(offsets.items())
     for broker, keys in brokers:
+        if isinstance(keys, dict) and _well_formed(keys):
+            continue
         if not isinstance(keys, dict):
             _refuse(broker, f"are {keys!r}, not {{topic: offset}}")
         for key, value in keys.items():
@@ -175,6 +178,22 @@ def check_offsets(offsets: object) -> None:
                 _refuse(broker, f"hold {key!r}: {value!r}, not an offset (a whole number >= 0)")
         _check_one_shape(broker, keys)
 
+
+def _well_formed(keys: dict[object, object]) -> bool:
+    """Whether one broker's offsets pass every check of ``check_offsets``, found in a few passes run in C
+    (a topic per device is tens of thousands of keys per batch); False: check key by key for the error."""
+    values = keys.values()
+    if not set(map(type, keys)) <= {str} or not set(map(type, values)) <= {int}:
+        return False
+    if min(cast("Iterable[int]", values), default=0) < 0:
+        return False
+    marked = cast("list[str]", list(filter(_STARTS_WITH_MARK, keys)))
+    if not all(_SOURCE_KEY.fullmatch(key) for key in marked):
+        return False
+    return len(marked) == len(keys) or not any(key.startswith(_POSITION_SHAPED) for key in marked)
+
+
+_STARTS_WITH_MARK = methodcaller("startswith", "#")
 
 _POSITION_SHAPED = ("#p", "#e", "#t")
 """Keys only a broker read by storage partition holds (positions, query-start marks, filters read)."""
@@ -262,12 +281,13 @@ def effective_start(
     cluster's replica, whose committed end may trail the one the checkpoint was read from, e.g. a leader
     elected a moment ago) an end below the checkpoint is not loss: the topic waits there.
     """
-    why = REMOVED_POSITIONS if is_partition_key(topic) else "retention removed records not yet read"
     if next_offset is None and appeared:
         next_offset = 0
         why = "the log appeared after the query last listed the broker; retention removed its first records"
-    if next_offset is None:
+    elif next_offset is None:
         return (extent.start if extent else 0), None
+    else:
+        why = REMOVED_POSITIONS if is_partition_key(topic) else "retention removed records not yet read"
     if extent is None:
         return next_offset, None
     if extent.start > next_offset:
@@ -318,14 +338,19 @@ def plan_end_offsets(
             continue
         checkpointed = start.get(broker, {})
         new = (appeared or {}).get(broker, ())
-        for topic, extent in sorted(listings[broker].items()):
+        logs = listings[broker]
+        for topic in sorted(logs):
+            extent = logs[topic]
             upper = extent.end
             if target is not None:
                 if topic not in target[broker]:
                     continue
                 upper = min(upper, target[broker][topic])
+            at = checkpointed.get(topic)
+            if at == extent.end and extent.start <= at:  # idle since the checkpoint: nothing to plan
+                continue
             begin, _ = effective_start(
-                broker, topic, checkpointed.get(topic), extent, fail_on_data_loss, end_may_lag, topic in new
+                broker, topic, at, extent, fail_on_data_loss, end_may_lag, topic in new
             )
             available = max(0, upper - begin)
             if available or (topic in checkpointed and begin != checkpointed[topic]):
@@ -396,11 +421,15 @@ def plan_partitions(
     lost: list[LostRange] = []
     restarted: list[RestartedLog] = []
     for broker, topics in sorted(end.items()):
-        logs = listings.get(broker)
+        logs = listings.get(broker) or {}
+        began = start.get(broker, {})
         new = (appeared or {}).get(broker, ())
-        for topic, stop in sorted(topics.items()):
-            next_offset = start.get(broker, {}).get(topic)
-            extent = logs.get(topic) if logs is not None else None
+        for topic in sorted(topics):
+            stop = topics[topic]
+            next_offset = began.get(topic)
+            extent = logs.get(topic)
+            if next_offset == stop and (extent is None or extent.start <= stop <= extent.end):
+                continue  # nothing to read, nothing lost (``effective_start`` keeps the checkpoint's)
             if next_offset is not None and stop < next_offset:
                 # the log was recreated and latestOffset already decided to restart it
                 restarted.append(

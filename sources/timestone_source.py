@@ -248,7 +248,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if self._by_partition.get(broker):
                 keys.update(query_start_marks(keys, listings[broker]))
         offsets = with_listed(self._with_filters(offsets), {}, self._listed(listings), self.options.topics)
-        return with_stores(offsets, {}, self._stores_of(listings))
+        return canonical(with_stores(offsets, {}, self._stores_of(listings)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
@@ -298,6 +298,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 end[broker] = end.get(broker, {}) | query_start_marks(end.get(broker, {}), listings[broker])
         end = self._with_filters({broker: drop_passed_marks(keys) for broker, keys in end.items()})
         end = with_stores(with_listed(end, resumed, listed, self.options.topics), start, current)
+        end = canonical(end)  # (sorted once, complete: Spark tells "no new data" by the JSON)
         self._starts.ended(end)
         return end
 
@@ -443,18 +444,12 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             log.warning("option 'topics' %s; they are skipped (failOnDataLoss=false)", problem)
 
     def _with_filters(self, offsets: dict) -> dict:
-        """``offsets`` with each broker read by partition naming the filters it is read with (sorted)."""
+        """``offsets`` with each broker read by partition naming the filters it is read with (not sorted)."""
         named = filter_keys(self.options.topics)
-        kept = {
-            broker: {key: value for key, value in keys.items() if not key.startswith(FILTER_PREFIX)}
+        return {
+            broker: _without_filters(keys) | named if self._by_partition.get(broker) else keys
             for broker, keys in offsets.items()
         }
-        return canonical(
-            {
-                broker: kept[broker] | named if self._by_partition.get(broker) else keys
-                for broker, keys in offsets.items()
-            }
-        )
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: brokers keep no reader state (and Spark calls this late)."""
@@ -696,6 +691,10 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 def _marks(start: dict[str, int], end: dict[str, int]) -> dict[int, int]:
     """A broker's query-start marks for a batch: its start's, or for its first batch its end's."""
     return marks_of(start) if holds_positions(start) else first_batch_marks(end)
+
+
+def _without_filters(keys: dict[str, int]) -> dict[str, int]:
+    return {key: value for key, value in keys.items() if not key.startswith(FILTER_PREFIX)}
 
 
 def _ends(listings: Listings) -> dict[str, dict[str, int]]:
