@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions
 
-from broker_edge.cluster.coordination.etcd_secure import SecureClient
+from broker_edge.cluster.coordination.etcd_secure import SecureClient, tls_failure_said
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
 __all__ = [
@@ -195,7 +195,8 @@ RENEWED_CHANNEL_GRACE_S = 30.0
 
 class Etcd:
     """One gRPC channel to an etcd cluster; ``timeout_s`` bounds every call; ``tls`` and ``auth`` as the
-    ``cluster:`` section's ``etcd_tls`` and ``etcd_auth``."""
+    ``cluster:`` section's ``etcd_tls`` and ``etcd_auth``; ``explain_tls``: an error of a channel over TLS
+    says which ``etcd_tls`` file to mend (a broker's; a command line names its options itself)."""
 
     def __init__(
         self,
@@ -203,6 +204,7 @@ class Etcd:
         timeout_s: float = 2.0,
         tls: EtcdTlsConfig | None = None,
         auth: EtcdAuthConfig | None = None,
+        explain_tls: bool = True,
     ) -> None:
         target = grpc_target(urls)
         host, _, port = target.rpartition(":")
@@ -210,6 +212,7 @@ class Etcd:
         self._target = (host, int(port))
         self._tls = tls
         self._auth = auth
+        self._explain_tls = explain_tls
         self._client = self._new_client(timeout_s)
         self._retired: set[asyncio.Task[None]] = set()
         self.timeout_s = timeout_s
@@ -236,7 +239,11 @@ class Etcd:
             raise WatchCompacted(str(exc)) from exc
         except (aetcd.exceptions.ClientError, TimeoutError) as exc:
             _reraise_cancellation(exc)
-            raise EtcdError(f"etcd {','.join(self.urls)}: {type(exc).__name__}: {exc}") from exc
+            said = ""
+            tls = self._tls if self._explain_tls else None
+            if isinstance(exc, aetcd.exceptions.ConnectionFailedError) and tls is not None:
+                said = tls_failure_said(str(exc), tls)
+            raise EtcdError(f"etcd {','.join(self.urls)}: {type(exc).__name__}: {exc}{said}") from exc
 
     def renew(self, reason: str = "TLS files and password read again") -> None:
         """Use a new channel from now on, made with the TLS files as they are now (SIGHUP); the old one

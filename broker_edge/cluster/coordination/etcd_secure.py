@@ -19,6 +19,7 @@ then on (``Etcd`` does so and repeats the call once).
 from __future__ import annotations
 
 import asyncio
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,11 @@ import aetcd
 import aetcd.exceptions
 import grpc
 from aetcd import rpc, watcher
+from cryptography import x509
 
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
 
-__all__ = ["SecureClient", "channel_credentials"]
+__all__ = ["SecureClient", "channel_credentials", "tls_failure_said"]
 
 
 def channel_credentials(tls: EtcdTlsConfig) -> grpc.ChannelCredentials:
@@ -37,6 +39,61 @@ def channel_credentials(tls: EtcdTlsConfig) -> grpc.ChannelCredentials:
     key = Path(tls.keyfile).read_bytes() if tls.keyfile else None
     certificate = Path(tls.certfile).read_bytes() if tls.certfile else None
     return grpc.ssl_channel_credentials(Path(tls.cafile).read_bytes(), key, certificate)
+
+
+_TLS_FAILURES = ("handshake", "Unwrap failed", "TSI_", "SSL_ERROR", "ALERT")
+"""What gRPC says of a TLS handshake that failed, on either side (a client certificate etcd refused reaches
+the client as "Unwrap failed (TSI_DATA_CORRUPTED)" under TLS 1.3)."""
+
+
+def _out_of_date(path: str, now: datetime.datetime) -> str | None:
+    """How the certificates of ``path`` are out of date at ``now`` (all of them: a CA file may hold an old
+    and a new CA), or None (valid, or not readable: the channel says so itself)."""
+    try:
+        certificates = x509.load_pem_x509_certificates(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not certificates:
+        return None
+    if all(certificate.not_valid_after_utc < now for certificate in certificates):
+        ended = max(certificate.not_valid_after_utc for certificate in certificates)
+        return f"expired {ended:%Y-%m-%d %H:%M:%S} UTC"
+    if all(certificate.not_valid_before_utc > now for certificate in certificates):
+        starts = min(certificate.not_valid_before_utc for certificate in certificates)
+        return f"not valid before {starts:%Y-%m-%d %H:%M:%S} UTC"
+    return None
+
+
+def tls_failure_said(details: str, tls: EtcdTlsConfig) -> str:
+    """What to do about etcd unreachable over ``tls`` (gRPC's ``details``): a client certificate or CA
+    file out of date, etcd's certificate not signed by a CA of ``cafile``, a handshake etcd refused; "" when
+    nothing points at TLS. The files are read as they are now: the channel took them when it was made, and
+    a channel is made again with them at SIGHUP."""
+    now = datetime.datetime.now(datetime.UTC)
+    reload = "then send the broker SIGHUP (it reads the etcd TLS files again)"
+    if tls.certfile is not None and (ended := _out_of_date(tls.certfile, now)) is not None:
+        return (
+            f" (etcd_tls.certfile {tls.certfile}, the client certificate, {ended}: etcd refuses it; "
+            f"renew it (timestone pki renew), {reload})"
+        )
+    if (ended := _out_of_date(tls.cafile, now)) is not None:
+        return f" (etcd_tls.cafile {tls.cafile}, etcd's CA, {ended}: write etcd's current CA there, {reload})"
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return (
+            f" (etcd's certificate was not accepted against etcd_tls.cafile {tls.cafile}: if etcd's CA "
+            f"changed, put the new CA there (both while etcd moves), {reload})"
+        )
+    if any(marker in details for marker in _TLS_FAILURES):
+        if tls.certfile is None:
+            return (
+                " (the TLS handshake with etcd failed: does etcd ask for a client certificate "
+                f"(--client-cert-auth)? Set etcd_tls.certfile and keyfile, {reload})"
+            )
+        return (
+            f" (the TLS handshake with etcd failed: does etcd's --trusted-ca-file hold the CA of "
+            f"etcd_tls.certfile {tls.certfile}? After changing a file, {reload})"
+        )
+    return ""
 
 
 class SecureClient(aetcd.Client):

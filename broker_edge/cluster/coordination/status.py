@@ -105,7 +105,7 @@ async def read_status(
     from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
 
     keys = ClusterKeys(prefix)
-    async with Etcd(urls, timeout_s, tls, auth) as etcd:
+    async with Etcd(urls, timeout_s, tls, auth, explain_tls=False) as etcd:
         kvs, _ = await etcd.get_prefix(keys.root)
     stored = read_cluster(kvs, keys, None, BadValues())
     status = ClusterStatus(prefix, stored.partitions, stored.controller, stored.members, stored.states)
