@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.refusals.test_refusals_logged import tls_failures
 from tests.tls_certs import make_test_pki
 
 HALF_A_CLIENT_HELLO = bytes.fromhex("16030100c8010000c40303") + bytes(16)
@@ -31,11 +32,6 @@ def half_handshake(port: int) -> str:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(HALF_A_CLIENT_HELLO)
         return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-def tls_failures(broker: RunningBroker, listener: str, reason: str) -> int:
-    name = "timestone_broker_tls_handshake_failures_total"
-    return int(broker.metric(name, listener=listener, reason=reason) or 0)
 
 
 def warnings_about(caplog: pytest.LogCaptureFixture, peers: set[str]) -> list[str]:
