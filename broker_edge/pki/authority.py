@@ -32,6 +32,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker_edge.cluster.links.member_identity import MEMBER_URI_PREFIX, member_uri
@@ -200,6 +201,8 @@ class Authority:
             raise PkiError(f"the CA in {self.directory} does not load: {error}") from None
         if not isinstance(key, PrivateKey):
             raise PkiError(f"{self.ca.key}: an EC or RSA key was expected")
+        if not _is_key_of(key, self.certificate):  # what it signed no cafile holding ca.pem would trust
+            raise PkiError(f"{self.ca.key} is not the key of {self.ca.cert}: put the CA's own key there")
         self._key: PrivateKey = key
         organization = self.certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
         self.organization = str(organization[0].value) if organization else "Timestone"
@@ -423,9 +426,14 @@ def _check_key_of(pair: PemPair, certificate: x509.Certificate) -> None:
         raise PkiError(
             f"{pair.key}: not an unencrypted PEM key ({error}); give its key with --key-file"
         ) from None
-    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+    if not _is_key_of(key, certificate):
         raise PkiError(f"{pair.key} is not the key of {pair.cert}: give its key with --key-file")
+
+
+def _is_key_of(key: PrivateKeyTypes, certificate: x509.Certificate) -> bool:
+    """Whether ``key`` is the private key of ``certificate``'s public key."""
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    return key.public_key().public_bytes(*spki) == certificate.public_key().public_bytes(*spki)
 
 
 def _extension(certificate: x509.Certificate, kind: type) -> object | None:

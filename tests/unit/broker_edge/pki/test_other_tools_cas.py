@@ -1,0 +1,106 @@
+"""``timestone pki`` over a CA another tool made (openssl, another PKI) and copied into a directory as
+``ca.pem`` and ``ca.key``: its files in the formats those tools write (a traditional ``EC PRIVATE KEY``, a
+chain file), and mistakes made copying them. Each case runs the command as a process, on real files: its
+exit status, its one line, and every file as it was when it refuses."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+DAY = datetime.timedelta(days=1)
+
+
+def pki(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``timestone pki ARGV...`` run as a process."""
+    command = [sys.executable, "-m", "pipelines.cli", "pki", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def refusal(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refusal (exit status 1) says on standard error, with nothing on standard output."""
+    assert (done.returncode, done.stdout) == (1, ""), done
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` and its content."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+    }
+
+
+def ca_certificate(
+    name: str,
+    key: ec.EllipticCurvePrivateKey,
+    *extensions: x509.ExtensionType,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None,
+) -> x509.Certificate:
+    """A CA certificate named ``name`` for ``key`` with ``extensions`` (critical), self-signed unless
+    ``issuer`` (its certificate and key) signs it; valid for two years."""
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Acme"), x509.NameAttribute(NameOID.COMMON_NAME, name)]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer[0].subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - DAY)
+        .not_valid_after(now + 730 * DAY)
+    )
+    for extension in extensions:
+        builder = builder.add_extension(extension, critical=True)
+    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+
+
+def pem(*certificates: x509.Certificate) -> bytes:
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates)
+
+
+def openssl_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """``key`` as ``openssl ecparam -genkey`` writes it (``BEGIN EC PRIVATE KEY``)."""
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+
+
+CA_EXTENSION = x509.BasicConstraints(ca=True, path_length=None)
+
+
+def test_a_ca_key_that_is_not_the_ca_certificates_is_refused_naming_it(tmp_path: Path) -> None:
+    """A ``ca.key`` copied from another CA beside a ``ca.pem`` (two CAs' files mixed up) issued, exit 0,
+    certificates signed by a key no ``cafile`` trusts: every TLS peer refused them ("unable to get local
+    issuer certificate")."""
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    ca_key, other_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    (ca / "ca.pem").write_bytes(pem(ca_certificate("Acme Root", ca_key, CA_EXTENSION)))
+    (ca / "ca.key").write_bytes(openssl_key(other_key))
+    before = files(tmp_path)
+    for argv in (
+        ["issue", "client", "d1", "--ca", str(ca)],
+        ["crl", "--ca", str(ca)],
+    ):
+        assert refusal(pki(*argv)) == (
+            f"timestone pki {argv[0]}: {ca / 'ca.key'} is not the key of {ca / 'ca.pem'}: put the CA's own "
+            "key there"
+        )
+    assert files(tmp_path) == before
+    (ca / "ca.key").write_bytes(openssl_key(ca_key))
+    assert pki("issue", "client", "d1", "--ca", str(ca)).returncode == 0
+    issued = x509.load_pem_x509_certificate((ca / "client-d1.pem").read_bytes())
+    issued.verify_directly_issued_by(x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes()))
