@@ -30,6 +30,7 @@ __all__ = [
     "PartitionPlan",
     "RestartedLog",
     "Slice",
+    "behind",
     "canonical",
     "check_offsets",
     "effective_start",
@@ -223,6 +224,19 @@ def _refuse(broker: str, what: str) -> NoReturn:
 def canonical(offsets: Mapping[str, Mapping[str, int]]) -> Offsets:
     """A copy with brokers and topics in sorted order (see the module docstring)."""
     return {broker: dict(sorted(topics.items())) for broker, topics in sorted(offsets.items())}
+
+
+def behind(listings: Listings, end: Mapping[str, Mapping[str, int]]) -> Offsets:
+    """The listed end of each log that ``end`` (a batch's end offsets) does not reach, sorted; brokers with
+    none are left out. What the source reports as its latest offsets: naming every log, a topic per device
+    put tens of thousands of idle ones in every progress report of the query."""
+    found: Offsets = {}
+    for broker, logs in sorted(listings.items()):
+        reached = end.get(broker, {})
+        left = {topic: extent.end for topic, extent in logs.items() if extent.end > reached.get(topic, 0)}
+        if left:
+            found[broker] = dict(sorted(left.items()))
+    return found
 
 
 def starting_offsets(

@@ -53,6 +53,7 @@ from .offsets_planner import (
     LogExtent,
     PartitionPlan,
     RestartedLog,
+    behind,
     canonical,
     check_offsets,
     plan_end_offsets,
@@ -216,6 +217,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._lister: ClusterLister | None = None
         self._cluster: ClusterListing | None = None
         self._initial: dict | None = None
+        self._planned: dict | None = None
+        """The end offsets the last ``latestOffset`` returned (``reportLatestOffset``)."""
         """The query's starting offsets, once computed (Spark may ask again: the answer must not move)."""
         self._starts = BatchStarts()
         self._told_unnamed: set[str] = set()
@@ -300,15 +303,15 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         end = with_stores(with_listed(end, resumed, listed, self.options.topics), start, current)
         end = canonical(end)  # (sorted once, complete: Spark tells "no new data" by the JSON)
         self._starts.ended(end)
+        self._planned = end
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        if not self._listings:
+        """The latest offsets of the logs the batch just planned leaves records behind in (Spark 4.2+ asks
+        right after ``latestOffset``, for the query's progress): ``{}`` when it reads everything listed."""
+        if not self._listings or self._planned is None:
             return None
-        return {
-            broker: {topic: extent.end for topic, extent in sorted(logs.items())}
-            for broker, logs in sorted(self._listings.items())
-        }
+        return behind(self._listings, self._planned)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         check_offsets(start)

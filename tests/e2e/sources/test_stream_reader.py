@@ -64,6 +64,22 @@ def test_latest_offset_advances_respects_limits_and_is_stable_when_idle(edge: Ed
     assert json.dumps(source.latestOffset(again, ReadAllAvailable())) == json.dumps(again)
 
 
+def test_the_latest_offsets_reported_name_only_the_logs_a_batch_leaves_behind(edge: EdgeBroker) -> None:
+    """The query's progress shows them: every log of a topic per device, idle or read to its end, in every
+    progress report made them megabytes; the logs with records past the batch's end are what it tells."""
+    edge.fill("plant/1/temp", 30)
+    edge.fill("plant/2/temp", 10)
+    source = reader(edge, startingOffsets="earliest", maxRecordsPerTrigger="20")
+    assert source.reportLatestOffset() is None, "nothing listed yet"
+    limited = source.latestOffset(roundtrip(source.initialOffset()), source.getDefaultReadLimit())
+    assert source.reportLatestOffset() == {"e1": {"plant/1/temp": 30, "plant/2/temp": 10}}
+    everything = source.latestOffset(roundtrip(limited), ReadAllAvailable())
+    assert source.reportLatestOffset() == {}
+    edge.fill("plant/2/temp", 30, first=10)
+    source.latestOffset(roundtrip(everything), source.getDefaultReadLimit())
+    assert source.reportLatestOffset() == {"e1": {"plant/2/temp": 40}}, "plant/1/temp was read to its end"
+
+
 def test_available_now_stops_at_what_existed_when_the_query_started(edge: EdgeBroker) -> None:
     edge.fill("plant/1/temp", 10)
     source = reader(edge, startingOffsets="earliest")

@@ -14,6 +14,7 @@ from sources.offsets_planner import (
     LostRange,
     PartitionPlan,
     Slice,
+    behind,
     plan_end_offsets,
     plan_partitions,
     starting_offsets,
@@ -346,3 +347,11 @@ def test_a_recreated_log_fails_or_restarts_from_its_start() -> None:
     assert partitions(start, end, listings, fail=False).partitions == (
         PartitionPlan(E1, (Slice("a", 0, 5),)),
     )
+
+
+def test_the_latest_offsets_behind_a_batch_name_the_logs_it_does_not_read_to_their_end() -> None:
+    listings = {E1: listing(a=(0, 5), b=(0, 9), c=(0, 3), d=(0, 0)), "e2": listing(x=(0, 4))}
+    end = {E1: {"a": 5, "b": 7, "c": 8}, "e2": {"x": 4}}  # c: recreated shorter; d: empty, not named yet
+    assert behind(listings, end) == {E1: {"b": 9}}
+    assert behind(listings, {E1: {"a": 5, "b": 9, "c": 3}}) == {"e2": {"x": 4}}, "a broker not in the end"
+    assert behind(listings, {**end, E1: end[E1] | {"b": 9}}) == {}
