@@ -26,6 +26,7 @@ class BrokerCounters:
         "_tls_failures",
         "drop_log",
         "held_for_acks",
+        "offsets_left_out",
         "refusal_log",
         "throttled",
     )
@@ -44,6 +45,9 @@ class BrokerCounters:
         self.held_for_acks = 0
         """Times a client's reading was paused for its publishes not yet answered (``limits.receive_maximum``)
         since the server last took the count."""
+        self.offsets_left_out = 0
+        """Deliveries sent without the broker's ``offset`` user property, which alone made them larger than
+        the client's Maximum Packet Size, since the server last took the count."""
 
     def drop(self, reason: str, count: int = 1) -> None:
         """``count`` messages were not delivered (or not accepted) for ``reason``."""

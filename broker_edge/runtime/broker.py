@@ -117,6 +117,11 @@ class Broker(BrokerCore):
             "Times an MQTT 3.1.1 client's reading was paused with limits.receive_maximum of its QoS 1/2 "
             "publishes not yet answered.",
         )
+        self.offsets_left_out_total = self.metrics.counter(
+            "offset_properties_left_out",
+            "Deliveries sent without the offset user property, which alone made them larger than the "
+            "client's Maximum Packet Size.",
+        )
         self.metrics.gauge(
             "publishes_unanswered", "QoS 1/2 publishes read from clients and not yet answered, all clients."
         ).set_function(self.unanswered_publishes)
@@ -637,6 +642,9 @@ class Broker(BrokerCore):
         held, self.counters.held_for_acks = self.counters.held_for_acks, 0
         if held:
             self.held_for_acks_total.inc(held)
+        left_out, self.counters.offsets_left_out = self.counters.offsets_left_out, 0
+        if left_out:
+            self.offsets_left_out_total.inc(left_out)
         cut, self.read_turns.turns_cut = self.read_turns.turns_cut, 0
         if cut:
             self.read_turns_cut_total.inc(cut)

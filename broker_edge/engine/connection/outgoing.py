@@ -15,6 +15,11 @@ used one being reassigned when all are taken. The first PUBLISH of a topic carri
 the following ones only the alias; both forms are shared encodings (``Message.template``), so fanout still
 encodes once per variant. A delivery that the alias would make larger than the client's Maximum Packet Size
 goes with its topic name alone.
+
+The ``offset`` user property the broker adds for a session that asked for it (``Message.template``) is left
+out of a delivery it alone would make larger than the client's Maximum Packet Size: the message goes without
+it (counted, ``timestone_broker_offset_properties_left_out_total``) rather than being dropped. The publisher's
+own properties are never left out: a message too large with them alone is dropped for the client.
 """
 
 from __future__ import annotations
@@ -233,8 +238,10 @@ class Outgoing:
                 tail = aliased.tail
         if qos == 0:
             if len(head) > terms.max_packet_out:
-                self._too_large(message)
-                return False
+                smaller = self._fitted(message, 0, retain, subscription_ids, offsets)
+                if smaller is None:
+                    return False
+                head = smaller.head
             out = self._out
             if out is None:
                 if self.terms.state == CLOSED:
@@ -245,8 +252,10 @@ class Outgoing:
                 out.append(head)
         else:
             if len(head) + 2 + len(tail) > terms.max_packet_out:
-                self._too_large(message)
-                return False
+                smaller = self._fitted(message, qos, retain, subscription_ids, offsets)
+                if smaller is None:
+                    return False
+                head, tail = smaller.head, smaller.tail
             if dup:
                 head = bytes((head[0] | 0x08,)) + head[1:]
             out = self._out
@@ -264,7 +273,8 @@ class Outgoing:
 
     def fits(self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]) -> bool:
         """Whether this delivery is within the client's Maximum Packet Size, encoded without a topic alias
-        (an alias only makes it smaller): a shared group gives one that is not to another member."""
+        (an alias only makes it smaller) and, if need be, without the ``offset`` user property (``_fitted``):
+        a shared group gives one that is not to another member."""
         limit = self.terms.max_packet_out
         if limit >= NO_LIMIT:
             return True  # the client stated none
@@ -278,7 +288,9 @@ class Outgoing:
             and rare.log_offsets
         )
         template = message.template(self.terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-        return len(template.head) + (len(template.tail) + 2 if qos else 0) <= limit
+        if _size(template, qos) <= limit:
+            return True
+        return offsets and _size(message.template(self.terms.v5, qos, retain, subscription_ids), qos) <= limit
 
     def encode_while_framed(
         self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
@@ -339,12 +351,31 @@ class Outgoing:
         full = len(aliases) >= self.terms.alias_max_out
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
         template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
-        if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
+        if _size(template, qos) > self.terms.max_packet_out:
             return message.template(True, qos, retain, subscription_ids, 0, False, offsets)
         if full:
             del aliases[next(iter(aliases))]
         aliases[topic] = alias
         return template
+
+    def _fitted(
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
+    ) -> PublishTemplate | None:
+        """A delivery over the client's Maximum Packet Size [MQTT-3.1.2-24]: when the broker's own ``offset``
+        user property is what makes it too large, the delivery without it (counted in
+        ``counters.offsets_left_out``; the publisher's properties are never left out [MQTT-3.3.2-17]); else
+        None, the message dropped for this client ([MQTT-3.1.2-25], counted ``too_large``)."""
+        if offsets:
+            terms = self.terms
+            if terms.alias_max_out:
+                template = self._aliased_template(message, qos, retain, subscription_ids, False)
+            else:
+                template = message.template(terms.v5, qos, retain, subscription_ids)
+            if _size(template, qos) <= terms.max_packet_out:
+                terms.host.counters.offsets_left_out += 1
+                return template
+        self._too_large(message)
+        return None
 
     def _too_large(self, message: Message) -> None:
         """A delivery larger than the client's Maximum Packet Size: dropped ([MQTT-3.1.2-25]), counted and
@@ -402,3 +433,8 @@ class Outgoing:
 
     def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
         self.write(encode(PubComp(packet_id, reason_code if self.v5 else 0), self.version))
+
+
+def _size(template: PublishTemplate, qos: int) -> int:
+    """The bytes of a delivery of ``template`` (at QoS 1/2 with its packet id)."""
+    return len(template.head) + (len(template.tail) + 2 if qos else 0)

@@ -17,20 +17,24 @@ from gmqtt import Client as GmqttClient
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from broker_edge.engine.message import OFFSETS_OPT_IN
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, Publish, SubAck, Will
+from broker_edge.protocol.properties import Properties
 from pipelines.fleet.client import MqttClient
-from tests.e2e.broker_clients import TIMEOUT, PahoClient
+from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import OPTED_IN, LoopThread, replay_from
 
 PUBLISHED = [("site", "north"), ("unit", "7"), ("site", "south"), ("offset", "mine")]
 """Repeated keys, and a key named like the broker's own property: all must arrive as they are."""
 
 
-def publish_with_properties(broker, topic: str, payload: bytes, qos: int = 1) -> None:
+def publish_with_properties(broker, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
     props = PahoProperties(PacketTypes.PUBLISH)
     props.UserProperty = list(PUBLISHED)
     props.ContentType = "text/plain"
     publisher = PahoClient(broker.port, f"publisher-{topic}")
-    publisher.publish(topic, payload, qos, properties=props)
+    publisher.publish(topic, payload, qos, retain=retain, properties=props)
     publisher.disconnect()
 
 
@@ -198,3 +202,59 @@ def test_every_forwarded_property_survives_the_log_and_a_restart(brokers):
     assert (got.PayloadFormatIndicator, got.ContentType) == (1, "application/json")
     assert (got.ResponseTopic, got.CorrelationData) == ("replies/7", b"\x00\x07")
     assert user_properties(message) == PUBLISHED
+
+
+def delivery_bytes(topic: str, payload: bytes, retain: bool = False) -> int:
+    """The size of a QoS 1 delivery of a ``publish_with_properties`` message, without ``offset``."""
+    properties = Properties(content_type="text/plain", user_properties=list(PUBLISHED))
+    return len(encode(Publish(topic, payload, 1, retain, packet_id=1, properties=properties), MQTT_5))
+
+
+def opted_in_subscriber(broker, client_id: str, maximum_packet_size: int) -> RawClient:
+    """A v5 client asking for ``offset`` on deliveries, with ``maximum_packet_size``, subscribed to
+    ``plant/#`` at QoS 1 (its SUBACK read; a retained message may follow)."""
+    client = RawClient(broker.port, 5)
+    client.connect(
+        client_id,
+        properties=Properties(maximum_packet_size=maximum_packet_size, user_properties=[OFFSETS_OPT_IN]),
+    )
+    assert isinstance(client.subscribe("plant/#", 1), SubAck)
+    return client
+
+
+def publish_as_will(broker, topic: str, payload: bytes) -> None:
+    """Connect a client whose will is ``publish_with_properties``'s message (QoS 1) and drop its socket."""
+    properties = Properties(content_type="text/plain", user_properties=list(PUBLISHED))
+    dying = RawClient(broker.port, 5)
+    dying.connect(f"dying-{topic}", will=Will(topic, payload, 1, properties=properties))
+    dying.close()
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25", "MQTT-3.3.2-17", "MQTT-3.3.2-18")
+@pytest.mark.parametrize("arrival", ["live", "retained", "will"])
+def test_the_offset_property_is_left_out_of_a_delivery_it_alone_makes_too_large(brokers, arrival):
+    """A delivery that fits the client's Maximum Packet Size with the publisher's properties but not with the
+    broker's own ``offset`` added goes without ``offset`` [MQTT-3.1.2-24], counted, where it was dropped
+    [MQTT-3.1.2-25]: live, as a retained message and as a will alike. The publisher's user properties are
+    never left out [MQTT-3.3.2-17]: one too large with them alone is dropped, counted ``too_large``."""
+    broker = brokers()
+    payload = b"r" * 100
+    fits = delivery_bytes("plant/8", payload, retain=arrival == "retained")
+    if arrival == "retained":
+        publish_with_properties(broker, "plant/8", payload, retain=True)
+    exact = opted_in_subscriber(broker, "exact", fits)
+    under = opted_in_subscriber(broker, "under", fits - 1)
+    if arrival == "live":
+        publish_with_properties(broker, "plant/8", payload)
+    elif arrival == "will":
+        publish_as_will(broker, "plant/8", payload)
+
+    delivery = exact.recv()
+    assert (delivery.payload, delivery.properties.user_properties) == (payload, PUBLISHED)
+    assert broker.metric("timestone_broker_offset_properties_left_out_total") == 1
+    assert wait_for(lambda: broker.drops("too_large") == 1)  # "under": too large without ``offset`` too
+    publish_with_properties(broker, "plant/9", b"small")
+    for client in (exact, under):
+        small = client.recv()
+        assert (small.payload, small.properties.user_properties[-1][0]) == (b"small", "offset")
+    assert broker.metric("timestone_broker_offset_properties_left_out_total") == 1
