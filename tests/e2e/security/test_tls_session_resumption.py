@@ -106,3 +106,35 @@ def test_a_session_resumed_after_the_reload_does_not_let_the_certificate_back_in
     answer, _, resumed = connack(broker.port, context, kind, session)
     assert resumed and not accepted(answer, kind), answer
     assert broker.metric("timestone_broker_connections_refused_total", reason=f"certificate_{why}") == 1
+
+
+def test_two_brokers_of_one_process_check_resumed_sessions_against_their_own_reload(
+    brokers, tmp_path: Path
+) -> None:
+    """Two brokers in one process serve the same TLS files, each reloaded once: the first before the
+    certificate was revoked, the second after. A session resumed on the second is refused: the second
+    broker's reload is checked, not the first's (what a cache of the process, keyed by file names and the
+    count of reloads, handed it)."""
+    pki = LocalPki(tmp_path, "ca")
+    crlfile = tmp_path / "device-crls.pem"
+    crlfile.write_bytes(write_crl(pki.authority).read_bytes())
+    section = certificate_listener(pki)
+    section["tls"]["crlfile"] = str(crlfile)
+    first, second = brokers("a", listeners=[section]), brokers("b", listeners=[section])
+    context = device_context(pki, "meter-1", pki)
+    sessions = []
+    for broker in (first, second):
+        answer, session, _ = connack(broker.port, context, "tls")
+        assert accepted(answer, "tls"), answer
+        sessions.append(session)
+    first.call(lambda: reload_files(first.broker))
+    answer, _, resumed = connack(first.port, context, "tls", sessions[0])
+    assert resumed and accepted(answer, "tls"), answer
+
+    revoke(pki.authority, pki.client("meter-1").cert)
+    crlfile.write_bytes(write_crl(pki.authority).read_bytes())
+    second.call(lambda: reload_files(second.broker))
+
+    answer, _, resumed = connack(second.port, context, "tls", sessions[1])
+    assert resumed and not accepted(answer, "tls"), answer
+    assert second.metric("timestone_broker_connections_refused_total", reason="certificate_revoked") == 1
