@@ -203,6 +203,12 @@ class Authority:
             raise PkiError(f"{self.ca.key}: an EC or RSA key was expected")
         if not _is_key_of(key, self.certificate):  # what it signed no cafile holding ca.pem would trust
             raise PkiError(f"{self.ca.key} is not the key of {self.ca.cert}: put the CA's own key there")
+        not_a_ca = _why_not_a_ca(self.certificate)
+        if not_a_ca:
+            raise PkiError(
+                f"{self.ca.cert} is not a CA's certificate ({not_a_ca}): TLS peers refuse what it signs "
+                "(invalid CA certificate)"
+            )
         self._key: PrivateKey = key
         organization = self.certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
         self.organization = str(organization[0].value) if organization else "Timestone"
@@ -434,6 +440,21 @@ def _is_key_of(key: PrivateKeyTypes, certificate: x509.Certificate) -> bool:
     """Whether ``key`` is the private key of ``certificate``'s public key."""
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     return key.public_key().public_bytes(*spki) == certificate.public_key().public_bytes(*spki)
+
+
+def _why_not_a_ca(certificate: x509.Certificate) -> str | None:
+    """Why TLS peers (OpenSSL) take ``certificate`` for no CA, or None: a v3 one needs basicConstraints
+    CA:TRUE, and keyCertSign if it has a key usage; a v1 self-signed one (openssl req -x509 without
+    extensions) is a CA to them."""
+    usage = _extension(certificate, x509.KeyUsage)
+    if isinstance(usage, x509.KeyUsage) and not usage.key_cert_sign:
+        return "its key usage has no keyCertSign"
+    constraints = _extension(certificate, x509.BasicConstraints)
+    if isinstance(constraints, x509.BasicConstraints):
+        return None if constraints.ca else "basicConstraints CA:FALSE"
+    if certificate.version == x509.Version.v1:
+        return None
+    return "no basicConstraints CA:TRUE"
 
 
 def _extension(certificate: x509.Certificate, kind: type) -> object | None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -104,3 +105,49 @@ def test_a_ca_key_that_is_not_the_ca_certificates_is_refused_naming_it(tmp_path:
     assert pki("issue", "client", "d1", "--ca", str(ca)).returncode == 0
     issued = x509.load_pem_x509_certificate((ca / "client-d1.pem").read_bytes())
     issued.verify_directly_issued_by(x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes()))
+
+
+def key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    """A CA's key usage, with or without ``keyCertSign``."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extensions", "why"),
+    [
+        pytest.param((), "no basicConstraints CA:TRUE", id="no-basic-constraints"),
+        pytest.param(
+            (x509.BasicConstraints(ca=False, path_length=None),), "basicConstraints CA:FALSE", id="ca-false"
+        ),
+        pytest.param(
+            (CA_EXTENSION, key_usage(cert_sign=False)), "its key usage has no keyCertSign", id="no-cert-sign"
+        ),
+    ],
+)
+def test_a_certificate_that_may_not_sign_certificates_is_no_ca(
+    tmp_path: Path, extensions: tuple[x509.ExtensionType, ...], why: str
+) -> None:
+    """``openssl req -x509`` with a configuration of no ``v3_ca`` section (no basicConstraints), a server's
+    certificate copied as ``ca.pem``, or a key usage without keyCertSign: ``issue`` wrote certificates, exit
+    0, that every TLS peer refused ("invalid CA certificate")."""
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    key = ec.generate_private_key(ec.SECP256R1())
+    (ca / "ca.pem").write_bytes(pem(ca_certificate("Acme Root", key, *extensions)))
+    (ca / "ca.key").write_bytes(openssl_key(key))
+    before = files(tmp_path)
+    assert refusal(pki("issue", "server", "s", "--ca", str(ca), "--dns", "localhost")) == (
+        f"timestone pki issue: {ca / 'ca.pem'} is not a CA's certificate ({why}): TLS peers refuse what it "
+        "signs (invalid CA certificate)"
+    )
+    assert files(tmp_path) == before
