@@ -192,7 +192,7 @@ class Authority:
         self.ca = PemPair(self.directory / "ca.pem", self.directory / "ca.key")
         try:
             key = serialization.load_pem_private_key(self.ca.key.read_bytes(), None)
-            self.certificate = x509.load_pem_x509_certificate(self.ca.cert.read_bytes())
+            chain = x509.load_pem_x509_certificates(self.ca.cert.read_bytes())
         except FileNotFoundError:
             raise PkiError(
                 f"no CA in {self.directory} (ca.pem and ca.key): make one with timestone pki ca {directory}"
@@ -201,6 +201,12 @@ class Authority:
             raise PkiError(f"the CA in {self.directory} does not load: {error}") from None
         if not isinstance(key, PrivateKey):
             raise PkiError(f"{self.ca.key}: an EC or RSA key was expected")
+        self.certificate = chain[0]
+        self.intermediates = tuple(
+            certificate for certificate in chain if certificate.issuer != certificate.subject
+        )
+        """The CAs of ``ca.pem`` that are no root (an intermediate's ``ca.pem``: itself, then its root),
+        written after every certificate issued: peers trusting the root alone need them (none for a root)."""
         if not _is_key_of(key, self.certificate):  # what it signed no cafile holding ca.pem would trust
             raise PkiError(f"{self.ca.key} is not the key of {self.ca.cert}: put the CA's own key there")
         not_a_ca = _why_not_a_ca(self.certificate)
@@ -363,7 +369,9 @@ class Authority:
     def _check_validity(self, days: int) -> None:
         """A certificate is accepted only while its CA is: refuse one that is not, at any time of its own."""
         now = datetime.datetime.now(datetime.UTC)
-        start, end = self.certificate.not_valid_before_utc, self.certificate.not_valid_after_utc
+        path = self.intermediates or (self.certificate,)  # an intermediate holds only while those above do
+        start = max(certificate.not_valid_before_utc for certificate in path)
+        end = min(certificate.not_valid_after_utc for certificate in path)
         valid = f"valid from {start:%Y-%m-%d %H:%M} until {end:%Y-%m-%d %H:%M} UTC"
         replace = "replace the CA by a new one trusted beside it (docs/security.md, Certificates)"
         if now < start:
@@ -406,10 +414,9 @@ class Authority:
         stem.parent.mkdir(parents=True, exist_ok=True)
         return PemPair(stem.with_name(stem.name + ".pem"), stem.with_name(stem.name + ".key"))
 
-    @staticmethod
-    def _write(pair: PemPair, key: PrivateKey, certificate: x509.Certificate) -> None:
+    def _write(self, pair: PemPair, key: PrivateKey, certificate: x509.Certificate) -> None:
         try:
-            write_pair(pair.cert, pair.key, key, certificate)
+            write_pair(pair.cert, pair.key, key, certificate, *self.intermediates)
         except NotReplaced as error:
             raise PkiError(
                 f"cannot write {error.filename} ({error.strerror}): nothing was replaced, {pair.cert} and "

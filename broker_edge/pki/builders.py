@@ -143,8 +143,14 @@ def write_certificate(path: Path, *certificates: x509.Certificate) -> None:
     replace_files([(Path(path), _certificate_bytes(*certificates), 0o644)])
 
 
-def write_pair(cert: Path, key_path: Path, key: PrivateKey, certificate: x509.Certificate) -> None:
-    """A certificate and its key, both replaced or, on any failure before the renames, neither."""
+def write_pair(
+    cert: Path, key_path: Path, key: PrivateKey, certificate: x509.Certificate, *chain: x509.Certificate
+) -> None:
+    """A certificate (followed by ``chain``, the intermediates that signed it) and its key, both replaced or,
+    on any failure before the renames, neither."""
     replace_files(
-        [(Path(key_path), _key_bytes(key), 0o600), (Path(cert), _certificate_bytes(certificate), 0o644)]
+        [
+            (Path(key_path), _key_bytes(key), 0o600),
+            (Path(cert), _certificate_bytes(certificate, *chain), 0o644),
+        ]
     )

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 def _wrote(pair: PemPair) -> None:
     print(f"wrote {pair.cert} and {pair.key} ({stat.S_IMODE(pair.key.stat().st_mode):04o})")
     for line in describe(pair.cert):
-        print(f"  {line}")
+        print(f"  {line}" if line else "")
 
 
 def pki_main(argv: list[str]) -> int:

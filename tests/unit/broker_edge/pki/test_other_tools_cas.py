@@ -6,6 +6,7 @@ exit status, its one line, and every file as it was when it refuses."""
 from __future__ import annotations
 
 import datetime
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from tests.unit.broker_edge.pki.test_authority import handshake
 
 DAY = datetime.timedelta(days=1)
 
@@ -151,3 +154,34 @@ def test_a_certificate_that_may_not_sign_certificates_is_no_ca(
         "signs (invalid CA certificate)"
     )
     assert files(tmp_path) == before
+
+
+def test_a_ca_of_an_intermediate_writes_it_after_every_certificate_it_signs(tmp_path: Path) -> None:
+    """``ca.pem`` holding an intermediate then its root (how another PKI hands an intermediate CA over) issued
+    and renewed certificate files of the certificate alone: a server serving one, or a device sending one,
+    was refused by every peer whose ``cafile`` holds the root ("unable to get local issuer certificate").
+    Each file now holds the certificate then the intermediate, as docs/security.md says ``certfile`` does."""
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    intermediate_key = ec.generate_private_key(ec.SECP256R1())
+    root = ca_certificate("Acme Root", root_key, CA_EXTENSION)
+    signs_end_certificates = x509.BasicConstraints(ca=True, path_length=0)
+    intermediate = ca_certificate(
+        "Acme Devices", intermediate_key, signs_end_certificates, issuer=(root, root_key)
+    )
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    (ca / "ca.pem").write_bytes(pem(intermediate, root))
+    (ca / "ca.key").write_bytes(openssl_key(intermediate_key))
+    (tmp_path / "root.pem").write_bytes(pem(root))
+    trusting_the_root = ssl.create_default_context(cafile=str(tmp_path / "root.pem"))
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    for argv in (
+        ["issue", "server", "s", "--ca", str(ca), "--dns", "localhost", "--out", str(cert)],
+        ["renew", str(cert), "--ca", str(ca)],
+    ):
+        assert pki(*argv).returncode == 0
+        assert x509.load_pem_x509_certificates(cert.read_bytes())[1:] == [intermediate]
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(cert, key)
+        _, served = handshake(server, trusting_the_root, "localhost")
+        assert served["subject"] == ((("organizationName", "Acme"),), (("commonName", "s"),))
