@@ -374,12 +374,14 @@ def _one(store: TableStore, action_id: str, show: int) -> ActionStatus:
 
 
 def _watch(store: TableStore, args: argparse.Namespace, root: str) -> int:
-    """Print the action whenever it changes (or the job starts or stops) until it ends."""
+    """Print the action whenever it changes (or the job starts or stops, or holds every action or no longer
+    does) until it ends."""
     action_id, show, interval_s = args.action_id, args.show, args.interval
     shown = None
     while True:
         status, beat, now = _one(store, action_id, show), read_heartbeat(root), _now_ms()
-        seen = (describe(status, "", now), beat is not None and beat.running(now))
+        held = beat.reports_wait_since_ms if beat is not None else None
+        seen = (describe(status, "", now), beat is not None and beat.running(now), held)
         if seen != shown:
             stamp = time.strftime("%H:%M:%S", time.gmtime(now / 1000))
             job = describe_job(beat, now, root, _start_job(args))

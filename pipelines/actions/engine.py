@@ -234,6 +234,12 @@ class ActionsEngine(Summaries, Compliance):
             self._tick(now, expired_by, sends)
             self._keep_compliance(now)
 
+    @property
+    def reports_wait_since(self) -> int | None:
+        """Since when (epoch ms) the ticks have sent nothing, waiting for the reports stream to catch up;
+        None while they send."""
+        return self._reports_waited_since
+
     def _note_reports_wait(self, now: int, sends: bool) -> None:
         """Say that the ticker waits for the reports stream: at INFO when it starts, at WARNING once it has
         waited ``REPORTS_WAIT_WARNING_S`` (a broker the stream reads may be down: no action advances), and

@@ -3,7 +3,9 @@
 An action written to the table waits for the actions job; ``timestone ota status`` reads this file to tell
 the operator whether one is running against these tables (and will pick the action up) or not, and since
 when. The job rewrites the file every :data:`INTERVAL_S` seconds and marks it stopped when it stops; a
-beat older than :data:`STALE_AFTER_S` is a job that died without saying so.
+beat older than :data:`STALE_AFTER_S` is a job that died without saying so. The file also says since when
+the job holds every action, waiting for its reports stream to catch up with the brokers (written as the
+wait starts and ends), so that status can say why nothing goes out.
 
 The file is ``<tables root>/_timestone/actions_job.json`` (Delta ignores a directory that is no table), on
 any file system Arrow opens (a local path, ``s3://``, ``gs://``, ``abfss://``).
@@ -37,6 +39,9 @@ class Heartbeat:
     started_at_ms: int
     beat_at_ms: int
     stopped: bool = False
+    reports_wait_since_ms: int | None = None
+    """Since when the job sends nothing, waiting for its reports stream to catch up with the brokers (None:
+    it sends)."""
 
     def running(self, now_ms: int) -> bool:
         """Whether the job is running now: it beat recently and did not say it stopped."""
@@ -107,14 +112,18 @@ class HeartbeatWriter:
         self._beat = Heartbeat(socket.gethostname(), os.getpid(), now, now)
         self._written_at: int | None = None
 
-    def beat(self) -> None:
+    def beat(self, reports_wait_since_ms: int | None = None) -> None:
+        """Say the job runs; ``reports_wait_since_ms``: since when it waits for its reports stream (written
+        at once when that changes)."""
         now = self.clock()
-        if self._written_at is not None and now - self._written_at < INTERVAL_S * 1000:
+        waits = reports_wait_since_ms != self._beat.reports_wait_since_ms
+        if not waits and self._written_at is not None and now - self._written_at < INTERVAL_S * 1000:
             return
+        self._beat = replace(self._beat, reports_wait_since_ms=reports_wait_since_ms)
         self._write(replace(self._beat, beat_at_ms=now))
 
     def stop(self) -> None:
-        self._write(replace(self._beat, beat_at_ms=self.clock(), stopped=True))
+        self._write(replace(self._beat, beat_at_ms=self.clock(), stopped=True, reports_wait_since_ms=None))
 
     def _write(self, beat: Heartbeat) -> None:
         write_heartbeat(self.tables_root, beat)

@@ -204,7 +204,10 @@ class ActionsJob:
         if self.heartbeat is None:
             return
         try:
-            self.heartbeat.stop() if stopping else self.heartbeat.beat()
+            if stopping:
+                self.heartbeat.stop()
+            else:
+                self.heartbeat.beat(self.engine.reports_wait_since)
         except OSError as error:  # status cannot tell whether the job runs; the job itself is fine
             log.warning("cannot write the actions job's heartbeat: %s", error)
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.actions.arrow_rows import OutOfRange, out_of_range, python_rows
+from pipelines.actions.engine import REPORTS_WAIT_WARNING_S
 from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
 from pipelines.actions.operator import action_content, differences, read_actions
 from pipelines.actions.schedule import Schedule
@@ -163,14 +164,28 @@ def describe_job(
     beat: Heartbeat | None, now_ms: int, tables_root: str, start: str = "timestone pipeline actions"
 ) -> str:
     """Whether an actions job is running against these tables, from its heartbeat (``start``: the command
-    that starts one on them)."""
+    that starts one on them), and whether it holds every action, waiting for its reports stream."""
     if beat is None:
         return f"actions job: no actions job has run against {tables_root} (start one: {start})"
     where = f"on {beat.host} (pid {beat.pid})"
     if beat.running(now_ms):
-        return f"actions job: running {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)}"
+        running = f"actions job: running {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)}"
+        return running + _held(beat)
     how = "stopped" if beat.stopped else f"not running (no heartbeat for over {STALE_AFTER_S:.0f} s)"
     return f"actions job: {how} {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)} (start one: {start})"
+
+
+def _held(beat: Heartbeat) -> str:
+    """The line saying that the job holds every action until its reports stream has caught up (how long it
+    had waited at its last heartbeat); empty while it sends."""
+    if beat.reports_wait_since_ms is None:
+        return ""
+    waited_s = max(0, beat.beat_at_ms - beat.reports_wait_since_ms) // 1000
+    down = " (is one of them down?)" if waited_s >= REPORTS_WAIT_WARNING_S else ""
+    return (
+        f"\nheld      every action: the actions job has sent nothing for {waited_s} s, waiting for its "
+        f"reports stream to catch up with the brokers{down}; nothing goes out until it has"
+    )
 
 
 def _target(row: dict) -> str:

@@ -1,5 +1,6 @@
 """``timestone ota status`` against a running actions job: the devices that keep an action open are named,
-the job's heartbeat says it runs (and later that it stopped), and ``--watch`` follows an action to its end."""
+the job's heartbeat says it runs (and later that it stopped, or that it holds every action waiting for its
+reports stream), and ``--watch`` follows an action to its end."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from datetime import UTC, datetime
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from pipelines.actions.engine import REPORTS_WAIT_WARNING_S
+from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.cli import main
 from tests.e2e.ota.conftest import SHA256, action_row, actions_stack, summary, wait_for
-from tests.e2e.ota.rollout_harness import finals, rollout_run
+from tests.e2e.ota.rollout_harness import RolloutRun, finals, rollout_run
+from tests.e2e.ota.test_restart_before_reports import engine_started_again
 from tests.fleet_harness import quiet_devices
 
 FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
@@ -81,3 +85,40 @@ def test_status_shows_the_row_the_job_took_when_another_was_appended_under_its_i
         ) in out
         assert main(["ota", "--tables-root", str(tmp_path / "tables"), "status"]) == 0
         assert "dup " in capsys.readouterr().out
+
+
+def status_after_tick(run: RolloutRun, heartbeat: HeartbeatWriter, second: float, read_until: int, capsys):
+    """Tick at ``second`` with the reports stream read until ``read_until`` (0: not caught up), beat as the
+    job's ticker does, and return ``ota status`` (the one action, then the list)."""
+    run.clock.now = run.clock.at(second)
+    run.engine.tick(reports_read_until=read_until)
+    heartbeat.beat(run.engine.reports_wait_since)
+    capsys.readouterr()
+    root = heartbeat.tables_root
+    assert main(["ota", "--tables-root", root, "status", "rh-1"]) == 0
+    assert main(["ota", "--tables-root", root, "status"]) == 0
+    return capsys.readouterr().out
+
+
+def test_status_says_that_the_job_holds_every_action_until_its_reports_stream_caught_up(tmp_path, capsys):
+    """A job whose reports stream has not caught up with the brokers (one of them down) sends nothing: every
+    action stays as it is. Before, only its log said so (at WARNING after two minutes); ``ota status``
+    showed the action's devices QUEUED and the job running, with no reason. The heartbeat now carries the
+    wait, and status says that every action is held, for how long, and past two minutes that a broker may be
+    down; once the stream caught up the line is gone."""
+    with rollout_run(tmp_path, quiet_devices(), count=2) as run:
+        devices = sorted(d.device_id for d in run.fleet.devices)
+        run.create(action_row("rh-1", device_ids=devices, max_per_minute=1))
+        engine_started_again(run)
+        heartbeat = HeartbeatWriter(str(tmp_path / "tables"), clock=run.clock)
+        held = "held      every action: the actions job has sent nothing for {} s, waiting for its reports "
+        held += "stream to catch up with the brokers{}; nothing goes out until it has"
+
+        out = status_after_tick(run, heartbeat, 1, 0, capsys)
+        assert out.count(held.format(0, "")) == 2 and "state     IN_PROGRESS" in out, out
+
+        out = status_after_tick(run, heartbeat, REPORTS_WAIT_WARNING_S + 1, 0, capsys)
+        assert out.count(held.format(int(REPORTS_WAIT_WARNING_S), " (is one of them down?)")) == 2, out
+
+        out = status_after_tick(run, heartbeat, REPORTS_WAIT_WARNING_S + 2, run.clock.at(121), capsys)
+        assert "held " not in out and out.count("actions job: running on ") == 2, out
