@@ -30,6 +30,7 @@ __all__ = [
     "PartitionPlan",
     "RestartedLog",
     "Slice",
+    "batch_topics",
     "behind",
     "canonical",
     "check_offsets",
@@ -469,6 +470,35 @@ def plan_partitions(
         for group in _pack(broker_pieces, size, max_slices_per_partition)
     ]
     return BatchPlan(tuple(partitions), tuple(gap for gap in lost if gap.records > 0), tuple(restarted))
+
+
+def batch_topics(
+    start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]], listings: Listings
+) -> tuple[Offsets, Offsets]:
+    """A batch's ``start`` and ``end`` without the topics ``plan_partitions`` passes over: offsets equal at
+    both ends that their listed log (if listed) still holds. Read by topic, a batch of a topic per device
+    moves a few of tens of thousands of offsets: the copies, checks and sorts of its planning then take
+    only those. A broker whose keys of the source's own (``#``: its store, filters, positions, marks) differ
+    between the two ends (a store replaced, filters changed, read by partition) is kept whole."""
+    narrow_start: Offsets = {broker: dict(keys) for broker, keys in start.items() if broker not in end}
+    narrow_end: Offsets = {}
+    for broker, ends in end.items():
+        began = start.get(broker, {})
+        own = {key: value for key, value in ends.items() if key[:1] == "#"}
+        if own != {key: value for key, value in began.items() if key[:1] == "#"}:
+            narrow_start[broker], narrow_end[broker] = dict(began), dict(ends)
+            continue
+        moved = [topic for topic, offset in ends.items() if began.get(topic) != offset]
+        moved += [  # equal at both ends, which the log no longer holds: loss, or a log recreated
+            topic
+            for topic, extent in (listings.get(broker) or {}).items()
+            if (offset := ends.get(topic)) is not None
+            and began.get(topic) == offset
+            and not extent.start <= offset <= extent.end
+        ]
+        narrow_end[broker] = own | {topic: ends[topic] for topic in moved}
+        narrow_start[broker] = own | {topic: began[topic] for topic in moved if topic in began}
+    return narrow_start, narrow_end
 
 
 def split_size(records: int, max_records_per_partition: int, min_partitions: int) -> int:

@@ -53,6 +53,7 @@ from .offsets_planner import (
     LogExtent,
     PartitionPlan,
     RestartedLog,
+    batch_topics,
     behind,
     canonical,
     check_offsets,
@@ -324,6 +325,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         missing = [broker for broker in end if broker in self._fetch and broker not in self._listings]
         if missing:
             self._list_all(missing)
+        start, end = batch_topics(start, end, self._listings)  # (the topics it moves: a few of thousands)
         start, planned = batch_bounds(start, end, self._stores, self.options.fail_on_data_loss)
         start = self._past_removed(start, say=True)
         planned = without_listed({broker: keys for broker, keys in planned.items() if broker in self._fetch})
@@ -362,6 +364,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         assert self._cluster is not None
         layout, routes = self._cluster
         extents = {topic: route.extent for topic, route in routes.items()}
+        start, end = batch_topics(start, end, {name: extents})
         begun, ended = without_listed(start).get(name, {}), without_listed(end).get(name, {})
         new = appeared(start, {name: ended}).get(name, set())
         plan = plan_partitions(

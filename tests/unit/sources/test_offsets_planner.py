@@ -14,6 +14,7 @@ from sources.offsets_planner import (
     LostRange,
     PartitionPlan,
     Slice,
+    batch_topics,
     behind,
     plan_end_offsets,
     plan_partitions,
@@ -355,3 +356,20 @@ def test_the_latest_offsets_behind_a_batch_name_the_logs_it_does_not_read_to_the
     assert behind(listings, end) == {E1: {"b": 9}}
     assert behind(listings, {E1: {"a": 5, "b": 9, "c": 3}}) == {"e2": {"x": 4}}, "a broker not in the end"
     assert behind(listings, {**end, E1: end[E1] | {"b": 9}}) == {}
+
+
+def test_a_batch_is_planned_the_same_from_the_topics_it_moves_alone() -> None:
+    own = {"#sabc": 0, "#fdev/+": 0}
+    start = {E1: own | {"a": 5, "b": 3, "c": 7, "d": 2, "gone": 4}, E2: {"#sold": 0, "x": 1}}
+    end = {E1: own | {"a": 5, "b": 9, "c": 7, "d": 2, "gone": 4, "new": 1}, E2: {"#snew": 0, "x": 1}}
+    # c: retention went past its offset; d: recreated, shorter; gone: not listed
+    listings = {E1: listing(a=(0, 5), b=(0, 9), c=(8, 12), d=(0, 1), new=(0, 1)), E2: listing(x=(0, 1))}
+    narrow_start, narrow_end = batch_topics(start, end, listings)
+    assert narrow_end == {E1: own | {"b": 9, "c": 7, "d": 2, "new": 1}, E2: end[E2]}
+    assert narrow_start == {E1: own | {"b": 3, "c": 7, "d": 2}, E2: start[E2]}, "another store: kept whole"
+    assert partitions(narrow_start, narrow_end, listings, fail=False) == partitions(
+        start, end, listings, fail=False
+    )
+    with pytest.raises(DataLossError, match="'c'"):
+        partitions(narrow_start, narrow_end, listings)
+    assert batch_topics({E2: {"x": 1}}, {}, listings) == ({E2: {"x": 1}}, {})
