@@ -354,7 +354,12 @@ def plan_end_offsets(
         checkpointed = start.get(broker, {})
         new = (appeared or {}).get(broker, ())
         logs = listings[broker]
-        for topic in sorted(logs):
+        moved = [  # idle since the checkpoint: nothing to plan (tens of thousands of device topics, unsorted)
+            topic
+            for topic, extent in logs.items()
+            if not checkpointed.get(topic) == extent.end >= extent.start
+        ]
+        for topic in sorted(moved):
             extent = logs[topic]
             upper = extent.end
             if target is not None:
@@ -362,8 +367,6 @@ def plan_end_offsets(
                     continue
                 upper = min(upper, target[broker][topic])
             at = checkpointed.get(topic)
-            if at == extent.end and extent.start <= at:  # idle since the checkpoint: nothing to plan
-                continue
             begin, _ = effective_start(
                 broker, topic, at, extent, fail_on_data_loss, end_may_lag, topic in new
             )
