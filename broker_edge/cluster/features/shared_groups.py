@@ -23,8 +23,10 @@ followed into a ``SharedDirectory``); everything per message moves over the peer
   survives.
 - **Unlogged publishes** (QoS 0 by default) are picked for by the broker they were published on, which
   sends the message to the chosen broker (``DIRECT``); the copies it broadcasts to every broker for their
-  ordinary subscribers do not serve shared groups there (``Router.publish(groups_served=True)``). At most
-  once, as every unlogged publish.
+  ordinary subscribers do not serve shared groups there (``Router.publish(groups_served=True)``). A broker
+  none of whose members of the group can take it (larger than their Maximum Packet Size, or none left) hands
+  it to another broker of the group none of the brokers before it had (request ``ONWARD``, naming them);
+  the last one drops it (counted ``too_large``). At most once, as every unlogged publish.
 
 A delivery is known to be finished when the copy handed to the member's session is released: the session
 holds it until the member acknowledges it (QoS 1 PUBACK; QoS 2 PUBREC, from which on the member holds
@@ -55,17 +57,20 @@ from broker_edge.cluster.features.shared_groups_wire import (
     DIRECT,
     DONE,
     NOTE,
+    ONWARD,
     decode_assign,
     decode_assigned,
     decode_direct,
     decode_done,
     decode_note,
+    decode_onward,
     decode_partitions,
     encode_assign,
     encode_assigned,
     encode_direct,
     encode_done,
     encode_note,
+    encode_onward,
     encode_partitions,
 )
 from broker_edge.cluster.links.peer_link import PeerLinkDown, PeerRequestFailed
@@ -177,12 +182,14 @@ class SharedGroups:
         self.epoch_of: Callable[[str, int], int] | None = None
         """The epoch that appended a topic's record at an offset (set when the node keeps epoch caches)."""
         self._asking: set[asyncio.Task[None]] = set()
+        """Requests under way: a new leader's ``ASSIGNED``, unlogged messages passed ``ONWARD``."""
         self._started = False
         links.on(ASSIGN, self._on_assign)
         links.on(NOTE, self._on_note)
         links.on(DONE, self._on_done)
         links.on(DIRECT, self._on_direct)
         links.serve_requests(ASSIGNED, self._serve_assigned)
+        links.serve_requests(ONWARD, self._serve_onward)
 
     def start(self) -> None:
         self._started = True
@@ -227,7 +234,7 @@ class SharedGroups:
                 continue
             served += 1
             if node == me:
-                self._deliver_here((group.name, group.filter), message, None)
+                self._deliver_unlogged((group.name, group.filter), message, set())
             else:
                 self.links.link(node).send(DIRECT, encode_direct(group.name, group.filter, message))
         return served
@@ -273,21 +280,71 @@ class SharedGroups:
 
     # -- delivering here ----------------------------------------------------------------------------------
 
-    def _deliver_here(self, group_key: GroupKey, message: Message, key: DeliveryKey | None) -> None:
-        """Deliver to one member of the group here; a logged delivery is tracked until it is finished."""
+    def _deliver_here(self, group_key: GroupKey, message: Message, key: DeliveryKey) -> None:
+        """Deliver a logged message to one member of the group here, tracked until it is finished."""
         group = self.router.trie.shared_group(group_key[1], group_key[0])
         copy = _copy(message, key)
-        if key is not None and group is not None and not self.router.group_takes(group, copy):
+        if group is not None and not self.router.group_takes(group, copy):
             self._decline(key, too_large=True)  # another broker's member may take it
             return
         member = self.router.deliver_to_group(group, copy) if group is not None else None
-        if key is None:
-            return
         if member is None:
             self._decline(key)
             return
         self._here.add(key)
         weakref.finalize(copy, self._released, key)
+
+    def _deliver_unlogged(self, group_key: GroupKey, message: Message, tried: set[str]) -> None:
+        """Deliver an unlogged message to one member of the group here that can take it; with none here
+        (none left, or each one's Maximum Packet Size too small), to another broker of the group none of
+        ``tried`` (the brokers that could not) is; with none of those either, it is dropped: counted
+        ``too_large`` for a member here, or for the brokers before when none is left here."""
+        group = self.router.trie.shared_group(group_key[1], group_key[0])
+        copy = _copy(message, None)
+        if group is not None and self.router.group_takes(group, copy):
+            self.router.deliver_to_group(group, copy)
+            return
+        if self._pass_on(group_key, message, tried):
+            return
+        if group is not None and self.router.deliver_to_group(group, copy) is not None:
+            return  # dropped for the member it went to, counted there
+        if tried:
+            log.info(
+                "%s %s dropped: larger than the Maximum Packet Size of every member of the group",
+                group_key[0],
+                message.topic,
+            )
+            self.router.count_drop("too_large")
+
+    def _pass_on(self, group_key: GroupKey, message: Message, tried: set[str]) -> bool:
+        """Hand an unlogged message no member here can take to another broker of the group, not one of
+        ``tried``, whose link is up (``ONWARD``); False when there is none."""
+        if message.topic.startswith(LOCAL_ONLY_PREFIX):
+            return False
+        tried = tried | {self.view.node_id}
+        node = choose(self.directory.group(group_key), lambda n: self._usable(n, tried))
+        if node is None:
+            return False
+        body = encode_onward(tried, group_key[0], group_key[1], message)
+        sending = self._send_onward(node, body, message.topic)
+        task = self.loop.create_task(sending, name="cluster-shared-onward")
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+        return True
+
+    async def _send_onward(self, node: str, body: bytes, topic: str) -> None:
+        try:
+            await self.links.link(node).request(ONWARD, body, ASK_TIMEOUT_S)
+        except PeerRequestFailed as exc:  # a member of an earlier version: no such service
+            log.info("%s: %s did not take a message too large for the members here: %s", topic, node, exc)
+            self.router.count_drop("too_large")
+        except (PeerLinkDown, TimeoutError) as exc:  # at most once: it may have been delivered
+            log.info("%s: a message too large for the members here, handed to %s: %s", topic, node, exc)
+
+    async def _serve_onward(self, link: PeerLink, body: memoryview) -> bytes:
+        tried, group, topic_filter, message = decode_onward(body, self.loop.time())
+        self._deliver_unlogged((group, topic_filter), message, tried)
+        return b""
 
     def _released(self, key: DeliveryKey) -> None:
         """The member's session let go of its copy (it may be in the middle of handling an ack)."""
@@ -361,7 +418,7 @@ class SharedGroups:
 
     def _on_direct(self, link: PeerLink, body: memoryview) -> None:
         group, topic_filter, message = decode_direct(body, self.loop.time())
-        self._deliver_here((group, topic_filter), message, None)
+        self._deliver_unlogged((group, topic_filter), message, set())
 
     async def _serve_assigned(self, link: PeerLink, body: memoryview) -> bytes:
         partitions = decode_partitions(body)

@@ -9,6 +9,10 @@ Strings are ``u16 length | UTF-8``, integers little endian; a delivery key is
 - ``DONE`` (the chosen broker → every other broker): ``key | u8 declined``: delivered (acknowledged by the
   member, or dropped as a broker alone drops it), or declined (no member of the group here any more).
 - ``DIRECT`` (the broker an unlogged publish arrived at → the chosen broker): ``group | filter | message``.
+- Request ``ONWARD`` (a broker none of whose members of the group can take an unlogged message → another
+  broker of the group): ``u16 count | node* | group | filter | message``, the nodes that could not; the
+  reply is empty. A request, not a part: a member of an earlier version answers it with an error (no such
+  service), where an unknown part would close the link.
 - Request ``ASSIGNED`` (a new leader → its peers): ``u16 count | u32 partition*``; the reply
   ``u32 count | (key | node)*``: the assignments they know of in those partitions.
 """
@@ -29,24 +33,27 @@ __all__ = [
     "DIRECT",
     "DONE",
     "NOTE",
+    "ONWARD",
     "decode_assign",
     "decode_assigned",
     "decode_direct",
     "decode_done",
     "decode_note",
+    "decode_onward",
     "decode_partitions",
     "encode_assign",
     "encode_assigned",
     "encode_direct",
     "encode_done",
     "encode_note",
+    "encode_onward",
     "encode_partitions",
 ]
 
 ASSIGN, NOTE, DONE, DIRECT = 32, 33, 34, 35
 """Peer-link part kinds (this feature owns 32-47)."""
-ASSIGNED = 21
-"""Peer service (this feature owns 20-29)."""
+ASSIGNED, ONWARD = 21, 22
+"""Peer services (this feature owns 20-29)."""
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -148,6 +155,20 @@ def decode_direct(body: bytes | memoryview, now: float) -> tuple[str, str, Messa
     group = reader.text()
     topic_filter = reader.text()
     return group, topic_filter, reader.message(now)
+
+
+def encode_onward(tried: set[str], group: str, topic_filter: str, message: Message) -> bytes:
+    """``ONWARD``'s body: ``tried``, the brokers whose members could not take ``message``."""
+    nodes = b"".join(_text(node) for node in sorted(tried))
+    return _U16.pack(len(tried)) + nodes + encode_direct(group, topic_filter, message)
+
+
+def decode_onward(body: bytes | memoryview, now: float) -> tuple[set[str], str, str, Message]:
+    reader = _Reader(body)
+    tried = {reader.text() for _ in range(reader.number(_U16))}
+    group = reader.text()
+    topic_filter = reader.text()
+    return tried, group, topic_filter, reader.message(now)
 
 
 def encode_partitions(partitions: set[int]) -> bytes:

@@ -246,29 +246,31 @@ def too_large_drops(brokers: dict) -> int:
 
 
 @pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25")
-def test_a_message_too_large_for_a_brokers_members_goes_to_a_member_on_another_broker(three_brokers):
-    """A logged message larger than the Maximum Packet Size of every member of the group on the broker it
-    was given to is never sent to them [MQTT-3.1.2-24]: that broker declines it and the leader gives it to
-    a broker whose member can take it. It is dropped, counted ``too_large`` once [MQTT-3.1.2-25], only when
-    no member anywhere can."""
+@pytest.mark.parametrize("qos", [1, 0], ids=["logged", "unlogged"])
+def test_a_message_too_large_for_a_brokers_members_goes_to_a_member_on_another_broker(three_brokers, qos):
+    """A message larger than the Maximum Packet Size of every member of the group on the broker it was given
+    to is never sent to them [MQTT-3.1.2-24]: a logged one that broker declines and the leader gives to a
+    broker whose member can take it; an unlogged (QoS 0) one that broker hands to such a broker itself,
+    whether it was published there (a) or elsewhere (c). It is dropped, counted ``too_large`` once
+    [MQTT-3.1.2-25], only when no member anywhere can."""
     small = RawClient(three_brokers["a"].port, 5)
     small.connect("small", properties=Properties(maximum_packet_size=64))
     small.subscribe(GROUP, 1)
     large = PahoClient(three_brokers["b"].port, "large")
     large.subscribe(GROUP, 1)
     members = Members({"a": small, "b": large})
-    publisher = PahoClient(three_brokers["c"].port, "boss")
-    members.warm_up(lambda payload: publisher.publish("jobs/warm", payload, 1))
+    publishers = [PahoClient(three_brokers[node].port, f"boss-{node}") for node in "ca"]
+    members.warm_up(lambda payload: publishers[0].publish("jobs/warm", payload, 1))
 
-    sent = {str(n).encode() * 100 for n in range(6)}
+    sent = {str(n).encode() * 100 for n in range(12)}
     for n, payload in enumerate(sorted(sent)):
-        publisher.publish(f"jobs/{n}", payload, 1)  # topics of every partition
+        publishers[n % 2].publish(f"jobs/{n}", payload, qos)  # topics of every partition
     wait_all(members, sent, "b", "every large message at the member that can take it")
     assert members.payloads("a") == Counter()
     assert too_large_drops(three_brokers) == 0
 
     large.unsubscribe(GROUP)
-    publisher.publish("jobs/last", b"x" * 100, 1)
+    publishers[0].publish("jobs/last", b"x" * 100, qos)
     wait_until(lambda: too_large_drops(three_brokers) == 1, 40, "the last one dropped as too large")
     members.collect()
     assert members.payloads("a") == Counter()

@@ -15,12 +15,14 @@ from broker_edge.cluster.features.shared_groups_wire import (
     decode_direct,
     decode_done,
     decode_note,
+    decode_onward,
     decode_partitions,
     encode_assign,
     encode_assigned,
     encode_direct,
     encode_done,
     encode_note,
+    encode_onward,
     encode_partitions,
 )
 from broker_edge.cluster.features.shared_registry import decode_groups, encode_groups
@@ -108,6 +110,11 @@ def test_every_part_and_request_round_trips():
     assert DECLINED_TOO_LARGE & 1  # a broker that knows only 0 and 1 reads it as declined
     group, topic_filter, direct = decode_direct(encode_direct("g", "t/#", Message("t/x", b"q0")), now=1.0)
     assert (group, topic_filter, direct.topic, direct.payload, direct.qos) == ("g", "t/#", "t/x", b"q0", 0)
+    tried, group, topic_filter, onward = decode_onward(
+        encode_onward({"b", "a"}, "g", "t/#", Message("t/x", b"big")), now=1.0
+    )
+    assert (tried, group, topic_filter) == ({"a", "b"}, "g", "t/#")
+    assert (onward.topic, onward.payload) == ("t/x", b"big")
     assert decode_partitions(encode_partitions({3, 1, 15})) == {1, 3, 15}
     entries = [(KEY, "a"), (DeliveryKey("é/ü", 0, "g", "#"), "b")]
     assert decode_assigned(encode_assigned(entries)) == entries
