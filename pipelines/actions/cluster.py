@@ -1,7 +1,9 @@
 """Whether the job's brokers form one cluster, and which of them answer: the one place the job asks.
 
 A cluster member describes its cluster at ``GET /v1/cluster`` on its offsets API and a standalone broker
-does not serve that path: a member answers 200, a standalone broker 404, a broker that is down nothing.
+does not serve that path: a member answers 200, a standalone broker 404, a broker that is down nothing. A
+broker that refuses the token (401) is :class:`TokenRefused`, which no restart fixes (exit status 5, as the
+telemetry job and a query failing on it end).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from broker_edge.config import ConfigError
 from broker_edge.config.endpoints import BrokerEndpoint
 from broker_edge.security.client_tls import ClientTls, context_for
-from pipelines.preflight import BrokersUnreachable
+from pipelines.preflight import REFUSED_TOKEN, BrokersUnreachable, TokenRefused
 
 __all__ = ["BrokerKind", "brokers_form_a_cluster", "live_endpoints", "probe"]
 
@@ -32,7 +34,7 @@ def probe(
     endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S, tls: ClientTls | None = None
 ) -> BrokerKind:
     """What ``endpoint`` is now: a cluster member, a standalone broker, or not answering (its ``https://``
-    offsets API checked with ``tls``)."""
+    offsets API checked with ``tls``); :class:`TokenRefused` when it refuses the token."""
     request = urllib.request.Request(f"{endpoint.offsets_api}{PROBE_PATH}", method="GET")
     if endpoint.token:
         request.add_header("Authorization", f"Bearer {endpoint.token}")
@@ -42,8 +44,9 @@ def probe(
             return BrokerKind.MEMBER
     except urllib.error.HTTPError as error:
         if error.code == 401:
-            raise ConfigError(
-                "brokers", f"{endpoint.name}: the offsets API refused the token (set brokers[].token)"
+            raise TokenRefused(
+                f"{endpoint.name} ({endpoint.offsets_api}): {REFUSED_TOKEN} of its offsets API (401; set "
+                "brokers[].token)"
             ) from None
         return BrokerKind.STANDALONE
     except (OSError, ValueError):

@@ -17,8 +17,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from pipelines.actions.heartbeat import Heartbeat, write_heartbeat
 from pipelines.cli import main
+from pipelines.supervisor import NOT_RESTARTABLE
 from sinks import open_table_store
 from tests.e2e.ota.conftest import SHA256, register_devices
+from tests.e2e.sources.conftest import EdgeBroker
 
 FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
 
@@ -325,6 +327,27 @@ def test_actions_pipeline_refuses_a_bad_config_naming_the_field(tmp_path, capsys
     config.write_text("tick_interval: 1\n")
     assert main(["pipeline", "actions", "--config", str(config)]) == 2
     assert "tick_interval" in capsys.readouterr().err
+
+
+def test_actions_pipeline_whose_token_a_broker_refuses_ends_as_no_restart_fixes(tmp_path, capsys):
+    """A broker whose offsets API refuses the job's token (401) as the job asks whether the brokers form a
+    cluster: the actions job ended with exit status 2 (a wrong configuration), where the telemetry job, and
+    a running query failing on the token, end with 5, the status the systemd unit does not restart. Both
+    jobs now end the same way, in one line naming the broker."""
+    broker = EdgeBroker(tmp_path / "edge", token="the-right-token")
+    try:
+        config = tmp_path / "actions.yaml"
+        config.write_text(
+            f"tables_root: {tmp_path / 'tables'}\ncheckpoint_root: {tmp_path / 'checkpoints'}\n"
+            f"brokers:\n  - name: edge1\n    offsets_api: {broker.url}\n    token: a-wrong-token\n"
+        )
+        assert main(["pipeline", "actions", "--config", str(config)]) == NOT_RESTARTABLE
+    finally:
+        broker.close()
+    err = capsys.readouterr().err
+    said = "timestone pipeline actions: failed, not restarted: broker refused the token: "
+    assert err.startswith(f"{said}edge1 ({broker.url}): ") and "brokers[].token" in err, err
+    assert "Traceback" not in err, err
 
 
 def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
