@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from broker_edge.config.loader import ConfigError
+from broker_edge.config.loader import TOO_DEEP, ConfigError
 
 __all__ = [
     "check_backend",
@@ -96,8 +96,8 @@ def _damage(file: Path, *, offsets: bool) -> str | None:
     if file.name == "metadata":
         try:
             document = json.loads(lines[0])
-        except ValueError as error:
-            return f"line 1 is not JSON: {error}"
+        except (ValueError, RecursionError) as error:
+            return f"line 1 is not JSON: {_json_error(error)}"
         return None if isinstance(document, dict) and isinstance(document.get("id"), str) else "no query id"
     if not re.fullmatch(r"v[1-9][0-9]*", lines[0]):
         return f"line 1 is {lines[0][:40]!r}, not a version such as v1"
@@ -107,9 +107,14 @@ def _damage(file: Path, *, offsets: bool) -> str | None:
         try:
             if line != "-":  # a source without an offset yet
                 json.loads(line)
-        except ValueError as error:
-            return f"line {number} is not JSON: {error}"
+        except (ValueError, RecursionError) as error:
+            return f"line {number} is not JSON: {_json_error(error)}"
     return None
+
+
+def _json_error(error: Exception) -> str:
+    """Why a line is not JSON: the parser's error, or that it nests past what the parser follows."""
+    return TOO_DEEP if isinstance(error, RecursionError) else str(error)
 
 
 def check_input_location(location: str, key: str) -> None:

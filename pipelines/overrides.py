@@ -3,7 +3,8 @@
 A key is the dotted path a configuration error prints, list items included: ``telemetry.tables.root``,
 ``telemetry.quality.suites[0].expectations[1].column``. The value is read as YAML, so ``[a, b]`` is a list,
 ``null`` is None and ``!env NAME`` the value of that environment variable (read when the config is loaded,
-``broker_edge.config.loader``); a value YAML would cut short at a comment (``/data/lake #2``) is refused.
+``broker_edge.config.loader``); a value YAML would cut short at a comment (``/data/lake #2``) is refused,
+and so is one nested past what the YAML parser follows (``[`` a few hundred times), naming the key.
 Mappings missing on the way are created; a list item is replaced, or
 appended when its index is the list's length; a list the file does not hold cannot be indexed (its default
 is not in the file to change), and the error says to set the whole list instead.
@@ -16,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from broker_edge.config.loader import ConfigError, parse_yaml, yaml_error_line
+from broker_edge.config.loader import TOO_DEEP, ConfigError, parse_yaml, yaml_error_line
 
 __all__ = ["apply_override", "key_steps", "split_assignment"]
 
@@ -114,6 +115,8 @@ def apply_override(document: dict[str, Any], assignment: str) -> None:
         _refuse_comment(raw, key)
     except yaml.YAMLError as exc:
         raise ConfigError(key, f"value is not valid YAML: {yaml_error_line(exc)}") from None
+    except RecursionError:  # the parser follows each nesting with a call of its own
+        raise ConfigError(key, f"value is not valid YAML: {TOO_DEEP}") from None
     last = steps[-1]
     if isinstance(last, int) and last == len(node):
         node.append(value)

@@ -283,7 +283,8 @@ NUL_TEXT = (
 )
 
 
-_TOO_DEEP = "nested deeper than it can be read (lists or mappings inside each other hundreds of times)"
+TOO_DEEP = "nested deeper than it can be read (lists or mappings inside each other hundreds of times)"
+"""Why a text YAML or JSON nests past what its parser follows (a ``RecursionError``) is refused."""
 
 
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
@@ -303,7 +304,7 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {yaml_error_line(exc)}") from None
     except RecursionError:  # the parser follows each nesting with a call of its own
-        raise ConfigError(str(path), f"not valid YAML: {_TOO_DEEP}") from None
+        raise ConfigError(str(path), f"not valid YAML: {TOO_DEEP}") from None
     except ConfigError as exc:  # a key given twice: its lines are this file's
         raise ConfigError(exc.path, exc.detail, f"in {path}") from None
     if document is None:
@@ -365,7 +366,7 @@ def _environment_scalar(annotation: Any, variable: EnvironmentValue, path: str) 
     except RecursionError:  # the parser follows each nesting with a call of its own
         name = variable.name
         raise ConfigError(
-            path, f"the environment variable {name} (!env {name}) is not valid YAML: {_TOO_DEEP}"
+            path, f"the environment variable {name} (!env {name}) is not valid YAML: {TOO_DEEP}"
         ) from None
     return value if value is None or isinstance(value, (bool, int, float)) else text
 

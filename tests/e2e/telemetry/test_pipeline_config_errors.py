@@ -79,6 +79,12 @@ def run(capsys, *argv: str) -> tuple[int, str]:
             ["--set", "telemetry.tables.root=/etc/hostname"],
             "telemetry.tables.root: '/etc/hostname' is a file",
         ),
+        pytest.param(  # before, a RecursionError traceback
+            ["--set", "telemetry.source.options={a: " + "[" * 5_000 + "}"],
+            "telemetry.source.options: value is not valid YAML: nested deeper than it can be read (lists or "
+            "mappings inside each other hundreds of times) (from --set telemetry.source.options)",
+            id="nested_past_the_parser",
+        ),
         (
             ["--set", "telemetry.stream.checkpoint=/etc/hostname/cp"],
             "telemetry.stream.checkpoint: '/etc/hostname/cp' cannot be created: '/etc/hostname' is a file",
@@ -248,6 +254,8 @@ CHECKPOINT_FILES = {
         ("commits/1", "v1\n{nextBatchWatermarkMs:0}", "line 2 is not JSON"),
         ("metadata", "{not json", "line 1 is not JSON"),
         ("metadata", '{"name": "telemetry"}', "no query id"),
+        ("metadata", "[" * 100_000, "line 1 is not JSON: nested deeper than it can be read"),
+        ("commits/1", "v1\n" + '{"a":' * 100_000, "line 2 is not JSON: nested deeper than it can be read"),
     ],
 )
 def test_a_damaged_checkpoint_is_refused_naming_its_file_before_spark_starts(
