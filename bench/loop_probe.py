@@ -54,8 +54,11 @@ class Phase:
     late_not_cpu_wait_p99_ms: float = 0.0
     """The 99th percentile of the lateness less the run-queue wait (as ``max_late_not_cpu_wait_ms``)."""
     wakeups: int = 0
-    collections: dict[int, list[float]] = field(default_factory=lambda: {n: [0, 0.0, 0.0] for n in range(3)})
-    """Per generation: collections, their total and largest wall milliseconds."""
+    collections: dict[int, list[float]] = field(
+        default_factory=lambda: {n: [0, 0.0, 0.0, 0.0] for n in range(3)}
+    )
+    """Per generation: collections, their total and largest wall milliseconds, and the most CPU milliseconds
+    one took (its thread's: what it held the interpreter for, waiting for a CPU left out)."""
     stacks: dict[str, int] = field(default_factory=dict)
     """The loop thread's stacks seen while the task was late, with their counts."""
 
@@ -70,14 +73,18 @@ class LoopProbe:
         self._own_late: list[float] = []
         self._beat = time.perf_counter()
         self._gc_began = 0.0
+        self._gc_began_cpu = 0.0
         self._loop_thread = threading.get_ident()
 
     def on_gc(self, stage: str, info: dict[str, Any]) -> None:
         if stage == "start":
             self._gc_began = time.perf_counter()
+            self._gc_began_cpu = time.thread_time()
             return
         wall_ms = (time.perf_counter() - self._gc_began) * 1000
+        cpu_ms = (time.thread_time() - self._gc_began_cpu) * 1000
         record = self.phase.collections[info["generation"]]
+        record[3] = max(record[3], cpu_ms)
         record[0] += 1
         record[1] += wall_ms
         record[2] = max(record[2], wall_ms)

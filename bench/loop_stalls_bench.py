@@ -1,6 +1,6 @@
 """The event loop's pauses at N topics, seen from inside the broker (`bench.loop_probe`).
 
-    .venv/bin/python -m bench.loop_stalls_bench [--topics 100000]
+    .venv/bin/python -m bench.loop_stalls_bench [--topics 100000] [--gc-young-threshold N]
 
 The broker, load generator and PINGREQ probe of `bench/topics_bench.py`, with the broker run under
 `bench.loop_probe`. Per phase (round 1 creating every topic, round 2, the offsets API's first request,
@@ -8,7 +8,8 @@ every log listed, the first Arrow answer, every record read by partition in requ
 the Spark source asks) it prints the most CPU the loop's thread spent between two turns, how late the
 probe's task woke at worst, the collections per generation, the PINGREQ p99 where pinged, and the stacks
 seen while the loop was late. Then the RSS after round 2 (the topics bench's method). Nothing is written
-to bench/results: the figures are for finding pauses, on a machine of any load.
+to bench/results: the figures are for finding pauses, on a machine of any load. ``--gc-young-threshold``
+runs the broker with that ``runtime.gc_young_threshold`` instead of its default.
 """
 
 from __future__ import annotations
@@ -35,12 +36,16 @@ PARTITION_READ_ENTRIES = 50_000
 class ProbedTimestone(topics.BenchTimestone):
     """The topics bench's broker, run under `bench.loop_probe` writing `stats`."""
 
-    def __init__(self, offsets_port: int, stats: Path) -> None:
+    def __init__(self, offsets_port: int, stats: Path, gc_young_threshold: int | None = None) -> None:
         super().__init__(offsets_port)
         self.stats = stats
+        self.gc_young_threshold = gc_young_threshold
 
     def command(self, port: int, workdir: Path) -> list[str]:
         command = super().command(port, workdir)
+        if self.gc_young_threshold is not None:
+            with (workdir / "timestone.yaml").open("a") as config:
+                config.write(f"runtime:\n  gc_young_threshold: {self.gc_young_threshold}\n")
         return [sys.executable, "-m", "bench.loop_probe", str(self.stats), *command[1:]]
 
     def env(self) -> dict[str, str] | None:
@@ -66,8 +71,8 @@ class Phases:
         time.sleep(1.1)
         seen = json.loads(self.stats.read_text())
         collections = ", ".join(
-            f"gen {generation}: {int(count)} in {total:.0f} ms (max {most:.0f})"
-            for generation, (count, total, most) in seen["collections"].items()
+            f"gen {generation}: {int(count)} in {total:.0f} ms (max {most:.0f}, {most_cpu:.0f} of CPU)"
+            for generation, (count, total, most, most_cpu) in seen["collections"].items()
             if count
         )
         pings = f"PINGREQ p99 {percentile(rtts, 0.99) * 1000:.1f} ms over {len(rtts)}; " if rtts else ""
@@ -85,12 +90,20 @@ class Phases:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser("bench.loop_stalls_bench", description=__doc__)
     parser.add_argument("--topics", type=int, default=100_000)
+    parser.add_argument(
+        "--gc-young-threshold", type=int, help="runtime.gc_young_threshold (default: the broker's)"
+    )
     args = parser.parse_args(argv)
     broker_cpus, load_cpus = split_cpus()
     workdir = Path(tempfile.mkdtemp(prefix="bench-loop-"))
     (workdir / "data").mkdir()
     stats = workdir / "loop.json"
-    process = topics.Process(ProbedTimestone(net.free_port(), stats), workdir, net.free_port(), broker_cpus)
+    process = topics.Process(
+        ProbedTimestone(net.free_port(), stats, args.gc_young_threshold),
+        workdir,
+        net.free_port(),
+        broker_cpus,
+    )
     from broker_edge.offsets_api.client import OffsetsClient
 
     url = f"http://127.0.0.1:{process.broker.offsets_port}"
