@@ -14,7 +14,9 @@ Anything else at that path (a directory made by hand, a link, a pipe) is no rese
 made, and deleting it for a snapshot would fail on a full disk, when it is needed. At open it is renamed
 ``disk-reserve.set-aside-<n>`` beside it, all it holds kept, said in one WARNING line, and the reserve made
 anew: a missing safety margin is not worth a broker that refuses to start, nor anything of an operator's
-deleted.
+deleted. The broker looks again whenever it keeps the reserve (after each seal and snapshot) and when it
+would release it: one made there while it runs is set aside the same way then, and a reserve deleted while
+it runs is made again (said at WARNING), rather than both waiting for the next start.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class DiskReserve:
         except FileNotFoundError:
             snapshot_bytes = 0
         wanted = max(self.floor_bytes, snapshot_bytes + snapshot_bytes // 2)
+        self._look()
         if self.held >= wanted:
             return
         try:
@@ -76,13 +79,29 @@ class DiskReserve:
             self.held = 0
 
     def release(self) -> int:
-        """Delete the reserve (the disk is full and a snapshot must be written): the bytes given back."""
+        """Delete the reserve (the disk is full and a snapshot must be written): the bytes given back (none
+        when something else than the reserve's file is there: it is set aside, not deleted)."""
+        self._look()
         freed = _size_of(self.path)
         if not freed:
             return 0
         os.unlink(self.path)
         self.held = 0
         return freed
+
+    def _look(self) -> None:
+        """What is at the path now, while the broker runs: anything but a file is set aside (no reserve is
+        held then), and a reserve deleted by hand is none."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            if self.held:
+                log.warning("%s is gone: the disk reserve is made anew", self.path)
+            self.held = 0
+            return
+        if not stat.S_ISREG(mode):
+            _set_aside_other_than_file(self.path, kept=True)
+            self.held = 0
 
 
 def _size_of(path: str) -> int:

@@ -192,6 +192,93 @@ def test_a_directory_where_the_reserve_goes_is_set_aside_said_in_one_line_and_th
         assert not reserve.exists()
 
 
+def _sealed_more(store: LogStore, first: int) -> None:
+    """Append records enough to roll segments, and wait until the sealer has sealed them (each seal keeps the
+    reserve)."""
+    for number in range(first, first + RECORDS // 4):
+        store.append(TOPIC, make_record(number))
+    store.flush()
+    store.wait_sealed()
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if RESERVE_FILE in record.getMessage()]
+
+
+def test_a_directory_made_where_the_reserve_is_while_the_broker_runs_is_set_aside_and_the_reserve_made_anew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The reserve replaced by a directory while the store is open was found only at the next start: until
+    then the broker ran without a reserve, and a full disk's snapshot tried to delete the directory as the
+    reserve. The next seal now sets it aside, all it holds kept, said in the WARNING line the open says it
+    in, and makes the reserve anew."""
+    store = _filled(tmp_path, disk_reserve_bytes=64 * 1024)
+    reserve = tmp_path / "log" / RESERVE_FILE
+    reserve.unlink()
+    reserve.mkdir()
+    (reserve / "notes.txt").write_text("made by hand")
+
+    with caplog.at_level(logging.WARNING):
+        _sealed_more(store, RECORDS)
+
+    aside = tmp_path / "log" / f"{RESERVE_FILE}.set-aside-1"
+    assert (aside / "notes.txt").read_text() == "made by hand"
+    assert _said(caplog) == [
+        f"{reserve} is a directory, not the disk reserve's file: set aside as {aside} (nothing in it "
+        "deleted); the reserve is made anew"
+    ], caplog.text
+    assert reserve.is_file() and reserve.stat().st_blocks * 512 >= 64 * 1024
+    store.close()
+
+
+def test_a_reserve_deleted_while_the_broker_runs_is_made_again_at_the_next_seal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A reserve deleted by hand was counted as held until the next start, so a full disk found none to
+    release."""
+    store = _filled(tmp_path, disk_reserve_bytes=64 * 1024)
+    reserve = tmp_path / "log" / RESERVE_FILE
+    reserve.unlink()
+
+    with caplog.at_level(logging.WARNING):
+        _sealed_more(store, RECORDS)
+
+    assert reserve.is_file() and reserve.stat().st_blocks * 512 >= 64 * 1024
+    assert _said(caplog) == [f"{reserve} is gone: the disk reserve is made anew"], caplog.text
+    store.close()
+
+
+def test_a_directory_where_the_reserve_is_when_a_full_disk_needs_it_is_set_aside_not_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """A directory made where the reserve was, found as a full disk's snapshot releases the reserve: the
+    store deleted it as the reserve, and the sealer's task failed at once on IsADirectoryError, at every
+    pass. It is set aside, said at WARNING, nothing freed: the segments wait as without a reserve, and go
+    once there is space, the reserve made anew then."""
+    monkeypatch.setattr(sealer_module, "SHORTAGE_PATIENCE_S", 0.05)
+    store = _filled(tmp_path, disk_reserve_bytes=64 * 1024)
+    reserve = tmp_path / "log" / RESERVE_FILE
+    reserve.unlink()
+    reserve.mkdir()
+    segments = len(partition_segments(tmp_path))
+    disk = FullDisk(monkeypatch, tmp_path / "log")
+    disk.full = True
+
+    with caplog.at_level(logging.WARNING):
+        deleted = _retention(store)
+
+    aside = tmp_path / "log" / f"{RESERVE_FILE}.set-aside-1"
+    assert deleted > 0 and aside.is_dir()
+    assert store._sealer is not None and store._sealer.deletions_waiting
+    assert len(partition_segments(tmp_path)) == segments, "no segment goes before the snapshot"
+    assert f"{reserve} is a directory, not the disk reserve's file: set aside as {aside}" in caplog.text
+    disk.full = False  # space freed by hand
+    assert _retention(store) == 0 and not store._sealer.deletions_waiting
+    assert len(partition_segments(tmp_path)) == segments - deleted
+    assert reserve.is_file()
+    store.close()
+
+
 def test_a_negative_reserve_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"^storage\.disk_reserve_bytes: must be >= 0, got -1"):
         load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": -1}})
