@@ -190,15 +190,12 @@ class Authority:
             parent = self.directory.parent
             raise PkiError(f"--ca {directory} is a file: --ca names the CA's directory ({parent})")
         self.ca = PemPair(self.directory / "ca.pem", self.directory / "ca.key")
-        try:
-            key = serialization.load_pem_private_key(self.ca.key.read_bytes(), None)
-            chain = x509.load_pem_x509_certificates(self.ca.cert.read_bytes())
-        except FileNotFoundError:
+        if not self.ca.cert.exists() and not self.ca.key.exists():
             raise PkiError(
                 f"no CA in {self.directory} (ca.pem and ca.key): make one with timestone pki ca {directory}"
-            ) from None
-        except (ValueError, TypeError) as error:
-            raise PkiError(f"the CA in {self.directory} does not load: {error}") from None
+            )
+        key = _load_ca_key(self.ca.key)
+        chain = read_certificates(self.ca.cert, missing=_CA_FILES)
         if not isinstance(key, PrivateKey):
             raise PkiError(f"{self.ca.key}: an EC or RSA key was expected")
         self.certificate = chain[0]
@@ -471,14 +468,34 @@ def _extension(certificate: x509.Certificate, kind: type) -> object | None:
         return None
 
 
-def read_certificates(path: str | Path) -> list[x509.Certificate]:
-    """The certificates of a PEM file, first to last; ``PkiError`` for a file that is not there or holds
-    none."""
+_CA_FILES = "a CA's directory holds its certificate, ca.pem, and its key, ca.key"
+
+
+def _load_ca_key(path: Path) -> PrivateKeyTypes:
+    """The CA's private key in ``path``; ``PkiError`` naming the file and what it holds instead."""
+    try:
+        data = path.read_bytes()
+        return serialization.load_pem_private_key(data, None)
+    except FileNotFoundError:
+        raise PkiError(f"{path}: no such file ({_CA_FILES})") from None
+    except TypeError:  # a passphrase is asked for
+        raise PkiError(
+            f"{path}: an encrypted key (a passphrase): timestone pki reads an unencrypted one "
+            f"(openssl pkey -in ENCRYPTED -out {path}), kept 0600"
+        ) from None
+    except ValueError:
+        holds = "a certificate, not a private key" if _CERTIFICATE_LABEL in data else "no PEM private key"
+        raise PkiError(f"{path}: {holds}") from None
+
+
+def read_certificates(path: str | Path, missing: str = "") -> list[x509.Certificate]:
+    """The certificates of a PEM file, first to last; ``PkiError`` for a file that is not there (said with
+    ``missing`` in brackets) or holds none."""
     try:
         data = Path(path).read_bytes()
         return x509.load_pem_x509_certificates(data)
     except FileNotFoundError:
-        raise PkiError(f"{path}: no such file") from None
+        raise PkiError(f"{path}: no such file" + (f" ({missing})" if missing else "")) from None
     except ValueError:
         raise PkiError(f"{path}: {_not_a_certificate(data)}") from None
 
@@ -493,6 +510,7 @@ def _not_a_certificate(data: bytes) -> str:
 
 
 _CRL_LABEL = b"-----BEGIN X509 CRL-----"
+_CERTIFICATE_LABEL = b"-----BEGIN CERTIFICATE-----"
 
 
 def _describe_crl(crl: x509.CertificateRevocationList, now: datetime.datetime) -> list[str]:

@@ -185,3 +185,57 @@ def test_a_ca_of_an_intermediate_writes_it_after_every_certificate_it_signs(tmp_
         server.load_cert_chain(cert, key)
         _, served = handshake(server, trusting_the_root, "localhost")
         assert served["subject"] == ((("organizationName", "Acme"),), (("commonName", "s"),))
+
+
+def encrypted_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """``key`` as ``openssl genpkey -aes256`` writes it (``BEGIN ENCRYPTED PRIVATE KEY``, PKCS#8)."""
+    encryption = serialization.BestAvailableEncryption(b"passphrase")
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+
+
+@pytest.mark.parametrize(
+    ("pem_of", "key_of", "said"),
+    [
+        pytest.param(
+            "certificate",
+            "encrypted",
+            "{ca}/ca.key: an encrypted key (a passphrase): timestone pki reads an unencrypted one "
+            "(openssl pkey -in ENCRYPTED -out {ca}/ca.key), kept 0600",
+            id="encrypted-pkcs8-key",
+        ),
+        pytest.param(
+            "certificate", "certificate", "{ca}/ca.key: a certificate, not a private key", id="pem-as-key"
+        ),
+        pytest.param("certificate", "empty", "{ca}/ca.key: no PEM private key", id="empty-key"),
+        pytest.param("key", "key", "{ca}/ca.pem: a private key, not a certificate", id="key-as-pem"),
+        pytest.param(
+            "certificate",
+            None,
+            "{ca}/ca.key: no such file (a CA's directory holds its certificate, ca.pem, and its key, ca.key)",
+            id="no-key",
+        ),
+    ],
+)
+def test_a_ca_file_that_does_not_load_is_named_with_what_it_holds(
+    tmp_path: Path, pem_of: str, key_of: str | None, said: str
+) -> None:
+    """Such files said 'the CA in DIR does not load: Unable to load PEM file. See https://cryptography.io/...
+    MalformedFraming' or 'Password was not given but private key is encrypted', naming neither file; a
+    missing ca.key beside its ca.pem said 'no CA in DIR: make one with timestone pki ca DIR', which then
+    refuses, the directory holding a CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    contents = {
+        "certificate": pem(ca_certificate("Acme Root", key, CA_EXTENSION)),
+        "key": openssl_key(key),
+        "encrypted": encrypted_key(key),
+        "empty": b"",
+    }
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    (ca / "ca.pem").write_bytes(contents[pem_of])
+    if key_of is not None:
+        (ca / "ca.key").write_bytes(contents[key_of])
+    before = files(tmp_path)
+    for argv in (["issue", "client", "d1", "--ca", str(ca)], ["revoke", str(ca / "ca.pem"), "--ca", str(ca)]):
+        assert refusal(pki(*argv)) == f"timestone pki {argv[0]}: " + said.format(ca=ca)
+    assert files(tmp_path) == before
