@@ -257,7 +257,8 @@ class Authority:
         replace: bool = False,
     ) -> PemPair:
         """A new certificate of ``kind`` for ``name`` and its key, written to ``out`` (a path without its
-        suffix: ``<out>.pem``, ``<out>.key``; default ``<directory>/<kind>-<name>``)."""
+        suffix: ``<out>.pem``, ``<out>.key``; a directory: ``<out>/<kind>-<name>``, as by default in the CA's
+        directory)."""
         if kind not in KINDS:
             raise PkiError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
         what = KINDS[kind]
@@ -271,7 +272,10 @@ class Authority:
         uri = what.uri(name)
         if uri is not None:
             names.insert(0, x509.UniformResourceIdentifier(uri))
-        pair = self._pair(out if out is not None else self.directory / f"{kind}-{name}")
+        stem: str | Path = self.directory if out is None else out
+        if out is None or str(out).endswith("/") or Path(out).is_dir():  # files of their own in a directory
+            stem = Path(stem) / f"{kind}-{name}"
+        pair = self._pair(stem)
         self._check_not_the_ca(pair)
         if not replace and (pair.cert.exists() or pair.key.exists()):
             raise PkiError(

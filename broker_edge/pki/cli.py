@@ -27,6 +27,12 @@ EXIT_STATUS = (
 )
 
 
+def _out_path(value: str) -> str:
+    if not value:
+        raise argparse.ArgumentTypeError("a path is needed (PATH.pem and PATH.key, or a directory)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone pki",
@@ -60,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--ca", required=True, metavar="DIR", help="the CA's directory")
     issue.add_argument("--dns", action="append", default=[], metavar="HOST", help="a host name (repeatable)")
     issue.add_argument("--ip", action="append", default=[], metavar="ADDR", help="an address (repeatable)")
-    issue.add_argument("--out", metavar="PATH", help="write PATH.pem and PATH.key (default DIR/KIND-NAME)")
+    issue.add_argument(
+        "--out",
+        type=_out_path,
+        metavar="PATH",
+        help="write PATH.pem and PATH.key; a directory: KIND-NAME.pem and .key in it (default: in DIR)",
+    )
     issue.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     issue.add_argument("--key", choices=("ec", "rsa"), default="ec", help="EC P-256 (default) or RSA 3072")
     issue.add_argument("--force", action="store_true", help="replace files that exist (a new key)")
