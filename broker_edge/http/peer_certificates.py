@@ -6,8 +6,8 @@ of ``cafile``, or whose certificate the reloaded CRLs list, was served on the co
 before. Each connection notes at its handshake what its certificate rests on (``PeerCertificate``: the end
 of its chain, the CAs it needs, its issuer and serial number; read once, ``security.peer_chain``); each
 request compares the end with the clock, and the reload count of the endpoint's TLS files with the one its
-connection was last checked against (``ClientTrust``): nothing is parsed per request, and a reload's files
-are read once, by the first request after it.
+connection was last checked against (the endpoint's ``security.client_trust.ClientTrust``, read by its
+reload): nothing is parsed or read per request.
 """
 
 from __future__ import annotations
@@ -23,19 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker_edge.security.peer_chain import (
-    CertificateId,
-    certificate_id,
-    peer_chain,
-    revoked_in,
-    trusted_keys,
-)
+from broker_edge.security.peer_chain import CertificateId, certificate_id, peer_chain
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["CertificateCheck", "ClientTrust", "PeerCertificate", "certificate_ended", "peer_certificate"]
+    from broker_edge.security.client_trust import ClientTrust
+
+__all__ = ["CertificateCheck", "PeerCertificate", "certificate_ended", "peer_certificate"]
 
 log = logging.getLogger("broker_edge.http.guard")
 
@@ -68,46 +64,6 @@ def peer_certificate(transport: Any) -> PeerCertificate | None:
     return PeerCertificate(
         peer_common_name(ssl_object), chain.end, chain.ending, chain.needs, certificate_id(ssl_object)
     )
-
-
-class ClientTrust:
-    """The client certificates an endpoint's TLS files accept now: ``cafile`` and ``crlfile`` as read at
-    its ``reloads()``-th reload (the count its ``ServerContexts`` keeps), read here once per reload."""
-
-    def __init__(self, reloads: Callable[[], int], cafile: str | None, crlfile: str | None = None) -> None:
-        self.reloads = reloads
-        self.cafile = cafile
-        self.crlfile = crlfile
-        self._read_at = 0
-        self._trusted: frozenset[bytes] | None = None
-        self._revoked: set[CertificateId] = set()
-
-    def _read(self, reloads: int) -> None:
-        if self._read_at != reloads or self._trusted is None:
-            self._trusted = trusted_keys(self.cafile) if self.cafile else None
-            self._revoked = revoked_in(self.crlfile) if self.crlfile else set()
-            self._read_at = reloads
-
-    def refusal(self, peer: PeerCertificate) -> tuple[str, str] | None:
-        """Why ``peer``'s certificate is no longer accepted since the last reload (its reason and the line
-        to say), or None; checked once per reload."""
-        reloads = self.reloads()
-        if peer.checked == reloads:
-            return None
-        peer.checked = reloads
-        self._read(reloads)
-        if peer.certificate is not None and peer.certificate in self._revoked:
-            return (
-                "certificate_revoked",
-                f"its client certificate (CN={peer.name}) is revoked in {self.crlfile}",
-            )
-        if self._trusted is not None and not peer.needs <= self._trusted:
-            return (
-                "certificate_untrusted",
-                f"its client certificate (CN={peer.name}) is no longer trusted: {self.cafile} lacks a CA its "
-                "chain rests on",
-            )
-        return None
 
 
 def _expired(peer: PeerCertificate) -> tuple[str, str]:
@@ -147,7 +103,27 @@ class CertificateCheck:
         """Why ``peer``'s certificate is no longer accepted (its reason and the line to say), or None."""
         if time.time() >= peer.end:
             return _expired(peer)
-        return self.trust.refusal(peer) if self.trust is not None else None
+        return self._reloaded(peer)
+
+    def _reloaded(self, peer: PeerCertificate) -> tuple[str, str] | None:
+        """Why ``peer``'s certificate is no longer accepted since the last reload, or None; checked once per
+        reload."""
+        trust = self.trust
+        if trust is None or peer.checked == trust.reloads:
+            return None
+        peer.checked = trust.reloads
+        if trust.revokes(peer.certificate):
+            return (
+                "certificate_revoked",
+                f"its client certificate (CN={peer.name}) is revoked in {trust.crlfile}",
+            )
+        if trust.lacks(peer.needs):
+            return (
+                "certificate_untrusted",
+                f"its client certificate (CN={peer.name}) is no longer trusted: {trust.cafile} lacks a CA "
+                "its chain rests on",
+            )
+        return None
 
     def say(self, reason: str, line: str) -> None:
         """One WARNING naming the endpoint, counted as ``reason``."""

@@ -483,12 +483,11 @@ class Broker(BrokerCore):
     def _certificate_check(self, name: str, contexts: ServerContexts | None) -> CertificateCheck | None:
         """The check of each request's client certificate on the HTTPS endpoint ``name`` served with
         ``contexts`` (None: plain HTTP, or no client certificates), counted in this broker's metrics."""
-        from broker_edge.http.peer_certificates import CertificateCheck, ClientTrust
+        from broker_edge.http.peer_certificates import CertificateCheck
 
-        files = contexts.files if contexts is not None else None
-        if contexts is None or files is None or not files.cafile:
+        trust = contexts.trust if contexts is not None else None
+        if trust is None:
             return None
-        trust = ClientTrust(lambda: contexts.reloads, files.cafile, files.crlfile)
         refusals = self.metrics.https_certificate_refusals_total
         return CertificateCheck(name, trust, lambda reason: refusals.labels(name, reason).inc())
 

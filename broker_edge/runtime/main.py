@@ -251,18 +251,18 @@ def reload_files(broker: Broker) -> None:
 
 def _close_revoked(broker: Broker, listener: ListenerRuntime) -> None:
     """Close ``listener``'s connections whose client certificate its CRLs, just read, revoke."""
-    tls = listener.config.tls
-    if tls is None or tls.crlfile is None:
+    trust = listener.tls_contexts.trust if listener.tls_contexts is not None else None
+    if trust is None or trust.crlfile is None:
         return
-    close_revoked(list(broker.connections), listener.name, tls.crlfile)
+    close_revoked(list(broker.connections), listener.name, trust)
 
 
 def _close_untrusted(broker: Broker, listener: ListenerRuntime) -> None:
     """Close ``listener``'s connections whose client certificate its CAs, just read, no longer trust."""
-    tls = listener.config.tls
-    if tls is None or tls.cafile is None:
+    trust = listener.tls_contexts.trust if listener.tls_contexts is not None else None
+    if trust is None:
         return
-    close_untrusted(list(broker.connections), listener.name, tls.cafile)
+    close_untrusted(list(broker.connections), listener.name, trust)
 
 
 Report = Callable[[str | None], None]

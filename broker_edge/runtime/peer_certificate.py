@@ -4,15 +4,15 @@ end and the CAs of its chain, watched (``certificate_ends``, ``untrusted_peers``
 
 A resumed TLS session is not verified again by OpenSSL: a session begun before a SIGHUP that revoked the
 certificate, or took its CA out of ``cafile``, would let it back in (the holder of a stolen key who kept
-one). Such a connection is refused (``resumed_refusal``), checked against the files of the last reload, read
-once per reload."""
+one). Such a connection is refused (``resumed_refusal``), checked against what the listener's last reload
+read (its ``ServerContexts.trust``)."""
 
 from __future__ import annotations
 
 import ssl
 from typing import TYPE_CHECKING
 
-from broker_edge.security.peer_chain import CertificateId, certificate_id, revoked_in, trusted_keys
+from broker_edge.security.peer_chain import certificate_id
 from broker_edge.security.tls import peer_common_name, peer_timestone_uri
 
 if TYPE_CHECKING:
@@ -21,9 +21,6 @@ if TYPE_CHECKING:
     from broker_edge.engine.connection.terms import ListenerRuntime
 
 __all__ = ["note_peer_certificate", "refuse_resumed", "resumed_refusal"]
-
-_RELOADED: dict[tuple[str | None, str | None, int], tuple[frozenset[bytes] | None, set[CertificateId]]] = {}
-"""The CAs and revoked certificates of each (cafile, crlfile, reload) resumed sessions are checked with."""
 
 
 def note_peer_certificate(
@@ -47,28 +44,21 @@ def resumed_refusal(
 ) -> tuple[str, str] | None:
     """Why ``conn``, on a TLS session resumed after a reload of its listener that no longer accepts its
     certificate, is refused (the reason it is counted as, and the line to say), or None (noted first)."""
-    contexts, tls = listener.tls_contexts, listener.config.tls
-    if ssl_object is None or not ssl_object.session_reused or contexts is None or tls is None:
+    contexts = listener.tls_contexts
+    if ssl_object is None or not ssl_object.session_reused or contexts is None:
         return None
-    if not contexts.reloads:
+    trust = contexts.trust
+    if trust is None or not trust.reloads:
         return None  # the session was verified against the files in force
-    key = (tls.cafile, tls.crlfile, contexts.reloads)
-    files = _RELOADED.get(key)
-    if files is None:
-        if len(_RELOADED) >= 64:
-            _RELOADED.clear()
-        trusted = trusted_keys(tls.cafile) if tls.cafile else None
-        files = _RELOADED[key] = trusted, revoked_in(tls.crlfile) if tls.crlfile else set()
-    trusted, revoked = files
-    if conn.peer_certificate is not None and conn.peer_certificate in revoked:
+    if trust.revokes(conn.peer_certificate):
         return (
             "certificate_revoked",
-            f"its client certificate (CN={conn.peer_cn}) is revoked in {tls.crlfile}",
+            f"its client certificate (CN={conn.peer_cn}) is revoked in {trust.crlfile}",
         )
-    if trusted is not None and conn.peer_trust is not None and not conn.peer_trust <= trusted:
+    if trust.lacks(conn.peer_trust):
         return (
             "certificate_untrusted",
-            f"its client certificate (CN={conn.peer_cn}) is no longer trusted: {tls.cafile} lacks a CA its "
+            f"its client certificate (CN={conn.peer_cn}) is no longer trusted: {trust.cafile} lacks a CA its "
             "chain rests on",
         )
     return None

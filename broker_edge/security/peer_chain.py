@@ -18,17 +18,24 @@ known by the name of its issuer.
 from __future__ import annotations
 
 import hashlib
+import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.security.tls import crls_in
-
 if TYPE_CHECKING:
     from cryptography import x509
 
-__all__ = ["CertificateId", "PeerChain", "certificate_id", "peer_chain", "revoked_in", "trusted_keys"]
+__all__ = [
+    "CertificateId",
+    "PeerChain",
+    "certificate_id",
+    "crls_in",
+    "peer_chain",
+    "revoked_in",
+    "trusted_keys",
+]
 
 _DER = 2
 """``_ssl.ENCODING_DER``: how the certificates of a chain are asked for."""
@@ -161,6 +168,16 @@ def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> Certific
 
     certificate = x509.load_der_x509_certificate(der)
     return certificate.issuer.public_bytes(), certificate.serial_number
+
+
+_CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
+
+
+def crls_in(crlfile: str) -> list[x509.CertificateRevocationList]:
+    """The CRLs of a PEM file (one that OpenSSL loaded: each parses)."""
+    from cryptography import x509
+
+    return [x509.load_pem_x509_crl(block) for block in _CRL_BLOCK.findall(Path(crlfile).read_bytes())]
 
 
 def revoked_in(crlfile: str) -> set[CertificateId]:

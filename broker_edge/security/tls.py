@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import re
 import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from broker_edge.config import ConfigError
+from broker_edge.security.client_trust import ClientTrust
+from broker_edge.security.peer_chain import crls_in
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -29,7 +30,6 @@ __all__ = [
     "certificate_not_valid_now",
     "check_crls_cover",
     "client_ssl_context",
-    "crls_in",
     "files_not_valid_now",
     "peer_common_name",
     "peer_timestone_uri",
@@ -37,8 +37,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("broker_edge.tls")
-
-_CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -150,13 +148,6 @@ def _load_crls(context: ssl.SSLContext, crlfile: str) -> None:
     except ssl.SSLError as exc:
         raise ConfigError("crlfile", f"cannot load the CRLs in {crlfile}: {exc}") from exc
     context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
-
-
-def crls_in(crlfile: str) -> list[x509.CertificateRevocationList]:
-    """The CRLs of a PEM file (one that OpenSSL loaded: each parses)."""
-    from cryptography import x509
-
-    return [x509.load_pem_x509_crl(block) for block in _CRL_BLOCK.findall(Path(crlfile).read_bytes())]
 
 
 def _leaf_cas_and_crls(
@@ -272,15 +263,24 @@ class ServerContexts:
     certificate and are checked against the new CAs (during a rotation, a CA file holding the old and the
     new CA accepts both). A reload that fails raises and leaves ``current`` as it was; so does one whose
     ``certfile`` (the server's certificate) has expired or is not valid yet, which a start serves all the
-    same, said at ERROR."""
+    same, said at ERROR. ``trust``: the client certificates its CAs and CRLs accept as of the last reload,
+    read with each new ``current`` (by default of ``files``' ``cafile`` and ``crlfile``; None without
+    ``cafile``), for the checks OpenSSL does not make again (``client_trust``)."""
 
     def __init__(
-        self, build: Callable[[], ssl.SSLContext], files: TlsConfig | None = None, name: str = "TLS server"
+        self,
+        build: Callable[[], ssl.SSLContext],
+        files: TlsConfig | None = None,
+        name: str = "TLS server",
+        trust: ClientTrust | None = None,
     ) -> None:
         self._build = build
         self._files = files
         self.name = name
         """What the log lines call it (``listener devices``, ``offsets API``)."""
+        if trust is None and files is not None and files.cafile:
+            trust = ClientTrust(files.cafile, files.crlfile)
+        self.trust = trust
         self.current = build()
         self.not_after = certificate_end(files.certfile) if files else 0.0
         """When the certificate served now expires (Unix time; 0: not known)."""
@@ -304,7 +304,10 @@ class ServerContexts:
         problem = files_not_valid_now(self._files) if self._files else None
         if problem:
             raise ConfigError(*problem)
-        self.current = self._build()
+        current = self._build()
+        if self.trust is not None:
+            self.trust.reload()  # raises (as the build may): neither changes
+        self.current = current
         self.reloads += 1
         if self._files:
             self.not_after = certificate_end(self._files.certfile)

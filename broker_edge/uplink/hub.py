@@ -112,7 +112,7 @@ class UplinkHub:
         self.status = SitesStatus(store, metrics)
         self.expired = ExpiredOnArrival(store)
         self.tls = ServerContexts(lambda: server_ssl_context(config.tls), config.tls, "uplink hub")
-        self.certificates = SiteCertificates(config.tls)
+        self.certificates = SiteCertificates(self.tls.trust)
         """The connected sites' certificates: a link ends with its certificate's authorization."""
         self.port = 0
         self._runner: GuardedRunner | None = None

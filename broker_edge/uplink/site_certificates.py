@@ -29,13 +29,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSCloseCode
 
 from broker_edge.engine.connection.certificate_ends import CertificateEnds
-from broker_edge.security.peer_chain import (
-    CertificateId,
-    certificate_id,
-    peer_chain,
-    revoked_in,
-    trusted_keys,
-)
+from broker_edge.security.peer_chain import CertificateId, certificate_id, peer_chain
 from broker_edge.security.tls import peer_common_name
 from broker_edge.uplink.wire import ERROR, encode
 
@@ -44,7 +38,7 @@ if TYPE_CHECKING:
 
     from aiohttp import web
 
-    from broker_edge.security.tls import TlsConfig
+    from broker_edge.security.client_trust import ClientTrust
     from broker_edge.uplink.site_status import SiteStatus
 
 __all__ = ["SiteCertificates", "SiteConnection"]
@@ -115,27 +109,26 @@ class SiteConnection:
 
 
 class SiteCertificates:
-    """The certificates of the sites connected to a hub whose TLS is ``tls``, watched (module docstring)."""
+    """The certificates of the sites connected to a hub, watched (module docstring); ``trust``: what the
+    hub's TLS files accept as of their last reload (its ``ServerContexts.trust``; None without ``cafile``)."""
 
-    def __init__(self, tls: TlsConfig | None) -> None:
-        self.tls = tls
+    def __init__(self, trust: ClientTrust | None) -> None:
+        self.trust = trust
         self.ends = CertificateEnds()
         self.connections: dict[int, SiteConnection] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self._reloaded: tuple[frozenset[bytes], set[CertificateId]] | None = None
-        """The CAs and the revoked certificates the last reload read (None: none since the start)."""
 
     def refused_at_connect(self, ssl_object: ssl.SSLObject | None) -> tuple[str, str] | None:
         """Why a connection on a resumed TLS session is refused (its reason and the line to say), or None. A
         resumed session is not verified again: one begun before a reload would let a certificate that reload
         no longer trusts, or revokes, back in. A full handshake was checked against the files in force."""
-        if ssl_object is None or not ssl_object.session_reused or self._reloaded is None:
+        trust = self.trust
+        if ssl_object is None or not ssl_object.session_reused or trust is None or not trust.reloads:
             return None
-        trusted, revoked = self._reloaded
-        if certificate_id(ssl_object) in revoked:
+        if trust.revokes(certificate_id(ssl_object)):
             return "revoked", "its certificate is revoked (uplink_hub.tls.crlfile)"
         chain = peer_chain(ssl_object)
-        if chain is not None and not chain.needs <= trusted:
+        if chain is not None and trust.lacks(chain.needs):
             return "untrusted", "its certificate is no longer trusted (uplink_hub.tls.cafile lacks its CA)"
         return None
 
@@ -159,32 +152,29 @@ class SiteCertificates:
 
     def reloaded(self) -> int:
         """After a reload of the hub's TLS files: end the links whose chain needs a CA the new ``cafile``
-        lacks, or whose certificate its CRLs list; how many were."""
-        tls = self.tls
-        if tls is None or not tls.cafile:
+        lacks, or whose certificate its CRLs list (``trust``, read by that reload); how many were."""
+        trust = self.trust
+        if trust is None:
             return 0
-        trusted = trusted_keys(tls.cafile)
-        revoked = revoked_in(tls.crlfile) if tls.crlfile else set()
-        self._reloaded = trusted, revoked
         ended = 0
         for connection in list(self.connections.values()):
             if connection.ended:
                 continue
-            if connection.certificate is not None and connection.certificate in revoked:
+            if connection.certificate is not None and trust.revokes(connection.certificate):
                 serial = connection.certificate[1]
                 connection.log().warning(
                     "closing its uplink: its certificate (CN=%s, serial %x) is revoked in %s",
                     connection.peer_cn,
                     serial,
-                    tls.crlfile,
+                    trust.crlfile,
                 )
                 connection.close(None, "its certificate is revoked", counted_as="certificate_revoked")
-            elif connection.needs is not None and not connection.needs <= trusted:
+            elif trust.lacks(connection.needs):
                 connection.log().warning(
                     "closing its uplink: its certificate (CN=%s) is no longer trusted: %s lacks a CA its "
                     "chain rests on",
                     connection.peer_cn,
-                    tls.cafile,
+                    trust.cafile,
                 )
                 connection.close(
                     None, "its certificate is no longer trusted", counted_as="certificate_untrusted"

@@ -141,8 +141,6 @@ def _certificate_check(
     """Each request's member certificate checked: its end, and the cluster CAs of the last reload."""
     if tls is None:
         return None
-    from broker_edge.http.peer_certificates import CertificateCheck, ClientTrust
+    from broker_edge.http.peer_certificates import CertificateCheck
 
-    server = tls.server
-    trust = ClientTrust(lambda: server.reloads, tls.config.cafile)
-    return CertificateCheck("members' endpoint", trust, refused)
+    return CertificateCheck("members' endpoint", tls.server.trust, refused)

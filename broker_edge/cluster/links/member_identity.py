@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.config.loader import ConfigError
+from broker_edge.security.client_trust import ClientTrust
 from broker_edge.security.tls import ServerContexts, load_key_pair
 from broker_edge.settings.cluster import NODE_ID, MemberTlsConfig
 
@@ -83,7 +84,8 @@ class MemberTls:
         self.node_id = node_id
         self.expires: datetime.datetime | None = None
         self._client = self._client_context()
-        self.server = ServerContexts(self._server_context)
+        self.server = ServerContexts(self._server_context, trust=ClientTrust(config.cafile))
+        """The members' endpoint's TLS, and the cluster CAs of its last reload (no CRLs)."""
 
     @property
     def client_context(self) -> ssl.SSLContext:

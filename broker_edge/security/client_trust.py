@@ -1,0 +1,51 @@
+"""The client certificates a TLS server's files accept as of their last reload (SIGHUP): its CAs and the
+certificates its CRLs revoke.
+
+OpenSSL checks a client certificate against ``cafile`` and ``crlfile`` at a full handshake only: what a
+reload takes out of ``cafile``, or adds to the CRLs, is not checked on a connection opened before it, nor
+on a TLS session resumed after it, nor on the next request of a kept-alive HTTPS connection. Each server
+(``ServerContexts``: an MQTT listener, the offsets API, the members' endpoint, the uplink hub) holds one
+``ClientTrust``, which its ``reload`` reads with the new context: every check of those connections
+(``runtime.peer_certificate``, ``runtime.revoked_peers``, ``runtime.untrusted_peers``,
+``http.peer_certificates``, ``uplink.site_certificates``) asks it, and no check reads the files again.
+Until the first reload it holds nothing: a connection was verified by OpenSSL against the files in force.
+"""
+
+from __future__ import annotations
+
+from broker_edge.security.peer_chain import CertificateId, revoked_in, trusted_keys
+
+__all__ = ["ClientTrust"]
+
+
+class ClientTrust:
+    """The CAs of ``cafile`` and the certificates the CRLs of ``crlfile`` list, as its ``reloads``-th reload
+    read them (module docstring)."""
+
+    __slots__ = ("cafile", "crlfile", "reloads", "revoked", "trusted")
+
+    def __init__(self, cafile: str, crlfile: str | None = None) -> None:
+        self.cafile = cafile
+        self.crlfile = crlfile
+        self.reloads = 0
+        """The reloads read so far (0: none since the start)."""
+        self.trusted: frozenset[bytes] = frozenset()
+        """The keys of the CAs of ``cafile`` (``peer_chain.trusted_keys``), as last reloaded."""
+        self.revoked: frozenset[CertificateId] = frozenset()
+        """Every certificate the CRLs list, as last reloaded (none without ``crlfile``)."""
+
+    def reload(self) -> None:
+        """Read the files again (both, or neither when one does not read: it raises)."""
+        trusted = trusted_keys(self.cafile)
+        revoked = frozenset(revoked_in(self.crlfile)) if self.crlfile else frozenset()
+        self.trusted, self.revoked = trusted, revoked
+        self.reloads += 1
+
+    def revokes(self, certificate: CertificateId | None) -> bool:
+        """Whether the last reload's CRLs list ``certificate`` (its issuer and serial number)."""
+        return certificate is not None and certificate in self.revoked
+
+    def lacks(self, needs: frozenset[bytes] | None) -> bool:
+        """Whether a chain needing the CAs ``needs`` (``peer_chain``) rests on a CA the last reload's
+        ``cafile`` does not hold (never before the first reload)."""
+        return self.reloads > 0 and needs is not None and not needs <= self.trusted
