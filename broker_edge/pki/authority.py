@@ -501,15 +501,23 @@ def read_certificates(path: str | Path, missing: str = "") -> list[x509.Certific
     except FileNotFoundError:
         raise PkiError(f"{path}: no such file" + (f" ({missing})" if missing else "")) from None
     except ValueError:
-        raise PkiError(f"{path}: {_not_a_certificate(data)}") from None
+        raise PkiError(f"{path}: {_not_a_certificate(data, Path(path))}") from None
 
 
-def _not_a_certificate(data: bytes) -> str:
-    """What a file that holds no PEM certificate holds instead, as far as its PEM label says."""
+def _not_a_certificate(data: bytes, path: Path) -> str:
+    """What a file that holds no PEM certificate holds instead, as far as its PEM label (or DER) says."""
     if b"PRIVATE KEY-----" in data:
         return "a private key, not a certificate"
     if _CRL_LABEL in data:
         return "a CRL, not a certificate"
+    for what, command, load in (
+        ("a certificate", "x509", x509.load_der_x509_certificate),
+        ("a CRL", "crl", x509.load_der_x509_crl),
+    ):
+        with contextlib.suppress(ValueError):
+            load(data)
+            pem = path.with_suffix(".pem") if path.suffix != ".pem" else path.with_suffix(".pem.pem")
+            return f"{what} in DER, not PEM: openssl {command} -inform der -in {path} -out {pem}"
     return "no PEM certificate"
 
 
@@ -564,10 +572,13 @@ def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str
     """What the certificates of a PEM file name, for whom, and until when, or the serials a CRL lists
     (``timestone pki show``)."""
     now = now or datetime.datetime.now(datetime.UTC)
+    crl: list[str] = []  # (a CRL anywhere in the file: after openssl crl -text's text, a CA's certificate)
     with contextlib.suppress(OSError, ValueError):
         data = Path(path).read_bytes()
-        if data.lstrip().startswith(_CRL_LABEL):
-            return _describe_crl(x509.load_pem_x509_crl(data), now)
+        if _CRL_LABEL in data:
+            crl = _describe_crl(x509.load_pem_x509_crl(data), now)
+    if crl and _CERTIFICATE_LABEL not in data:
+        return crl
     certificates = read_certificates(path)
     lines: list[str] = []
     for certificate in certificates:
@@ -594,4 +605,4 @@ def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str
                 elif uri.startswith(SITE_URI_PREFIX):
                     lines.append(f"site:     {uri[len(SITE_URI_PREFIX) :]} (uplink.site_id)")
         lines.append("")
-    return lines[:-1]
+    return lines + crl if crl else lines[:-1]
