@@ -26,10 +26,12 @@ from .record import (
     FLAG_RESPONSE_TOPIC,
     FLAG_RETAIN,
     FLAG_USER_PROPERTIES,
-    FORMAT_VERSION,
     FRAME_OVERHEAD,
+    PACKET_ID_VERSION,
     PREFIX_SIZE,
     QOS_AT,
+    U16,
+    VERSIONS,
     FrameError,
     Record,
     decode_fields,
@@ -139,9 +141,14 @@ def checked_run(data: bytes, file_positions: Sequence[int], first: int, max_body
     headers = frame_headers(data, positions)
     if (
         np.any(headers["body_length"] != lengths - PREFIX_SIZE)
-        or np.any(headers["version"] != FORMAT_VERSION)
+        or np.any(~np.isin(headers["version"], VERSIONS))
         or np.any(headers["offset"] != np.arange(first, first + count))
-        or np.any(FRAME_OVERHEAD + headers["client_id_len"].astype(np.int64) > lengths)
+        or np.any(
+            FRAME_OVERHEAD
+            + headers["client_id_len"].astype(np.int64)
+            + (headers["version"] == PACKET_ID_VERSION) * U16.size
+            > lengths
+        )
     ):
         return None
     view = memoryview(data)
@@ -211,6 +218,7 @@ def frame_columns(runs: Sequence[FrameRun]) -> FrameColumns:
     client_id_starts = starts + FRAME_OVERHEAD
     client_id_lengths = headers["client_id_len"].astype(np.int64)
     payload_starts = client_id_starts + client_id_lengths
+    payload_starts += (headers["version"] == PACKET_ID_VERSION) * U16.size  # its packet id, after the id
     flags = headers["flags"]
     fields: list[tuple[int, str | None, list[tuple[str, str]]]] = []
     with_fields = np.flatnonzero(flags & FIELD_FLAGS)

@@ -42,8 +42,10 @@ from .record import (
     BODY_HEAD,
     FLAG_RETAIN,
     FORMAT_VERSION,
+    PACKET_ID_VERSION,
     PREFIX,
     PREFIX_SIZE,
+    U16,
     RecordFields,
     encode_framed,
 )
@@ -205,11 +207,12 @@ class PartitionLog(Locating):
         table = self.table
         next_offsets, index_ms = table.next, table.index_ms
         head_seg, head_first, head_last = table.head_seg, table.head_first, table.head_last
-        pack_body, pack_prefix, pack_entry, pack_id = (
+        pack_body, pack_prefix, pack_entry, pack_id, pack_u16 = (
             BODY_HEAD.pack,
             PREFIX.pack,
             ENTRY_HEAD.pack,
             TOPIC_ID.pack,
+            U16.pack,
         )
         checksum, add_run = record.crc32c, self._runs.append
         max_body, room = self._max_body, min(self.config.segment_bytes, MAX_SEGMENT_BYTES)
@@ -228,7 +231,13 @@ class PartitionLog(Locating):
                         if client_id is not last_client:
                             last_client, raw_id = client_id, client_id.encode()
                         flags = FLAG_RETAIN if retain else 0
-                        body = pack_body(FORMAT_VERSION, offset, timestamp, qos, flags, len(raw_id)) + raw_id
+                        if qos > 0xFF:  # QoS 2 keeping its packet id (`record.qos_with_packet_id`)
+                            packet_id, qos = qos >> 8, qos & 0xFF
+                            body = pack_body(PACKET_ID_VERSION, offset, timestamp, qos, flags, len(raw_id))
+                            body += raw_id + pack_u16(packet_id)
+                        else:
+                            body = pack_body(FORMAT_VERSION, offset, timestamp, qos, flags, len(raw_id))
+                            body += raw_id
                         body += payload
                     except (ValueError, OverflowError, struct.error):  # `append` raises what it means
                         body = None

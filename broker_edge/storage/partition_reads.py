@@ -32,7 +32,7 @@ from . import record
 from .entry import ENTRY_HEAD, HEAD_SIZE, MARKER_BIT, MARKER_BODY_SIZE, TOPIC_ID, EntryError, parse_head
 from .errors import CorruptRecord, StorageError
 from .partition_log import PartitionLog
-from .record import FORMAT_VERSION, PREFIX, PREFIX_SIZE
+from .record import PREFIX, PREFIX_SIZE, VERSIONS
 from .segment import Segment
 from .topic_table import TopicTable
 
@@ -287,7 +287,7 @@ class _ChunkScan:
                     read.damaged += 1
                 elif wanted(topic_id):
                     version, offset = _VERSION_AND_OFFSET.unpack_from(buffer, at + _BODY_AT)
-                    if version != FORMAT_VERSION or crc32c(view[at + _BODY_AT : end]) != frame_crc:
+                    if version not in VERSIONS or crc32c(view[at + _BODY_AT : end]) != frame_crc:
                         read.damaged += 1
                     elif offset < starts[topic_id]:
                         read.lost[topic_id] = read.lost.get(topic_id, 0) + 1

@@ -4,12 +4,17 @@ Frame layout (little endian)::
 
     u32 body_length | u32 crc32c(body) | body
     body = u8 version | u64 offset | i64 timestamp_ms | u8 qos | u8 flags | u16 client_id_len | client_id
+           [u16 packet_id]                                            if version == 2
            [u16 content_type_len | content_type]                       if flags & FLAG_CONTENT_TYPE
            [u16 count | (u16 key_len | key | u16 value_len | value)*]  if flags & FLAG_USER_PROPERTIES
            [u16 response_topic_len | response_topic]                  if flags & FLAG_RESPONSE_TOPIC
            [u16 correlation_data_len | correlation_data]              if flags & FLAG_CORRELATION_DATA
            [u32 message_expiry_interval]                              if flags & FLAG_MESSAGE_EXPIRY
            payload (the rest of the body)
+
+Version 2 is a QoS 2 publish that keeps its client's packet id (with the client id, what tells a resend of it
+after a crash from a new message, see docs/broker.md); every other record is version 1, as every record of
+brokers before it was. Both are read.
 
 The MQTT 5 Message Expiry Interval counts from the record's timestamp: a reader holding the record later
 (a replay, a session resumed after a restart) knows whether it has expired and what remains of it.
@@ -40,6 +45,9 @@ crc32c: Callable[..., int] = _load_crc32c
 loaded it). Other modules call it as ``record.crc32c`` so that they see the bound function."""
 
 FORMAT_VERSION = 1
+PACKET_ID_VERSION = 2
+"""The version of a record whose client id is followed by its publisher's packet id (a QoS 2 publish)."""
+VERSIONS = (FORMAT_VERSION, PACKET_ID_VERSION)
 PREFIX = struct.Struct("<II")
 BODY_HEAD = struct.Struct("<BQqBBH")
 U16 = struct.Struct("<H")
@@ -77,7 +85,13 @@ RecordFields = tuple[
     bytes | None,
 ]
 """(payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator,
-message_expiry_interval, response_topic, correlation_data): one record of `CommitLog.append_batch`."""
+message_expiry_interval, response_topic, correlation_data): one record of `CommitLog.append_batch`. A QoS 2
+publish that keeps its packet id has it in the bits of `qos` above the first byte (`qos_with_packet_id`)."""
+
+
+def qos_with_packet_id(qos: int, packet_id: int) -> int:
+    """The `qos` field of `RecordFields` for a publish whose record keeps its client's `packet_id`."""
+    return qos | packet_id << 8
 
 
 @dataclass(slots=True)
@@ -138,6 +152,8 @@ class Record:
     """MQTT 5 Message Expiry Interval in seconds from `timestamp_ms` (None: never expires)."""
     response_topic: str | None = None
     correlation_data: bytes | None = None
+    packet_id: int | None = None
+    """The publisher's packet id of a QoS 2 record that keeps it (version 2), else None."""
 
     @property
     def size(self) -> int:
@@ -187,6 +203,11 @@ def encode_frame(
     raw_id = client_id.encode()
     if len(raw_id) > _U16_MAX:
         raise ValueError(f"client id of {len(raw_id)} bytes does not fit a record (max {_U16_MAX})")
+    version, cid_length = FORMAT_VERSION, len(raw_id)
+    if qos > 0xFF:  # a QoS 2 publish keeping its packet id (`qos_with_packet_id`): after the client id
+        version = PACKET_ID_VERSION
+        raw_id += U16.pack(qos >> 8)
+        qos &= 0xFF
     if (
         content_type is None
         and payload_format_indicator is None
@@ -196,7 +217,7 @@ def encode_frame(
         and correlation_data is None
     ):
         flags = FLAG_RETAIN if retain else 0
-        body = _pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id)) + raw_id + payload
+        body = _pack_head(version, offset, timestamp_ms, qos, flags, cid_length) + raw_id + payload
         return _pack_prefix(len(body), crc32c(body)) + body
     flags = FLAG_RETAIN if retain else 0
     parts: list[bytes] = [b"", raw_id]
@@ -226,7 +247,7 @@ def encode_frame(
     if message_expiry_interval is not None:
         flags |= FLAG_MESSAGE_EXPIRY
         parts.append(U32.pack(message_expiry_interval))
-    parts[0] = _pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id))
+    parts[0] = _pack_head(version, offset, timestamp_ms, qos, flags, cid_length)
     parts.append(payload)
     body = b"".join(parts)
     return _pack_prefix(len(body), crc32c(body)) + body
@@ -268,8 +289,12 @@ def encode_framed(
             last_id, raw_id = client_id, client_id.encode()
             if len(raw_id) > _U16_MAX:
                 raise ValueError(f"client id of {len(raw_id)} bytes does not fit a record (max {_U16_MAX})")
-        body = pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, FLAG_RETAIN if retain else 0, len(raw_id))
-        body += raw_id + payload
+        flags = FLAG_RETAIN if retain else 0
+        if qos > 0xFF:  # a QoS 2 publish keeping its packet id (`qos_with_packet_id`)
+            body = pack_head(PACKET_ID_VERSION, offset, timestamp_ms, qos & 0xFF, flags, len(raw_id))
+            body += raw_id + U16.pack(qos >> 8) + payload
+        else:
+            body = pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id)) + raw_id + payload
         crc = checksum(body)
         if head is None:
             append(pack_prefix(len(body), crc) + body)
@@ -302,7 +327,7 @@ def check_frame(buf: bytes | memoryview, pos: int, expected_offset: int, max_bod
     if crc32c(view[pos + PREFIX_SIZE : end]) != checksum:
         raise FrameError("checksum")
     version, offset, timestamp_ms, _qos, _flags, _cid = BODY_HEAD.unpack_from(buf, pos + PREFIX_SIZE)
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and version != PACKET_ID_VERSION:
         raise FrameError("version")
     if offset != expected_offset:
         raise FrameError("offset")
@@ -345,7 +370,7 @@ def check_frames(buf: bytes | memoryview, first_offset: int, max_body: int) -> C
         if checksum(view[body:end]) != crc:
             return CheckedFrames(frames, times, crcs, FrameError("checksum"))
         version, stored_offset, timestamp_ms, _qos, _flags, _cid = unpack_head(view, body)
-        if version != FORMAT_VERSION:
+        if version != FORMAT_VERSION and version != PACKET_ID_VERSION:
             return CheckedFrames(frames, times, crcs, FrameError("version"))
         if stored_offset != offset:
             return CheckedFrames(frames, times, crcs, FrameError("offset"))
@@ -405,10 +430,12 @@ def decode_fields(
     position of the payload, the other MQTT 5 fields or None). Raises `FrameError("fields")` when they
     overrun the frame or are not UTF-8."""
     try:
-        _v, _o, _t, _qos, flags, cid_length = BODY_HEAD.unpack_from(view, pos + PREFIX_SIZE)
+        version, _o, _t, _qos, flags, cid_length = BODY_HEAD.unpack_from(view, pos + PREFIX_SIZE)
         p = pos + FRAME_OVERHEAD
         client_id = str(view[p : p + cid_length], "utf-8")
         p += cid_length
+        if version == PACKET_ID_VERSION:
+            p += U16.size  # the packet id (`packet_id_of`)
         content_type = None
         if flags & FLAG_CONTENT_TYPE:
             (length,) = U16.unpack_from(view, p)
@@ -466,4 +493,14 @@ def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp
     )
     if extras is not None:
         record.message_expiry_interval, record.response_topic, record.correlation_data = extras
+    if view[pos + PREFIX_SIZE] == PACKET_ID_VERSION:
+        record.packet_id = packet_id_of(view, pos)
     return record
+
+
+def packet_id_of(view: memoryview, pos: int) -> int | None:
+    """The packet id the checked frame at `pos` keeps (version 2), else None."""
+    if view[pos + PREFIX_SIZE] != PACKET_ID_VERSION:
+        return None
+    (cid_length,) = U16.unpack_from(view, pos + FRAME_OVERHEAD - U16.size)
+    return int(U16.unpack_from(view, pos + FRAME_OVERHEAD + cid_length)[0])

@@ -11,6 +11,7 @@ from crc32c import crc32c
 
 from broker_edge.storage import AppendRecord, CorruptRecord, LogStore, StorageConfig
 from broker_edge.storage.frame_runs import FrameRun, frame_columns
+from broker_edge.storage.record import qos_with_packet_id
 from tests.unit.broker_edge.storage.log_helpers import (
     entry_positions,
     flip_byte,
@@ -99,6 +100,26 @@ def test_runs_hold_the_records_read_returns(
 ):
     runs = assert_same_read(mixed_log, offset, max_records, max_bytes)
     assert runs and runs[0].first == offset
+
+
+def test_qos2_records_keeping_packet_ids_give_their_payloads_in_columns(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    """A record of version 2 (a packet id after the client id) between version 1 ones: the columns give
+    every payload without the packet id's bytes."""
+    store = LogStore(tmp_path / "qos2", small_segments)
+    store.open()
+    try:
+        for number in range(6):
+            qos = qos_with_packet_id(2, 300 + number) if number % 2 else 2
+            store.append_batch(
+                TOPIC, [(b"p%d" % number, qos, False, "dev", (), None, None, None, None, None)]
+            )
+        store.flush()
+        assert_same_read(store, 0, 1000, 1 << 20)
+        assert [r.packet_id for r in store.read(TOPIC, 0)] == [None, 301, None, 303, None, 305]
+    finally:
+        store.close()
 
 
 def test_a_read_across_segments_is_one_run_of_the_topics_frames(mixed_log: LogStore):

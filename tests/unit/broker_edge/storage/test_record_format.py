@@ -17,6 +17,7 @@ from broker_edge.storage.record import (
     decode_frames,
     encode_frames,
     encode_record,
+    qos_with_packet_id,
 )
 
 MAX_BODY = 1 << 20
@@ -192,3 +193,20 @@ def test_a_batch_refuses_an_oversized_client_id():
                 (b"", 1, False, "x" * 70_000, (), None, None, None, None, None),
             ],
         )
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_a_qos2_record_keeps_its_packet_id_and_a_record_without_one_reads_as_before(content_type):
+    """Version 2 keeps the publisher's packet id after the client id; version 1 (every record of brokers
+    before it) has none. Both decode with every other field intact, alone and in a run of frames."""
+    kept = AppendRecord(b"payload", qos_with_packet_id(2, 65535), False, "dev", [("k", "v")], content_type)
+    plain = AppendRecord(b"payload", 2, False, "dev", [("k", "v")], content_type)
+    frames = [encode_record(7, 1000, kept), encode_record(8, 1000, plain)]
+    assert [frame[PREFIX_SIZE] for frame in frames] == [2, 1]
+    records, error = decode_frames(b"".join(frames), 7, MAX_BODY)
+    assert error is None and check_frames(b"".join(frames), 7, MAX_BODY).error is None
+    assert [(r.packet_id, r.qos, r.client_id, r.payload, r.content_type) for r in records] == [
+        (65535, 2, "dev", b"payload", content_type),
+        (None, 2, "dev", b"payload", content_type),
+    ]
+    assert encode_frames(7, 1000, [kept.batch_fields()]) == frames[:1]
