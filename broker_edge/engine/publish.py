@@ -183,6 +183,9 @@ class PublishPath:
         self._call_soon = call_soon
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
+        self._qos2_ids: dict[Message, int] = {}
+        """The packet ids of the QoS 2 publishes queued (a broker alone): their records keep them, so that a
+        restart after a crash can tell a resend of one from a new message (``runtime.qos2_log_ids``)."""
         self._scheduled = False
         self._answers = AnswersInTurn()
         """Each publisher's answers in the order of its publishes."""
@@ -351,6 +354,8 @@ class PublishPath:
             self._by_topic[message.topic] = [message]
         else:
             queued.append(message)
+        if entry.qos == 2 and entry.packet_id is not None and self.forwarding is None:
+            self._qos2_ids[message] = entry.packet_id
         self._queue(entry)
 
     def _queue(self, entry: PendingPublish) -> None:
@@ -370,6 +375,10 @@ class PublishPath:
         self._scheduled = False
         batch, self._pending = self._pending, []
         topics, self._by_topic = self._by_topic, {}
+        fields: Callable[[Message], RecordFields] = record_fields
+        if self._qos2_ids:
+            fields = partial(_fields_keeping_ids, self._qos2_ids)
+            self._qos2_ids = {}
         if self._creating:  # made by this append, or refused by it: the store counts what it made
             self._creating = {}
         store = self.store
@@ -386,9 +395,7 @@ class PublishPath:
             [
                 (
                     topic,
-                    [record_fields(messages[0])]
-                    if len(messages) == 1
-                    else list(map(record_fields, messages)),
+                    [fields(messages[0])] if len(messages) == 1 else list(map(fields, messages)),
                 )
                 for topic, messages in topics.items()
             ]  # (a topic per device: one message each, and no inner comprehension per topic)
@@ -406,7 +413,7 @@ class PublishPath:
         if retry:
             for entry in batch:
                 if entry.message is not None and entry.message.topic in retry:
-                    self._append_one(store, entry, retry[entry.message.topic])
+                    self._append_one(store, entry, retry[entry.message.topic], fields)
         store.when_durable(
             lambda: self._durable(current), lambda exc: self._failed(current, exc, "log_failed")
         )
@@ -511,7 +518,13 @@ class PublishPath:
             if publisher is not None and entry.qos == 2 and entry.packet_id is not None and publisher.v5:
                 publisher.release_qos2(entry.packet_id)
 
-    def _append_one(self, store: PublishStore, entry: PendingPublish, refusal: StorageError) -> None:
+    def _append_one(
+        self,
+        store: PublishStore,
+        entry: PendingPublish,
+        refusal: StorageError,
+        fields: Callable[[Message], RecordFields],
+    ) -> None:
         """Append one publish of a batch that failed with `refusal`; at the topic limit it is refused at
         once (no log can be made for it, and the store would count the refusal again)."""
         message = entry.message
@@ -520,7 +533,7 @@ class PublishPath:
             self._refuse(entry, refusal)
             return
         try:
-            message.offset = store.append_batch(message.topic, [record_fields(message)])
+            message.offset = store.append_batch(message.topic, [fields(message)])
         except StorageError as exc:
             self._refuse(entry, exc)
 
@@ -672,6 +685,11 @@ class PublishPath:
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
+
+
+def _fields_keeping_ids(packet_ids: dict[Message, int], message: Message) -> RecordFields:
+    """The record of ``message``, keeping its publisher's packet id when ``packet_ids`` has it (QoS 2)."""
+    return record_fields(message, packet_ids.get(message))
 
 
 def _first_on(pending: list[PendingPublish], topic: str) -> int:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message
 from broker_edge.protocol.properties import Properties
+from broker_edge.storage.record import qos_with_packet_id
 
 if TYPE_CHECKING:
     from broker_edge.storage.record import Record, RecordFields
@@ -27,15 +28,17 @@ if TYPE_CHECKING:
 __all__ = ["message_of_frame", "message_of_record", "record_fields", "record_properties"]
 
 
-def record_fields(message: Message) -> RecordFields:
+def record_fields(message: Message, packet_id: int | None = None) -> RecordFields:
     """The log record of a publish: payload, QoS, retain, publisher and the properties it is forwarded with
-    (what remains of its Message Expiry Interval counts from the record's time)."""
+    (what remains of its Message Expiry Interval counts from the record's time); ``packet_id``: the
+    publisher's, kept by the record of a QoS 2 publish (``record.qos_with_packet_id``)."""
     props = message.properties
     expiry = None if message.expires_at is None else message.expiry_left()  # a call only when it expires
+    qos = message.qos if packet_id is None else qos_with_packet_id(message.qos, packet_id)
     if props is None:
         return (
             message.payload,
-            message.qos,
+            qos,
             message.retain,
             message.origin,
             (),
@@ -47,7 +50,7 @@ def record_fields(message: Message) -> RecordFields:
         )
     return (
         message.payload,
-        message.qos,
+        qos,
         message.retain,
         message.origin,
         list(props.user_properties),

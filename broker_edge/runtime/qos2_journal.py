@@ -19,6 +19,8 @@ import contextlib
 import json
 import logging
 import os
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,11 +29,21 @@ from broker_edge.observe.refusal_log import FailingWrites
 if TYPE_CHECKING:
     from broker_edge.engine.routing.router import Router
 
-__all__ = ["JOURNAL_PREFIX", "Qos2Journal"]
+__all__ = ["JOURNAL_PREFIX", "JournalState", "Qos2Journal"]
 
 log = logging.getLogger(__name__)
 
 JOURNAL_PREFIX = "qos2-ids."
+
+
+@dataclass
+class JournalState:
+    """What the files since a snapshot say: each id's last line (held or released), how many times each was
+    released, and how many ids the replay held."""
+
+    last: dict[tuple[str, int], bool] = field(default_factory=dict)
+    releases: Counter[tuple[str, int]] = field(default_factory=Counter)
+    held: int = 0
 
 
 class Qos2Journal:
@@ -94,27 +106,26 @@ class Qos2Journal:
                 with contextlib.suppress(OSError):
                     self._path(old).unlink()
 
-    def replay(self, router: Router, since: int | None) -> int:
+    def replay(self, router: Router, since: int | None) -> JournalState:
         """Apply the files from generation ``since`` on (None: every file) to ``router``'s sessions; returns
-        how many ids are held after it."""
-        held: dict[tuple[str, int], bool] = {}
+        what they say (``JournalState``: ``held`` counts the ids held after it)."""
+        state = JournalState()
         for generation in self._generations():
             if (since is None or generation >= since) and generation != self.generation:
-                self._read(self._path(generation), held)
-        count = 0
-        for (client_id, packet_id), is_held in held.items():
+                self._read(self._path(generation), state)
+        for (client_id, packet_id), is_held in state.last.items():
             session = router.sessions.get(client_id)
             if session is None:
                 continue
             if is_held:
                 session.restore_incoming((packet_id,))
-                count += 1
+                state.held += 1
             else:
                 session.release_incoming(packet_id)
-        return count
+        return state
 
     @staticmethod
-    def _read(path: Path, held: dict[tuple[str, int], bool]) -> None:
+    def _read(path: Path, state: JournalState) -> None:
         try:
             text = path.read_text(errors="replace")
         except OSError as exc:
@@ -129,7 +140,9 @@ class Qos2Journal:
                 skipped += not cut
                 continue
             client_id, packet_id, is_held = entry
-            held[(client_id, packet_id)] = is_held
+            state.last[(client_id, packet_id)] = is_held
+            if not is_held:
+                state.releases[(client_id, packet_id)] += 1
         if skipped:
             log.warning("%s: %d lines are not incoming QoS 2 ids (damaged): skipped", path, skipped)
 

@@ -34,6 +34,7 @@ from broker_edge.engine.sessions.snapshot import (
 )
 from broker_edge.observe.refusal_log import FailingWrites
 from broker_edge.runtime.qos2_journal import Qos2Journal
+from broker_edge.runtime.qos2_log_ids import hold_logged_ids
 from broker_edge.storage.segment import fsync_directory
 
 if TYPE_CHECKING:
@@ -96,9 +97,18 @@ class SessionStore:
             self.config.max_persistent,
             self.log_store.store_id,
         )
-        held = self.journal.replay(self.router, snapshot.journal_from)
-        if held:
-            log.info("%d incoming QoS 2 ids held since the last snapshot restored from the journal", held)
+        journal = self.journal.replay(self.router, snapshot.journal_from)
+        if journal.held:
+            log.info(
+                "%d incoming QoS 2 ids held since the last snapshot restored from the journal", journal.held
+            )
+        logged = hold_logged_ids(self.router, self.log_store, snapshot.log_ends, journal)
+        if logged:
+            log.info(
+                "%d incoming QoS 2 ids restored from the log's records since the last snapshot (appended,"
+                " not yet answered when the broker stopped)",
+                logged,
+            )
         if snapshot.damaged:
             log.error(
                 "%s: %d persistent sessions failed their check (the file is damaged): not restored, the"

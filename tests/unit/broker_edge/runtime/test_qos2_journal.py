@@ -29,7 +29,7 @@ def test_the_last_line_of_each_id_wins_across_generations_and_a_cut_line_is_skip
         file.write('["dev",5,')  # a power cut in the middle of a line
 
     router = restored_router("dev")
-    assert Qos2Journal(tmp_path).replay(router, since) == 1
+    assert Qos2Journal(tmp_path).replay(router, since).held == 1
     assert router.sessions["dev"].incoming_qos2 == {3}  # 2 was before the snapshot: it has it if held
 
     everything = restored_router("dev")
