@@ -4,6 +4,7 @@ way Spark calls the reader, against real brokers (test_stream_reader.py shows th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import socket
@@ -411,6 +412,7 @@ class SlowLink:
         self.target, self.delay_s = port, delay_s
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
+        self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -420,18 +422,57 @@ class SlowLink:
             except OSError:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pipe, args=(client, upstream, self.delay_s), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, 0.0), daemon=True).start()
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._relay, args=(client, upstream), daemon=True).start()
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Both directions of one connection, its sockets closed once both have ended: a direction that ends
+        closes only its sending half (closing both sockets under the other direction's thread failed that
+        thread's next recv or send on a closed descriptor, "Bad file descriptor")."""
+        answers = threading.Thread(target=self._pipe, args=(upstream, client, 0.0), daemon=True)
+        answers.start()
+        self._pipe(client, upstream, self.delay_s)
+        answers.join()
+        client.close()
+        upstream.close()
 
     @staticmethod
     def _pipe(source: socket.socket, target: socket.socket, delay_s: float) -> None:
-        with source, target:
+        """Pass what ``source`` sends on to ``target`` until ``source`` ends (or a peer resets), then end
+        ``target``'s sending half."""
+        try:
             while data := source.recv(65536):
                 time.sleep(delay_s)
                 target.sendall(data)
+        except ConnectionError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
+        """Stop accepting and end every connection (each relay then closes its sockets)."""
         self.server.close()
+        for connection in self._sockets:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+def test_the_slow_link_passes_on_the_end_of_a_connection_its_broker_closes(edge: EdgeBroker) -> None:
+    """A broker that ends a connection after its answer (``Connection: close``): each direction of the
+    relay closed both sockets when it ended, under the other direction's thread, so the reader never saw the
+    end (the socket it read was still held open by that thread's recv) and that thread's next recv or send
+    failed on a closed descriptor ("Bad file descriptor" in ``_pipe``)."""
+    link = SlowLink(edge.port, 0.0)
+    try:
+        with socket.create_connection(("127.0.0.1", link.port), timeout=30) as client:
+            client.sendall(b"GET /v1/logs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+    finally:
+        link.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n0\r\n\r\n"), answer  # all of it
 
 
 def test_a_time_start_over_thousands_of_topics_does_not_ask_one_topic_at_a_time(edge: EdgeBroker) -> None:
