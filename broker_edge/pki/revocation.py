@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from cryptography import x509
@@ -44,7 +45,33 @@ def revoked_of(authority: Authority) -> list[dict[str, str]]:
         isinstance(entry, dict) and isinstance(entry.get("serial"), str) for entry in entries
     ):
         raise PkiError(f"{path} does not read as the list of revoked certificates")
+    for number, entry in enumerate(entries, 1):  # (a list edited by hand: each entry read as the CRL will)
+        why = _unreadable(entry)
+        if why:
+            raise PkiError(f"{path}: entry {number}: {why}")
     return entries
+
+
+def _unreadable(entry: Mapping[str, object]) -> str | None:
+    """Why an entry of the list cannot go in a CRL, or None."""
+    serial = entry["serial"]
+    try:
+        if not 0 < _serial(entry) < 1 << 159:  # (RFC 5280: positive, at most 20 octets)
+            raise ValueError(serial)
+    except ValueError:
+        return f"serial {serial!r} is not a serial number in hex"
+    revoked_at = entry.get("revoked_at")
+    if revoked_at is not None:
+        try:
+            datetime.datetime.fromisoformat(revoked_at if isinstance(revoked_at, str) else "")
+        except ValueError:
+            return f"revoked_at {revoked_at!r} is not a date and time (2026-11-30T10:00:00+00:00)"
+    return None
+
+
+def _serial(entry: Mapping[str, object]) -> int:
+    """An entry's serial number (hex, as openssl x509 -serial prints it too, in upper case)."""
+    return int(str(entry["serial"]), 16)
 
 
 def revoke(authority: Authority, cert: str | Path) -> tuple[x509.Certificate, Path, bool]:
@@ -59,7 +86,7 @@ def revoke(authority: Authority, cert: str | Path) -> tuple[x509.Certificate, Pa
         raise PkiError(f"{cert} is the CA itself: a CA is replaced, not revoked (docs/security.md)")
     entries = revoked_of(authority)
     serial = format(certificate.serial_number, "x")
-    added = all(entry["serial"] != serial for entry in entries)
+    added = all(_serial(entry) != certificate.serial_number for entry in entries)
     if added:
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         entries.append(
@@ -85,10 +112,7 @@ def _write(authority: Authority, entries: list[dict[str, str]]) -> Path:
     for entry in entries:
         revoked_at = datetime.datetime.fromisoformat(entry.get("revoked_at") or now.isoformat())
         builder = builder.add_revoked_certificate(
-            x509.RevokedCertificateBuilder()
-            .serial_number(int(entry["serial"], 16))
-            .revocation_date(revoked_at)
-            .build()
+            x509.RevokedCertificateBuilder().serial_number(_serial(entry)).revocation_date(revoked_at).build()
         )
     crl = authority.sign_crl(builder)
     path = authority.directory / CRL_FILE
