@@ -308,6 +308,8 @@ class ClusterNode:
         )
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
+        if self.sessions is not None:
+            self.sessions.shared_in_flight = self.shared
         if self.followers is not None:
             self.followers.delivery.wants = _subscribed_here(broker.router, self.shared)
         self.members_routes.append(self.links.add_routes)

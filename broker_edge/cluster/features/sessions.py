@@ -71,12 +71,24 @@ if TYPE_CHECKING:
     from broker_edge.settings.cluster import ClusterConfig
     from broker_edge.storage.store import LogStore
 
-__all__ = ["SERVICE_TAKE_OVER", "ClusterSessions", "SessionHost"]
+__all__ = ["SERVICE_TAKE_OVER", "ClusterSessions", "SessionHost", "SharedInFlight"]
 
 log = logging.getLogger("broker_edge.cluster.sessions")
 
 SERVICE_TAKE_OVER = 10
 """Peer service: give up a client id's session to the asking broker (the sessions' services are 10-19)."""
+
+
+class SharedInFlight(Protocol):
+    """The shared deliveries a session has in flight, moved with it (``SharedGroups``)."""
+
+    def hand_over(self, session: Session, node: str) -> list[dict[str, Any]]:
+        """Those of ``session`` it takes to the broker ``node``, tracked here no more."""
+        ...
+
+    def adopt(self, session: Session, moved: list[Any]) -> None:
+        """Those another broker handed over, put into ``session``'s window here."""
+        ...
 
 
 class SessionHost(Protocol):
@@ -170,6 +182,12 @@ class ClusterSessions:
         self.closed = False
         """Set once this node leaves: its records stay as they are, for the others to act on."""
         self.forwards_settled: Callable[[str], Awaitable[bool]] | None = None
+        self.shared_in_flight: SharedInFlight | None = None
+        """Moves the shared QoS 2 deliveries a session has in flight with it (set once shared groups are
+        built): its member completes them on the broker it resumes on [MQTT-4.8.2-4]."""
+        self._handed: dict[str, list[Any]] = {}
+        """Client id → the shared deliveries its former broker handed over with its session (``_take_over``),
+        until the session is restored (``_restore``)."""
         """Waits until no publish of a client id is still being forwarded from here
         (``ClusterForwarding.settle``): a takeover answers after it."""
         links.serve_requests(SERVICE_TAKE_OVER, self._serve_take_over)
@@ -343,6 +361,7 @@ class ClusterSessions:
         own), and a clean start discards the session here."""
         router = self.broker.router
         local = router.sessions.get(client_id)
+        self._handed.pop(client_id, None)  # of an earlier claim that did not restore the session
         if record is not None and record.node != self.node_id:
             self._discard_local(client_id, fire_will=False)  # a copy from before is out of date
             if record.node in self.view.members:
@@ -389,6 +408,9 @@ class ClusterSessions:
                 raise RuntimeError(f"{node} did not hand over the session: {exc}") from exc
         answer = json.loads(reply)
         state = answer.get("state")
+        shared = answer.get("shared")
+        if isinstance(shared, list) and shared:
+            self._handed[client_id] = shared
         return bool(answer.get("held")), state if isinstance(state, dict) else None
 
     def _restore(self, state: dict[str, Any], saved: bool) -> None:
@@ -410,6 +432,9 @@ class ClusterSessions:
             log.error("a session handed over could not be restored (%s); it starts empty", exc)
             return
         session = broker.router.sessions.get(state.get("client_id", ""))
+        moved = self._handed.pop(state.get("client_id", ""), None)
+        if moved and session is not None and self.shared_in_flight is not None:
+            self.shared_in_flight.adopt(session, moved)
         if saved and session is not None:  # (a state handed over now names every topic there is)
             self._read_topics_created_since(session)
 
@@ -481,11 +506,14 @@ class ClusterSessions:
         if session is None:
             return b'{"held":false}'  # lost (a restart without it): the asking broker uses the saved state
         log.info("handing session %r over to %s (clean start: %s)", client_id, link.peer, clean_start)
-        state = None
+        answer: dict[str, Any] = {"held": True, "state": None}
         if not clean_start:  # even a session ending with its connection is resumed by a takeover
-            state = saved_session(session, self._saved_logs, self.broker.now())
+            answer["state"] = saved_session(session, self._saved_logs, self.broker.now())
+            shared = self.shared_in_flight
+            if shared is not None and (moved := shared.hand_over(session, link.peer)):
+                answer["shared"] = moved  # a member of an earlier version reads no more than it knows
         self._discard_local(client_id, fire_will=clean_start)
-        return json.dumps({"held": True, "state": state}, separators=(",", ":")).encode()
+        return json.dumps(answer, separators=(",", ":")).encode()
 
     def _saved_logs(self, topic_filter: str) -> list[LogInfo]:
         """What a saved session reads: the logs here, and the topics this node observes (it holds no copy

@@ -37,11 +37,13 @@ reference (``weakref.finalize``), so sessions need no hook of their own.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import struct
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker_edge.cluster.features.shared_directory import (
     Deliveries,
@@ -62,6 +64,7 @@ from broker_edge.cluster.features.shared_groups_wire import (
     decode_assigned,
     decode_direct,
     decode_done,
+    decode_moved,
     decode_note,
     decode_onward,
     decode_partitions,
@@ -69,6 +72,7 @@ from broker_edge.cluster.features.shared_groups_wire import (
     encode_assigned,
     encode_direct,
     encode_done,
+    encode_moved,
     encode_note,
     encode_onward,
     encode_partitions,
@@ -77,6 +81,7 @@ from broker_edge.cluster.links.peer_link import PeerLinkDown, PeerRequestFailed
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.engine.message import Message
 from broker_edge.engine.records import message_of_record
+from broker_edge.engine.sessions.session import Inflight, Released
 from broker_edge.storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -84,6 +89,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.routing.router import Router
     from broker_edge.engine.routing.subscriptions import SharedGroup
+    from broker_edge.engine.sessions.session import Session
     from broker_edge.storage.store import LogStore
 
 __all__ = ["ReadRecord", "SharedGroups", "log_reader"]
@@ -167,10 +173,13 @@ class SharedGroups:
         self.read_record = read_record
         self.deliveries = Deliveries(remembered)
         self._here: set[DeliveryKey] = set()
+        """Deliveries handed to a member of this broker and not finished."""
         self._too_large: set[DeliveryKey] = set()
         """Deliveries of partitions this node leads that a broker declined as too large for its members: one
         no other broker takes is dropped, counted ``too_large``."""
-        """Deliveries handed to a member of this broker and not finished."""
+        self._moved: dict[DeliveryKey, str] = {}
+        """Deliveries a member's session took to another broker (``hand_over``), until they finish: an
+        assignment sent here before the leader knew it is not delivered again while that broker lives."""
         self._retry_timer: asyncio.TimerHandle | None = None
         self.resend_s = resend_s
         self._sent_at: dict[DeliveryKey, float] = {}
@@ -369,6 +378,7 @@ class SharedGroups:
     def _finished(self, key: DeliveryKey) -> None:
         self.deliveries.finish(key)
         self._too_large.discard(key)
+        self._moved.pop(key, None)
         self._sent_at.pop(key, None)
         self._tell_others(DONE, encode_done(key, False))
 
@@ -388,12 +398,79 @@ class SharedGroups:
             if peer in self.view.members:
                 link.send(kind, body)
 
+    # -- a member's session moving to another broker ------------------------------------------------------
+
+    def hand_over(self, session: Session, node: str) -> list[dict[str, Any]]:
+        """The shared QoS 2 deliveries ``session`` has in flight and not past PUBREC, for ``node``, the broker
+        its client resumes it on (``adopt``): tracked here no more (their copies' release here finishes
+        nothing, the other brokers are told where they went), its member completes them there
+        [MQTT-4.8.2-4] and no other member gets them [MQTT-4.8.2-5]."""
+        moved = []
+        for packet_id, entry in (session.inflight or {}).items():
+            if isinstance(entry, Released):
+                continue
+            message, qos, retain, subscription_ids = entry
+            if qos != 2 or not isinstance(message, _TrackedMessage):
+                continue
+            key = message.key
+            if key is not None:
+                if key not in self._here:
+                    continue
+                self._here.discard(key)
+                self._moved[key] = node
+                self.deliveries.assign(key, node)
+                self._tell_others(NOTE, encode_note(key, node))
+            moved.append(
+                {
+                    "packet_id": packet_id,
+                    "key": None if key is None else [key.topic, key.offset, key.group, key.topic_filter],
+                    "retain": retain,
+                    "subscription_ids": list(subscription_ids),
+                    "message": base64.b64encode(encode_moved(message)).decode(),
+                }
+            )
+        return moved
+
+    def adopt(self, session: Session, moved: list[Any]) -> None:
+        """Put the shared deliveries the session's former broker had in flight (``hand_over``) into its
+        window here: sent again with their packet ids and DUP when its client connects [MQTT-4.4.0-1], and
+        tracked here from now on (the other brokers told: ``NOTE``)."""
+        me = self.view.node_id
+        for entry in moved:
+            try:
+                message = decode_moved(base64.b64decode(entry["message"]), self.loop.time())
+                key = DeliveryKey(*entry["key"]) if entry["key"] is not None else None
+                packet_id = int(entry["packet_id"])
+                delivery = (bool(entry["retain"]), tuple(int(n) for n in entry["subscription_ids"]))
+            except (KeyError, TypeError, ValueError, struct.error, binascii.Error) as exc:
+                log.error(
+                    "a shared delivery of session %r handed over is not readable: %s", session.client_id, exc
+                )
+                continue
+            inflight = session.inflight
+            if inflight is None:
+                inflight = session.inflight = Inflight()
+                inflight.next_id = 1
+                inflight.resend_as = None
+            if packet_id in inflight:
+                continue
+            if key is not None:
+                message.offset = key.offset
+            copy = _copy(message, key)
+            inflight[packet_id] = (copy, 2, *delivery)
+            if key is None:
+                continue
+            self._here.add(key)
+            self.deliveries.assign(key, me)
+            self._tell_others(NOTE, encode_note(key, me))
+            weakref.finalize(copy, self._released, key)
+
     # -- what peers send ----------------------------------------------------------------------------------
 
     def _on_assign(self, link: PeerLink, body: memoryview) -> None:
         key, message = decode_assign(body, self.loop.time())
-        if key in self._here:
-            return  # sent again while its delivery here goes on
+        if key in self._here or self._moved.get(key) in self.view.members:
+            return  # sent again while its delivery here, or where its member's session went, goes on
         if not self.deliveries.assign(key, self.view.node_id):
             link.send(DONE, encode_done(key, False))  # finished: the first notice did not get through
             return
@@ -409,6 +486,7 @@ class SharedGroups:
             self.deliveries.finish(key)
             self._sent_at.pop(key, None)
             self._too_large.discard(key)
+            self._moved.pop(key, None)
             return
         excluded = self.deliveries.decline(key, link.peer)
         if excluded and self._leads(key.topic):

@@ -38,6 +38,7 @@ __all__ = [
     "decode_assigned",
     "decode_direct",
     "decode_done",
+    "decode_moved",
     "decode_note",
     "decode_onward",
     "decode_partitions",
@@ -45,6 +46,7 @@ __all__ = [
     "encode_assigned",
     "encode_direct",
     "encode_done",
+    "encode_moved",
     "encode_note",
     "encode_onward",
     "encode_partitions",
@@ -155,6 +157,17 @@ def decode_direct(body: bytes | memoryview, now: float) -> tuple[str, str, Messa
     group = reader.text()
     topic_filter = reader.text()
     return group, topic_filter, reader.message(now)
+
+
+def encode_moved(message: Message) -> bytes:
+    """A shared delivery in flight that a member's session takes to another broker
+    (``SharedGroups.hand_over``): the message as the link's ``UNLOGGED`` part."""
+    return encode_unlogged(message)
+
+
+def decode_moved(body: bytes | memoryview, now: float) -> Message:
+    """``encode_moved``'s message (its expiry counted from ``now``, no offset)."""
+    return _Reader(body).message(now)
 
 
 def encode_onward(tried: set[str], group: str, topic_filter: str, message: Message) -> bytes:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.protocol.packets import Publish
+from broker_edge.protocol.packets import PubComp, Publish, PubRec, PubRel
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.proof import Device, cluster_state, metric, wait_until
@@ -274,3 +274,57 @@ def test_a_message_too_large_for_a_brokers_members_goes_to_a_member_on_another_b
     wait_until(lambda: too_large_drops(three_brokers) == 1, 40, "the last one dropped as too large")
     members.collect()
     assert members.payloads("a") == Counter()
+
+
+@pytest.mark.mqtt5("MQTT-4.8.2-4", "MQTT-4.8.2-5")
+def test_a_qos2_job_in_flight_to_a_member_that_resumes_on_another_broker_is_completed_there(three_brokers):
+    """MQTT 5.0 4.8.2: a QoS 2 message sent to a member that had not answered PUBREC when its connection
+    broke is completed to that member when it reconnects [MQTT-4.8.2-4], and sent to no other member
+    [MQTT-4.8.2-5]: also when it resumes its session on another broker, which sends it again with its
+    packet id and DUP."""
+    a, b, c = (three_brokers[node] for node in "abc")
+    persistent = Properties(session_expiry_interval=300)
+    moving = RawClient(a.port)
+    moving.connect("moving-worker", properties=persistent)
+    moving.subscribe(GROUP, 2)
+    other = PahoClient(c.port, "other-worker")
+    other.subscribe(GROUP, 2)
+    publisher = PahoClient(b.port, "boss")
+    held: list[Publish] = []
+    count = itertools.count()
+
+    def moving_holds_a_job() -> bool:
+        number = next(count)
+        publisher.publish(f"jobs/{number}", f"job {number}".encode(), 2)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                packet = moving.recv(0.05)
+                if isinstance(packet, Publish):
+                    held.append(packet)  # never answered with PUBREC
+        return bool(held)
+
+    wait_until(moving_holds_a_job, 30, "a job in flight to the member on a")
+    moving.close()
+    back = RawClient(b.port)
+    assert back.connect("moving-worker", clean_start=False, properties=persistent).session_present
+    for job in held:
+        again = back.recv()
+        assert isinstance(again, Publish), again
+        packet_id = job.packet_id
+        assert packet_id is not None
+        assert (again.payload, again.packet_id, again.qos, again.dup) == (job.payload, packet_id, 2, True)
+        back.send_packet(PubRec(packet_id))
+        assert back.recv() == PubRel(packet_id)
+        back.send_packet(PubComp(packet_id))
+
+    later: list[bytes] = []
+
+    def other_served_after() -> bool:
+        publisher.publish("jobs/after", b"after", 2)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                later.append(other.messages.get_nowait().payload)
+        return b"after" in later
+
+    wait_until(other_served_after, 30, "a later job at the member on c")
+    assert not {job.payload for job in held} & set(later)  # no other member got one of them
