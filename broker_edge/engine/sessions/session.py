@@ -484,19 +484,46 @@ class Session:
                 return
         queue = self.queue
         if queue:
-            quota = conn.terms.send_quota
-            router = self.router
-            while queue and not conn.terms.paused and (not self.inflight or len(self.inflight) < quota):
-                message, qos, retain, subscription_ids = queue.popleft()
-                queue.bytes -= len(message.payload)
-                if message.expires_at is not None and message.expired():
-                    router.count_drop("expired")
-                    continue
-                self._send(conn, message, qos, retain, subscription_ids)
+            inflight = self.inflight
+            if inflight is not None and inflight.resend_as is None and not conn.terms.paused:
+                self._send_queued(conn, queue, inflight)
+            else:
+                quota = conn.terms.send_quota
+                router = self.router
+                while queue and not conn.terms.paused and (not self.inflight or len(self.inflight) < quota):
+                    message, qos, retain, subscription_ids = queue.popleft()
+                    queue.bytes -= len(message.payload)
+                    if message.expires_at is not None and message.expired():
+                        router.count_drop("expired")
+                        continue
+                    self._send(conn, message, qos, retain, subscription_ids)
             if not queue:
                 self.queue = None
         if (rare := self._rare) is not None and rare.cursors and not self.queue:
             self.router.pump_replays(self)
+
+    def _send_queued(self, conn: Outlet, queue: HeldQueue, inflight: Inflight) -> None:
+        """``drain``'s loop for a window with no ids to resend as before (``Inflight.resend_as``): queued
+        deliveries sent while the window has room, each the same packet id and bytes ``_send`` would give
+        it, its queue entry kept as its in-flight entry. (Writing leaves the connection's ``paused`` as it
+        is: the transport takes the output at the end of the turn.)"""
+        room = conn.terms.send_quota - len(inflight)
+        send = conn.send_message
+        packet_id = inflight.next_id
+        while room > 0 and queue:
+            delivery = queue.popleft()
+            message = delivery[0]
+            queue.bytes -= len(message.payload)
+            if message.expires_at is not None and message.expired():
+                self.router.count_drop("expired")
+                continue
+            while packet_id in inflight:
+                packet_id = packet_id % 0xFFFF + 1
+            if send(message, delivery[1], delivery[2], delivery[3], packet_id):
+                inflight[packet_id] = delivery
+                room -= 1
+            packet_id = packet_id % 0xFFFF + 1
+        inflight.next_id = packet_id
 
     def deliver_retained(
         self, messages: list[Message], max_qos: int, subscription_ids: tuple[int, ...], room: int
@@ -591,8 +618,10 @@ class Session:
         if not inflight:
             return
         freed = False
+        get = inflight.get
         for packet_id in packet_ids:
-            if _ended_by_puback(inflight.get(packet_id)):
+            entry = get(packet_id)
+            if type(entry) is tuple and entry[1] == 1:  # ``_ended_by_puback`` without the call
                 del inflight[packet_id]
                 freed = True
         if freed:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from broker_edge.engine.message import Message
@@ -72,6 +74,30 @@ def test_window_full_queues_then_acks_drain_in_order():
     session.on_puback(2)
     assert [sent[0] for sent in connection.sent] == [b"1", b"2", b"3", b"4"]
     assert session.queue is None
+
+
+def test_held_deliveries_drain_in_order_with_free_ids_and_expired_ones_dropped():
+    """Held deliveries go out in order [MQTT-4.6.0-6] as acknowledgements make room, each with the next id
+    not in flight [MQTT-2.3.1-4]; one that expired while held is dropped, counted."""
+    connection = RecordingConnection(send_quota=2)
+    router = Router(LimitsConfig())
+    drops: list[str] = []
+    router.count_drop = lambda reason, count=1: drops.append(reason)
+    session = router.session_type("device", expiry_interval=300)
+    session.attach(connection)
+    session.deliver(Message("t", b"1", 1), 1, False)
+    assert session.inflight is not None
+    session.inflight.next_id = 0xFFFF  # about to wrap, 1 still in flight
+    session.deliver(Message("t", b"2", 1), 1, False)
+    session.deliver(Message("t", b"3", 1, expires_at=time.monotonic() - 1), 1, False)  # expires while held
+    session.deliver(Message("t", b"4", 1), 1, False)
+    session.deliver(Message("t", b"5", 1), 1, False)
+    assert session.on_puback(0xFFFF)
+    assert session.on_puback(1)
+    sent = [(payload, packet_id) for payload, _qos, packet_id, _dup in connection.sent]
+    assert sent == [(b"1", 1), (b"2", 0xFFFF), (b"4", 2), (b"5", 3)]
+    assert drops == ["expired"]
+    assert session.queue is None and sorted(session.inflight) == [2, 3]
 
 
 @pytest.mark.mqtt311("MQTT-3.3.1-1", "MQTT-4.4.0-1")
