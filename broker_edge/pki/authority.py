@@ -24,7 +24,7 @@ import datetime
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,9 +302,11 @@ class Authority:
         names: tuple[x509.GeneralName, ...] = (),
         days: int = 365,
         key_type: KeyType = "ec",
+        usages: Sequence[x509.ObjectIdentifier] | None = None,
     ) -> tuple[PrivateKey, x509.Certificate]:
-        """A new key and a certificate of this CA for it, of any shape (``issue`` makes the usual ones);
-        refused while the CA is not valid, or when it would expire before the certificate."""
+        """A new key and a certificate of this CA for it, of any shape (``issue`` makes the usual ones;
+        ``usages``, the extended key usages as they are: ``builders.build_leaf``); refused while the CA is
+        not valid, or when it would expire before the certificate."""
         self._check_validity(days)
         return build_leaf(
             self._key,
@@ -315,6 +317,7 @@ class Authority:
             names=names,
             days=days,
             key=new_key(key_type),
+            usages=usages,
         )
 
     def renew(
@@ -335,6 +338,7 @@ class Authority:
             raise PkiError(f"{pair.cert}: no such certificate") from None
         except ValueError as error:
             raise PkiError(f"{pair.cert}: not a PEM certificate ({error})") from None
+        _check_extensions_parse(pair.cert, current)
         constraints = _extension(current, x509.BasicConstraints)
         if isinstance(constraints, x509.BasicConstraints) and constraints.ca:
             raise PkiError(
@@ -358,11 +362,12 @@ class Authority:
         old_type: KeyType = "ec" if isinstance(current.public_key(), ec.EllipticCurvePublicKey) else "rsa"
         new, certificate = self.sign(
             current.subject,
-            server=usages is not None and ExtendedKeyUsageOID.SERVER_AUTH in usages,
-            client=usages is not None and ExtendedKeyUsageOID.CLIENT_AUTH in usages,
+            server=False,
+            client=False,
             names=tuple(names) if names is not None else (),
             days=days,
             key_type=key_type or old_type,
+            usages=list(usages) if usages is not None else [],  # as they were: none is any use
         )
         self._write(pair, new, certificate)
         return pair
@@ -463,6 +468,14 @@ def _why_not_a_ca(certificate: x509.Certificate) -> str | None:
     if certificate.version == x509.Version.v1:
         return None
     return "no basicConstraints CA:TRUE"
+
+
+def _check_extensions_parse(path: str | Path, certificate: x509.Certificate) -> None:
+    """``PkiError`` for a certificate whose extensions are no valid DER (cryptography parses them late)."""
+    try:
+        certificate.extensions  # noqa: B018  (parsed on first access)
+    except ValueError as error:
+        raise PkiError(f"{path}: its extensions do not parse ({error})") from None
 
 
 def _extension(certificate: x509.Certificate, kind: type) -> object | None:
@@ -582,6 +595,7 @@ def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str
     certificates = read_certificates(path)
     lines: list[str] = []
     for certificate in certificates:
+        _check_extensions_parse(path, certificate)
         lines.append(f"subject:  {certificate.subject.rfc4514_string()}")
         lines.append(f"issuer:   {certificate.issuer.rfc4514_string()}")
         lines.append(_validity(certificate, now))

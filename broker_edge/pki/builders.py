@@ -12,6 +12,7 @@ and mode (``broker_edge.security.replace_files``).
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -100,11 +101,14 @@ def build_leaf(
     names: tuple[x509.GeneralName, ...] = (),
     days: int = 365,
     key: PrivateKey | None = None,
+    usages: Sequence[x509.ObjectIdentifier] | None = None,
 ) -> tuple[PrivateKey, x509.Certificate]:
     """A certificate signed by the CA, for serving (``server``) and/or connecting (``client``), with
-    ``names`` as its subject alternative names; a new key unless ``key`` is given."""
+    ``names`` as its subject alternative names; a new key unless ``key`` is given. ``usages``: its extended
+    key usages as they are, instead of ``server`` and ``client`` (none: no such extension, any use)."""
     key = key or new_key()
-    usages = [ExtendedKeyUsageOID.SERVER_AUTH] * server + [ExtendedKeyUsageOID.CLIENT_AUTH] * client
+    if usages is None:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] * server + [ExtendedKeyUsageOID.CLIENT_AUTH] * client
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -112,12 +116,13 @@ def build_leaf(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
     )
+    if usages:  # (an empty one is no valid DER, and no peer would take the certificate for any use)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
     if names:
         builder = builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
     return key, _validity(builder, days).sign(ca_key, hashes.SHA256())

@@ -239,3 +239,51 @@ def test_a_ca_file_that_does_not_load_is_named_with_what_it_holds(
     for argv in (["issue", "client", "d1", "--ca", str(ca)], ["revoke", str(ca / "ca.pem"), "--ca", str(ca)]):
         assert refusal(pki(*argv)) == f"timestone pki {argv[0]}: " + said.format(ca=ca)
     assert files(tmp_path) == before
+
+
+def made_by_another_tool(ca: Path, *extensions: x509.ExtensionType) -> tuple[Path, Path]:
+    """A certificate for ``localhost`` that the CA in ``ca`` signed outside ``timestone pki`` (``openssl x509
+    -req -CA``), with ``extensions``: its files, ``legacy.pem`` and ``legacy.key`` beside the CA."""
+    ca_certificate_ = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = ca_certificate("legacy", key, *extensions, issuer=(ca_certificate_, ca_key))
+    cert, key_path = ca.parent / "legacy.pem", ca.parent / "legacy.key"
+    cert.write_bytes(pem(certificate))
+    key_path.write_bytes(openssl_key(key))
+    return cert, key_path
+
+
+def test_a_certificate_of_no_extended_key_usage_is_renewed_for_any_use_as_it_was(tmp_path: Path) -> None:
+    """Such a certificate (any use) was renewed with an empty extendedKeyUsage, which every TLS peer refuses
+    for any use ('unsuitable certificate purpose'): its working files were replaced, then the command
+    stopped with a ValueError traceback."""
+    ca = tmp_path / "ca"
+    assert pki("ca", str(ca)).returncode == 0
+    names = x509.SubjectAlternativeName([x509.DNSName("localhost")])
+    cert, key = made_by_another_tool(ca, x509.BasicConstraints(ca=False, path_length=None), names)
+    done = pki("renew", str(cert), "--ca", str(ca))
+    assert (done.returncode, done.stderr) == (0, ""), done
+    renewed = x509.load_pem_x509_certificate(cert.read_bytes())
+    assert renewed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value == names
+    with pytest.raises(x509.ExtensionNotFound):
+        renewed.extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    _, served = handshake(server, ssl.create_default_context(cafile=str(ca / "ca.pem")), "localhost")
+    assert served["subject"] == ((("organizationName", "Acme"),), (("commonName", "legacy"),))
+
+
+def test_a_certificate_whose_extensions_do_not_parse_is_said_so_in_one_line(tmp_path: Path) -> None:
+    """An empty extendedKeyUsage (what renew wrote of a certificate of none) is no valid DER: ``show`` and
+    ``renew`` of it stopped with a ValueError traceback."""
+    ca = tmp_path / "ca"
+    assert pki("ca", str(ca)).returncode == 0
+    cert, _ = made_by_another_tool(ca, x509.ExtendedKeyUsage([]))
+    before = files(tmp_path)
+    for argv in (["show", str(cert)], ["renew", str(cert), "--ca", str(ca)]):
+        assert refusal(pki(*argv)).startswith(
+            f"timestone pki {argv[0]}: {cert}: its extensions do not parse (error parsing asn1 value: "
+        )
+    assert files(tmp_path) == before
