@@ -14,6 +14,7 @@ from broker_edge.cluster.features.shared_groups_wire import (
     decode_assigned,
     decode_direct,
     decode_done,
+    decode_moved,
     decode_note,
     decode_onward,
     decode_partitions,
@@ -21,6 +22,7 @@ from broker_edge.cluster.features.shared_groups_wire import (
     encode_assigned,
     encode_direct,
     encode_done,
+    encode_moved,
     encode_note,
     encode_onward,
     encode_partitions,
@@ -115,6 +117,8 @@ def test_every_part_and_request_round_trips():
     )
     assert (tried, group, topic_filter) == ({"a", "b"}, "g", "t/#")
     assert (onward.topic, onward.payload) == ("t/x", b"big")
+    moved = decode_moved(encode_moved(message), now=500.0)
+    assert (moved.topic, moved.payload, moved.qos, moved.origin) == ("jobs/1", b"payload", 2, "device-9")
     assert decode_partitions(encode_partitions({3, 1, 15})) == {1, 3, 15}
     entries = [(KEY, "a"), (DeliveryKey("é/ü", 0, "g", "#"), "b")]
     assert decode_assigned(encode_assigned(entries)) == entries
