@@ -34,6 +34,8 @@ from broker_edge.protocol.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from broker_edge.protocol.properties import Properties
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.message import Message
     from broker_edge.engine.publish_run import LoggedRun, PublishRun
@@ -293,22 +295,18 @@ class Outgoing:
         return offsets and _size(message.template(self.terms.v5, qos, retain, subscription_ids), qos) <= limit
 
     def encode_while_framed(
-        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, messages: Iterable[Message], qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> None:
-        """A delivery about to wait in the session's queue (the in-flight window is full): when it will be the
-        MQTT 3.1.1 frame received around this client's packet id, that encoding is made now, out of the frame
-        (its head sliced off, its payload shared), which the message lets go of once routed; made when sent,
-        it would be encoded from its parts. (An MQTT 5 one would hold a second copy of the payload while
+        """Deliveries about to wait in the session's queue (the in-flight window is full): for each that will
+        be the MQTT 3.1.1 frame received around this client's packet id, that encoding is made now, out of the
+        frame (its head sliced off, its payload shared), which the message lets go of once routed; made when
+        sent, it would be encoded from its parts. (An MQTT 5 one would hold a second copy of the payload while
         queued: it is made when sent.)"""
-        if (
-            qos == message.qos
-            and not retain
-            and not subscription_ids
-            and not self.terms.v5
-            and not message.frame_v5
-            and message.frame is not None
-        ):
-            message.template(False, qos, False)
+        if retain or subscription_ids or self.terms.v5:
+            return
+        for message in messages:
+            if qos == message.qos and not message.frame_v5 and message.frame is not None:
+                message.template(False, qos, False)
 
     def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
         """Write a run of plain messages (``engine.publish_run``) delivered at QoS 0: their QoS 0 frames in

@@ -240,6 +240,9 @@ class Router:
                 if conn is not None:
                     conn.send_run(run, subscription_ids)
                 continue
+            if qos and (session._rare is None or session._rare.cursors is None or self.replays is None):
+                session.deliver_logged(run.messages(), qos if qos < 2 else 1, subscription_ids)
+                continue
             for message in run.messages():
                 self._deliver_logged(session, message, qos, subscription_ids)
         return len(match.subscribers)

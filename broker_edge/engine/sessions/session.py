@@ -97,10 +97,10 @@ class Outlet(Protocol):
         """Whether this delivery is within the client's Maximum Packet Size (one that is not is dropped)."""
 
     def encode_while_framed(
-        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, messages: Iterable[Message], qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> None:
-        """A delivery about to wait in the session's queue: its encoding made now where it is cut out of the
-        frame the message came in (``Message.frame``, let go of once it is routed)."""
+        """Deliveries about to wait in the session's queue: their encodings made now where they are cut out of
+        the frames the messages came in (``Message.frame``, let go of once routed)."""
 
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None: ...
 
@@ -393,7 +393,7 @@ class Session:
                 self._remember_offset(message)
             elif self._queue_has_room(size):
                 if conn is not None and message.frame is not None:
-                    conn.encode_while_framed(message, qos, retain, subscription_ids)
+                    conn.encode_while_framed((message,), qos, retain, subscription_ids)
                 self._enqueue((message, qos, retain, subscription_ids), size)
             elif logged:
                 self._remember_offset(message)
@@ -401,6 +401,49 @@ class Session:
                 self.router.drop_for(self, "queue_full", message)
             return
         self._send(conn, message, qos, retain, subscription_ids)
+
+    def deliver_logged(self, messages: list[Message], qos: int, subscription_ids: tuple[int, ...]) -> None:
+        """``deliver`` of each of ``messages`` at ``qos`` (1 or 2), in order: logged messages of a publisher's
+        run (``engine.publish_run.LoggedRun``), not retained, not shared. Those the in-flight window has room
+        for are sent, and the rest held together: the queue's limits looked up once, their encodings made
+        while framed in one call, no call per message."""
+        conn = self.connection
+        if conn is None:
+            for message in messages:
+                self.deliver(message, qos, False, subscription_ids)
+            return
+        start = 0
+        count = len(messages)
+        if not self.queue and not conn.terms.paused:
+            quota = conn.terms.send_quota
+            while start < count and (not self.inflight or len(self.inflight) < quota):
+                self._send(conn, messages[start], qos, False, subscription_ids)
+                start += 1
+        if start == count:
+            return
+        limits = self.router.limits
+        most = limits.max_offline_messages
+        most_bytes = limits.max_offline_bytes
+        logged = self.router.replays is not None
+        queue = self.queue
+        held = []
+        for index in range(start, count):
+            message = messages[index]
+            size = len(message.payload)
+            if queue is not None and len(queue) < most and queue.bytes + size <= most_bytes:
+                queue.bytes += size
+            elif queue is None and most and size <= most_bytes:
+                queue = self.queue = HeldQueue()
+                queue.bytes = size
+            elif logged and message.offset is not None:
+                self._remember_offset(message)
+                continue
+            else:
+                self.router.drop_for(self, "queue_full", message)
+                continue
+            queue.append((message, qos, False, subscription_ids))
+            held.append(message)
+        conn.encode_while_framed(held, qos, False, subscription_ids)
 
     def _send(
         self, conn: Outlet, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]

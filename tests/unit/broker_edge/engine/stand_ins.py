@@ -166,7 +166,7 @@ class RecordingConnection:
         for message in run.messages():
             self.send_message(message, 0, False, subscription_ids, None)
 
-    def encode_while_framed(self, message, qos, retain, subscription_ids) -> None:
+    def encode_while_framed(self, messages, qos, retain, subscription_ids) -> None:
         """Nothing is encoded here: what is sent is recorded as its parts."""
 
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:

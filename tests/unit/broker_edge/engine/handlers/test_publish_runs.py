@@ -304,6 +304,47 @@ def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by
     assert all(ack in publisher_output for ack in acks)
 
 
+QOS1_SUBSCRIBERS = {"v3-qos1": MQTT_3_1_1, "v5-qos2": MQTT_5}
+"""The subscribers of ``_subscribers`` that get QoS 1 messages at QoS 1, and their protocol versions."""
+
+
+def _acknowledging(version: int, packets: list[Publish], together: bool, **sections: Any) -> dict[str, bytes]:
+    """``_deliveries`` of ``packets`` to a logged topic, with what each QoS 1 subscriber is sent next as it
+    PUBACKs each delivery, a read of PUBACKs at a time, until the broker has nothing more for it; under
+    ``"queue_full"``, how many messages were dropped for a full queue."""
+    subscribers: Subscribers = {}
+
+    def keep(core: HandDrivenCore, found: Subscribers) -> None:
+        _logging(("t/a",))(core, found)
+        subscribers.update(found)
+
+    sent, core = _deliveries(version, packets, together, before=keep, turn_each=not together, **sections)
+    for name in QOS1_SUBSCRIBERS:
+        client = subscribers[name]
+        delivered = PacketDecoder(role="client", protocol_version=client.version).feed(sent[name])
+        while delivered:
+            ids = [p.packet_id for p in delivered if isinstance(p, Publish) and p.packet_id is not None]
+            delivered = client.send(*(PubAck(packet_id) for packet_id in ids)) if ids else []
+            sent[name] += client.received
+    sent["queue_full"] = b"%d" % core.counters.drops("queue_full")
+    return sent
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_a_qos1_run_past_a_subscribers_window_and_queue_goes_as_its_publishes_one_by_one(version):
+    """A QoS 1 subscriber whose in-flight window a run fills (2) and whose queue it overflows (3 messages):
+    the same deliveries with the same packet ids, the same ones held and sent as its PUBACKs come
+    [MQTT-4.6.0-6], the same ones dropped (``queue_full``), as when each publish is routed alone."""
+    packets = [Publish("t/a", b"a%d" % n, 1, packet_id=n + 1) for n in range(8)]
+    limits = {"max_inflight_out": 2, "max_offline_messages": 3}
+    together = _acknowledging(version, packets, together=True, limits=limits)
+    assert together == _acknowledging(version, packets, together=False, limits=limits)
+    assert together["queue_full"] == b"6"  # each QoS 1 subscriber: 2 in flight, 3 held, 3 dropped
+    for name, subscriber_version in QOS1_SUBSCRIBERS.items():
+        delivered = PacketDecoder(role="client", protocol_version=subscriber_version).feed(together[name])
+        assert [p.payload for p in delivered] == [b"a0", b"a1", b"a2", b"a3", b"a4"], name
+
+
 def test_a_v3_qos1_run_stops_where_the_clients_unanswered_publishes_reach_receive_maximum():
     """An MQTT 3.1.1 client's reading is held once ``limits.receive_maximum`` of its publishes wait for the
     log: a run is cut there, the rest is read once they are answered, nothing is lost."""
