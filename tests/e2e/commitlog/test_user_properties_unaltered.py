@@ -210,15 +210,17 @@ def delivery_bytes(topic: str, payload: bytes, retain: bool = False) -> int:
     return len(encode(Publish(topic, payload, 1, retain, packet_id=1, properties=properties), MQTT_5))
 
 
-def opted_in_subscriber(broker, client_id: str, maximum_packet_size: int) -> RawClient:
+def opted_in_subscriber(
+    broker, client_id: str, maximum_packet_size: int, topic_filter: str = "plant/#"
+) -> RawClient:
     """A v5 client asking for ``offset`` on deliveries, with ``maximum_packet_size``, subscribed to
-    ``plant/#`` at QoS 1 (its SUBACK read; a retained message may follow)."""
+    ``topic_filter`` at QoS 1 (its SUBACK read; a retained message may follow)."""
     client = RawClient(broker.port, 5)
     client.connect(
         client_id,
         properties=Properties(maximum_packet_size=maximum_packet_size, user_properties=[OFFSETS_OPT_IN]),
     )
-    assert isinstance(client.subscribe("plant/#", 1), SubAck)
+    assert isinstance(client.subscribe(topic_filter, 1), SubAck)
     return client
 
 
@@ -258,3 +260,19 @@ def test_the_offset_property_is_left_out_of_a_delivery_it_alone_makes_too_large(
         small = client.recv()
         assert (small.payload, small.properties.user_properties[-1][0]) == (b"small", "offset")
     assert broker.metric("timestone_broker_offset_properties_left_out_total") == 1
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-24")
+def test_a_shared_member_the_offset_property_alone_makes_too_large_for_takes_its_turn(brokers):
+    """A member of a shared group that a message fits only without ``offset`` is not passed over for
+    another member: it gets its turn, the message without ``offset`` [MQTT-3.1.2-24]."""
+    broker = brokers()
+    payload = b"s" * 100
+    exact = opted_in_subscriber(broker, "exact", delivery_bytes("plant/10", payload), "$share/g/plant/#")
+    other = PahoClient(broker.port, "other")
+    other.subscribe("$share/g/plant/#", 1)
+    for _ in range(2):
+        publish_with_properties(broker, "plant/10", payload)
+    delivery = exact.recv()
+    assert (delivery.payload, delivery.properties.user_properties) == (payload, PUBLISHED)
+    assert [m.payload for m in other.expect(1)] == [payload]
