@@ -12,9 +12,12 @@ valid until the CA itself ends: it needs writing again only when a certificate i
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from cryptography import x509
@@ -84,20 +87,35 @@ def revoke(authority: Authority, cert: str | Path) -> tuple[x509.Certificate, Pa
         raise PkiError(f"{cert} was not issued by the CA in {authority.directory} ({error})") from None
     if certificate.serial_number == authority.certificate.serial_number:
         raise PkiError(f"{cert} is the CA itself: a CA is replaced, not revoked (docs/security.md)")
-    entries = revoked_of(authority)
     serial = format(certificate.serial_number, "x")
-    added = all(_serial(entry) != certificate.serial_number for entry in entries)
-    if added:
-        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-        entries.append(
-            {"serial": serial, "subject": certificate.subject.rfc4514_string(), "revoked_at": now.isoformat()}
-        )
-    return certificate, _write(authority, entries), added
+    with _editing(authority):
+        entries = revoked_of(authority)
+        added = all(_serial(entry) != certificate.serial_number for entry in entries)
+        if added:
+            now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+            subject = certificate.subject.rfc4514_string()
+            entries.append({"serial": serial, "subject": subject, "revoked_at": now.isoformat()})
+        return certificate, _write(authority, entries), added
 
 
 def write_crl(authority: Authority) -> Path:
     """Write ``authority``'s CRL again from its list of revoked certificates; returns its path."""
-    return _write(authority, revoked_of(authority))
+    with _editing(authority):
+        return _write(authority, revoked_of(authority))
+
+
+@contextlib.contextmanager
+def _editing(authority: Authority) -> Iterator[None]:
+    """An exclusive lock on ``DIR/.revoked.json.lock``, held while the list is read, added to and written
+    with the CRL: revocations run side by side (``xargs -P``) wait for each other, none lost. (Not a lock
+    on the list itself, which is replaced by a rename; the lock file is left in place.)"""
+    path = authority.directory / f".{REVOKED_FILE}.lock"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def _write(authority: Authority, entries: list[dict[str, str]]) -> Path:
