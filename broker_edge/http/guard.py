@@ -69,7 +69,7 @@ from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, bod
 from broker_edge.http.peer_certificates import CertificateCheck, PeerCertificate, peer_certificate
 from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
 from broker_edge.http.tls_accept import PROBE, HandshakeFailure, TlsServer, start_tls_server
-from broker_edge.http.unserved import unserved_request
+from broker_edge.http.unserved import uninvited_without_route, unserved_request
 from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.security.limits import check_http_limits
@@ -702,6 +702,7 @@ async def start_guarded_site(
     )
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
+    uninvited_without_route(app)
     if budget is not None:
         app.middlewares.append(_budget_middleware(budget, is_member))
     runner = web.AppRunner(

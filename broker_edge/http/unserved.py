@@ -1,16 +1,40 @@
 """Requests no handler of ours may see: a request line of an HTTP version HTTP/1.1 cannot serve, a body in a
 transfer coding other than ``chunked`` or in a ``Content-Encoding``, refused in JSON before any handler runs
-(``guard``'s first middleware)."""
+(``guard``'s first middleware); and a request no route takes, whose body is never invited
+(``uninvited_without_route``)."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
 
 from aiohttp import HttpVersion10, HttpVersion11, web
+from aiohttp.web_urldispatcher import MatchInfoError
 
 from broker_edge.http.json_errors import refuse
 
-__all__ = ["unserved_request"]
+__all__ = ["uninvited_without_route", "unserved_request"]
+
+
+class _UninvitingRouter(web.UrlDispatcher):
+    """An app's router whose refusals of a path no route serves (404) and of a method its path does not take
+    (405) never answer ``Expect: 100-continue``: aiohttp's own expect handler, which such a request gets,
+    invited the body before the refusal (before a stranger's 401, the app's middlewares running after it)."""
+
+    async def resolve(self, request: web.Request) -> web.UrlMappingMatchInfo:
+        match = await super().resolve(request)
+        if isinstance(match, MatchInfoError):  # (a new route each time: changing it changes no other request)
+            match.route._expect_handler = _not_invited
+        return match
+
+
+async def _not_invited(_request: web.Request) -> None:
+    return None
+
+
+def uninvited_without_route(app: web.Application) -> None:
+    """Make ``app`` invite no body (``Expect: 100-continue``) of a request no route takes (RFC 9110 10.1.1:
+    its refusal comes at once)."""
+    app.router.__class__ = _UninvitingRouter
 
 
 def unserved_request(request: web.Request) -> web.Response | None:

@@ -198,3 +198,39 @@ def test_the_start_up_log_lists_every_endpoint_and_the_security_in_force(tmp_pat
     assert f"admin HTTP (/metrics, /health) on http://127.0.0.1:{broker.admin_port}" in text
     assert f"security: password file none; ACL 1 rules, default deny, file {acl}" in text
     assert f"data directory {tmp_path / 'data'} (locked by this broker)" in text
+
+
+def answer_before_the_body(port: int, head: bytes, body: bytes) -> tuple[bytes, bytes]:
+    """The head and body of the first answer to a request's ``head``, which is read before its ``body`` is
+    sent (then sent all the same, as RFC 9110 lets a client do, and the connection closed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        data = b""
+        while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+        answer, _, answer_body = data.partition(b"\r\n\r\n")
+        said = [line for line in answer.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+        while len(answer_body) < (int(said[0].split(b":")[1]) if said else 0) and (chunk := sock.recv(65536)):
+            answer_body += chunk
+        sock.sendall(body)
+    return answer, answer_body
+
+
+def test_a_request_no_route_takes_is_not_invited_to_send_its_body(start_broker):
+    """``Expect: 100-continue`` to a path no route serves, or with a method its path does not take, was
+    answered '100 Continue' before its 404 or 405 (before a stranger's 401 on an offsets API with a token,
+    which docs/offsets-api.md says never invites one): a body nobody reads was asked for (RFC 9110
+    10.1.1). The refusal comes at once."""
+    broker = start_broker(
+        storage={}, offsets_api={"enabled": True, "port": 0, "token": "t0ken-of-the-tests-12345"}
+    )
+    for port, request_line, status in (
+        (broker.broker.admin_port, b"POST /metrics", 405),
+        (broker.broker.admin_port, b"PUT /nowhere", 404),
+        (broker.broker.offsets_port, b"POST /v1/nowhere", 401),
+        (broker.broker.offsets_port, b"PUT /v1/logs", 401),
+    ):
+        head = request_line + b" HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+        answer, body = answer_before_the_body(port, head, b"x" * 100)
+        assert answer.startswith(b"HTTP/1.1 %d " % status), (request_line, answer)
+        assert json.loads(body)["error"]
