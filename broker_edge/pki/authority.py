@@ -232,12 +232,16 @@ class Authority:
             raise PkiError(f"{folder} is a file: timestone pki ca makes the CA's directory")
         made = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
+        there = f"{folder} already holds a CA (ca.pem, ca.key): it is never replaced in place"
         if (folder / "ca.key").exists() or (folder / "ca.pem").exists():
-            raise PkiError(f"{folder} already holds a CA (ca.pem, ca.key): it is never replaced in place")
+            raise PkiError(there)
         if made:
             os.chmod(folder, CA_DIRECTORY_MODE)
         key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))
-        write_pair(folder / "ca.pem", folder / "ca.key", key, certificate)
+        try:  # made, never replaced: another pki ca run at the same time may have made one since the check
+            write_pair(folder / "ca.pem", folder / "ca.key", key, certificate, new=True)
+        except FileExistsError:
+            raise PkiError(there) from None
         return cls(folder)
 
     def sign_crl(self, builder: x509.CertificateRevocationListBuilder) -> x509.CertificateRevocationList:

@@ -149,13 +149,18 @@ def write_certificate(path: Path, *certificates: x509.Certificate) -> None:
 
 
 def write_pair(
-    cert: Path, key_path: Path, key: PrivateKey, certificate: x509.Certificate, *chain: x509.Certificate
+    cert: Path,
+    key_path: Path,
+    key: PrivateKey,
+    certificate: x509.Certificate,
+    *chain: x509.Certificate,
+    new: bool = False,
 ) -> None:
     """A certificate (followed by ``chain``, the intermediates that signed it) and its key, both replaced or,
-    on any failure before the renames, neither."""
-    replace_files(
-        [
-            (Path(key_path), _key_bytes(key), 0o600),
-            (Path(cert), _certificate_bytes(certificate, *chain), 0o644),
-        ]
-    )
+    on any failure before the renames, neither; ``new``: both made, never replacing files that exist
+    (``FileExistsError``, neither made)."""
+    files = [
+        (Path(key_path), _key_bytes(key), 0o600),
+        (Path(cert), _certificate_bytes(certificate, *chain), 0o644),
+    ]
+    replace_files(files, new=new)

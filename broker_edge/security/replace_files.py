@@ -73,14 +73,17 @@ def _stage(path: Path, data: bytes, mode: int) -> str:
     return temporary
 
 
-def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
+def replace_files(files: Sequence[tuple[Path, bytes, int]], new: bool = False) -> None:
     """Replace each ``(path, data, mode)`` whole; every temporary is written before any is renamed.
 
     ``mode`` is that of a new file; a file that exists keeps its own (less others' permissions ``mode``
     does not give), and its owner and group. ``NotReplaced``
     (an ``OSError`` naming the target) when writing a temporary failed, and so every file is as it was.
+    ``new``: the files are made, never replaced, even by a writer racing this one (each name claimed with an
+    exclusive create before the renames): ``FileExistsError`` naming the first that exists, none made.
     """
     staged: list[tuple[str, Path]] = []
+    made: list[Path] = []
     try:
         for path, data, mode in files:
             target = Path(os.path.realpath(path))  # a link stays a link: the file it names is replaced
@@ -88,6 +91,9 @@ def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
                 staged.append((_stage(target, data, mode), target))
             except OSError as error:
                 raise NotReplaced(error.errno, error.strerror, str(target)) from error
+        for _, target in staged if new else ():
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            made.append(target)
         for index, (temporary, target) in enumerate(staged):
             os.replace(temporary, target)
             staged[index] = ("", target)
@@ -96,6 +102,9 @@ def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
             if temporary:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temporary)
+        for target in made:  # (this writer's own: no other could claim that name once it was)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
         raise
     for directory in {target.parent for _, target in staged}:
         descriptor = os.open(directory, os.O_RDONLY)

@@ -287,3 +287,26 @@ def test_a_certificate_whose_extensions_do_not_parse_is_said_so_in_one_line(tmp_
             f"timestone pki {argv[0]}: {cert}: its extensions do not parse (error parsing asn1 value: "
         )
     assert files(tmp_path) == before
+
+
+def test_cas_made_side_by_side_in_one_directory_leave_one_never_overwritten(tmp_path: Path) -> None:
+    """A provisioning script run twice at once (``timestone pki ca DIR`` in each): both found no CA, and the
+    later one's files replaced the CA the earlier one had written and said it wrote, exit 0 for both. One
+    CA is made; every other command says the directory already holds one, exit 1."""
+    command = [sys.executable, "-m", "pipelines.cli", "pki", "ca"]
+    for round_ in range(4):
+        ca = tmp_path / f"ca{round_}"
+        running = [
+            subprocess.Popen(
+                [*command, str(ca)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(12)
+        ]
+        errors = [process.communicate(timeout=120)[1] for process in running]
+        assert sorted(process.returncode for process in running) == [0] + [1] * 11
+        said = f"timestone pki ca: {ca} already holds a CA (ca.pem, ca.key): it is never replaced in place\n"
+        assert sorted(errors) == [""] + [said] * 11
+        certificate = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+        key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), None)
+        spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        assert key.public_key().public_bytes(*spki) == certificate.public_key().public_bytes(*spki)
