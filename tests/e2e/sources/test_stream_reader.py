@@ -80,6 +80,32 @@ def test_the_latest_offsets_reported_name_only_the_logs_a_batch_leaves_behind(ed
     assert source.reportLatestOffset() == {"e1": {"plant/2/temp": 40}}, "plant/1/temp was read to its end"
 
 
+def test_a_batch_of_the_offset_log_is_replayed_from_the_topics_it_moves(edge: EdgeBroker) -> None:
+    """A restarted query plans the batch it replays from two lines of its offset log, written as the source
+    has always written them (every topic, idle or not, with the store and the filters listed), before it lists
+    anything: the records between them and no other, and the query goes on from there."""
+    for number in range(1, 6):
+        edge.fill(f"plant/{number}/temp", 3)
+    edge.fill("plant/2/temp", 4, first=3)
+    edge.fill("plant/9/temp", 2)
+    own = {"#fplant/+/temp": 0, f"#s{edge.store.store_id}": 0}
+    start = {"e1": own | {f"plant/{number}/temp": 3 for number in range(1, 6)}}
+    end = {"e1": start["e1"] | {"plant/2/temp": 7, "plant/9/temp": 2}}
+    source = reader(edge)
+    assert _records(source, roundtrip(start), roundtrip(end)) == [
+        *[("plant/2/temp", offset) for offset in range(3, 7)],
+        *[("plant/9/temp", offset) for offset in range(2)],
+    ]
+    assert json.dumps(source.latestOffset(roundtrip(end), ReadAllAvailable())) == json.dumps(end)
+
+
+def _records(source: TimestoneStreamReader, start: dict, end: dict) -> list[tuple[str, int]]:
+    """The (topic, offset) of every record the batch ``[start, end)`` reads."""
+    batches = [batch for part in source.partitions(start, end) for batch in source.read(part)]
+    pairs = (zip(b.column("topic").to_pylist(), b.column("offset").to_pylist(), strict=True) for b in batches)
+    return sorted(pair for pairs_of_one in pairs for pair in pairs_of_one)
+
+
 def test_available_now_stops_at_what_existed_when_the_query_started(edge: EdgeBroker) -> None:
     edge.fill("plant/1/temp", 10)
     source = reader(edge, startingOffsets="earliest")
