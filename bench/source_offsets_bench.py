@@ -9,9 +9,11 @@ idle. For each count and each read mode of the source (`readBy=partitions`, the 
 
 * **the planner, without Spark**: a `TimestoneStreamReader` against the broker, as Spark's planner process
   runs it: the first `latestOffset` over every topic, then one after 10 topics changed (and the ranges and
-  tasks `partitions` plans for it), one with nothing new, the listing alone (`GET /v1/logs` or
-  `GET /v1/partitions`), and the JSON encoding and decoding of one batch's offsets (Spark's runner does both
-  every batch);
+  tasks `partitions` plans for it, and `reportLatestOffset` with the JSON Spark's runner makes of it), one
+  with nothing new, the listing alone (`GET /v1/logs` or `GET /v1/partitions`), and the JSON encoding and
+  decoding of one batch's offsets (Spark's runner does both every batch). Each call's wall time and the
+  planner process's CPU time (`time.process_time`: its own Python and the listing's threads, not the
+  broker's), the CPU being what a busy machine leaves readable;
 * **under Spark** (`local[2]`, a processing-time query into `noop`, `--batches` batches of 10 records on 10
   topics each): the bytes of each `offsets/N` file, what the checkpoint weighs at the end (Spark keeps
   `minBatchesToRetain`, 100 by default), the medians of the batch's durations Spark reports, and the bytes
@@ -59,6 +61,10 @@ class Planner:
     idle_latest: float = 0.0
     listing: float = 0.0
     partitions: float = 0.0
+    report: float = 0.0
+    report_bytes: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of the planner process per call: changed, idle, partitions, report, listing."""
     tasks: int = 0
     ranges: int = 0
     offsets_bytes: int = 0
@@ -126,9 +132,12 @@ class Publisher:
         self.client.disconnect()
 
 
-def _timed(call: Any) -> tuple[Any, float]:
-    began = time.perf_counter()
+def _timed(call: Any, cpu: dict[str, float] | None = None, name: str = "") -> tuple[Any, float]:
+    """``call()`` and its wall time; its CPU time (the process's) goes to ``cpu[name]``."""
+    began, began_cpu = time.perf_counter(), time.process_time()
     result = call()
+    if cpu is not None:
+        cpu[name] = time.process_time() - began_cpu
     return result, time.perf_counter() - began
 
 
@@ -149,14 +158,19 @@ def measure_planner(url: str, read_by: str, publisher: Publisher) -> Planner:
     start = reader.initialOffset()
     end, planner.first_latest = _timed(lambda: reader.latestOffset(start, ReadAllAvailable()))
     publisher.publish()
-    changed, planner.changed_latest = _timed(lambda: reader.latestOffset(end, ReadAllAvailable()))
-    parts, planner.partitions = _timed(lambda: reader.partitions(end, changed))
+    cpu = planner.cpu
+    changed, planner.changed_latest = _timed(
+        lambda: reader.latestOffset(end, ReadAllAvailable()), cpu, "changed"
+    )
+    report, planner.report = _timed(lambda: json.dumps(reader.reportLatestOffset()), cpu, "report")
+    planner.report_bytes = len(report.encode())
+    parts, planner.partitions = _timed(lambda: reader.partitions(end, changed), cpu, "partitions")
     planner.tasks = len(parts)
     planner.ranges = sum(len(part.plan.slices) for part in parts)
-    _, planner.idle_latest = _timed(lambda: reader.latestOffset(changed, ReadAllAvailable()))
+    _, planner.idle_latest = _timed(lambda: reader.latestOffset(changed, ReadAllAvailable()), cpu, "idle")
     client = reader._client("b")
     listing = client.partitions if read_by == "partitions" else lambda: client.list_logs("dev/+/status")
-    _, planner.listing = _timed(listing)
+    _, planner.listing = _timed(listing, cpu, "listing")
     text = json.dumps(changed)
     planner.offsets_bytes = len(text.encode())
     _, planner.json_round_trip = _timed(lambda: json.dumps(json.loads(text)))
@@ -255,6 +269,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
 
 
+def _wall_cpu(wall: float, cpu: float) -> str:
+    return f"{wall * 1000:,.0f} / {cpu * 1000:,.0f} ms"
+
+
 def render(cases: list[Case], batches: int, seconds: float) -> str:
     lines = [
         "## The Spark source over a topic per device: checkpoint and planner per batch",
@@ -263,18 +281,22 @@ def render(cases: list[Case], batches: int, seconds: float) -> str:
         "holds the device topics (one record each, written into its store before it starts); each batch "
         f"brings {CHANGED} records to {CHANGED} of them, the rest idle.",
         "",
-        "The planner without Spark (what Spark's planner process runs per batch):",
+        "The planner without Spark (what Spark's planner process runs per batch), wall / CPU of the planner "
+        "process:",
         "",
-        "| topics | readBy | offsets JSON per batch | latestOffset, 10 changed | latestOffset, nothing new "
-        "| listing alone | partitions (tasks, ranges) | JSON encode+decode |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| topics | readBy | offsets JSON per batch | latestOffset, 10 changed | reportLatestOffset + JSON "
+        "| latestOffset, nothing new | listing alone | partitions (tasks, ranges) | JSON encode+decode |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in cases:
-        p = case.planner
+        p, cpu = case.planner, case.planner.cpu
         lines.append(
-            f"| {case.topics:,} | {case.read_by} | {p.offsets_bytes:,} B | {_ms(p.changed_latest)} | "
-            f"{_ms(p.idle_latest)} | {_ms(p.listing)} | {_ms(p.partitions)} ({p.tasks}, {p.ranges}) | "
-            f"{_ms(p.json_round_trip)} |"
+            f"| {case.topics:,} | {case.read_by} | {p.offsets_bytes:,} B "
+            f"| {_wall_cpu(p.changed_latest, cpu['changed'])} "
+            f"| {_wall_cpu(p.report, cpu['report'])} ({p.report_bytes:,} B) "
+            f"| {_wall_cpu(p.idle_latest, cpu['idle'])} | {_wall_cpu(p.listing, cpu['listing'])} "
+            f"| {_wall_cpu(p.partitions, cpu['partitions'])} ({p.tasks}, {p.ranges}) "
+            f"| {_ms(p.json_round_trip)} |"
         )
     lines += [
         "",
