@@ -73,6 +73,7 @@ class BrokerCore:
         self.router.retained_refused = self._retained_refused
         self.router.drop_for = self._dropped_for
         self.publish_path = PublishPath(self.router, self.counters, metrics, self.call_soon)
+        self.publish_path.keeps_qos2_ids = config.storage.record_format >= 2
         self.slow_subscribers = SlowSubscribers(
             config.limits, self.counters, self.now, self.call_soon, self._connection_of
         )

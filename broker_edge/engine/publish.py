@@ -183,6 +183,9 @@ class PublishPath:
         self._call_soon = call_soon
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
+        self.keeps_qos2_ids = True
+        """Whether a broker alone's QoS 2 records keep their packet ids (``storage.record_format`` 2); False:
+        version 1 records only, which brokers before version 2 read."""
         self._qos2_ids: dict[Message, int] = {}
         """The packet ids of the QoS 2 publishes queued (a broker alone): their records keep them, so that a
         restart after a crash can tell a resend of one from a new message (``runtime.qos2_log_ids``)."""
@@ -354,7 +357,7 @@ class PublishPath:
             self._by_topic[message.topic] = [message]
         else:
             queued.append(message)
-        if entry.qos == 2 and entry.packet_id is not None and self.forwarding is None:
+        if entry.qos == 2 and entry.packet_id is not None and self.forwarding is None and self.keeps_qos2_ids:
             self._qos2_ids[message] = entry.packet_id
         self._queue(entry)
 

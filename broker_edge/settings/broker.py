@@ -204,9 +204,17 @@ class BrokerStorageConfig(StorageConfig):
     retention_interval_s: float = 60.0
     """Seconds between two retention passes (each topic's start moves past its records past retention;
     segments nothing is kept of are deleted). At most 86400 (a day)."""
+    record_format: int = 2
+    """The newest record version a broker alone writes: 2 keeps a QoS 2 publisher's packet id in its record
+    (a resend after a crash is not logged again); 1 writes version 1 records only, which brokers before
+    version 2 read: to keep the way back to such a broker open, upgrade with 1 and raise it once the
+    upgrade stays (QoS 2 is at least once across a crash meanwhile; a log holding version 2 records is for
+    this version on, docs/operations.md)."""
 
     def __post_init__(self) -> None:
         expand_home(self, "directory")
+        if isinstance(self.record_format, bool) or self.record_format not in (1, 2):
+            raise ConfigError("record_format", f"must be 1 or 2, got {self.record_format!r}")
         if self.enabled and not self.directory:
             raise ConfigError("directory", "must name a directory when storage is enabled")
         if not 0 < self.retention_interval_s <= MAX_RETENTION_INTERVAL_S:

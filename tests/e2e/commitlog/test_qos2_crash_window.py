@@ -114,3 +114,25 @@ def test_a_log_whose_qos2_records_keep_no_packet_id_still_starts_and_serves(tmp_
         assert [m.payload for m in reader.expect(2)] == [b"old", b"after"]
     finally:
         process.stop()
+
+
+@pytest.mark.parametrize(("record_format", "kept"), [(2, 9), (1, None)])
+def test_storage_record_format_1_writes_qos2_records_an_earlier_broker_reads(tmp_path, record_format, kept):
+    """``storage.record_format: 2`` (the default) keeps a QoS 2 publisher's packet id in its record (version
+    2); 1 writes version 1 records only, which brokers before version 2 read (the way back kept open)."""
+    process = BrokerProcess(tmp_path, storage={"record_format": record_format}, sys_topics={"enabled": False})
+    process.start()
+    try:
+        publisher, _ = _publisher(process.port, 5)
+        publisher.send_packet(Publish(TOPIC, b"kept?", 2, packet_id=9))
+        _complete(publisher, 9)
+        publisher.close()
+    finally:
+        process.stop()
+    store = LogStore(Path(process.directory / "data"), StorageConfig())
+    store.open()
+    try:
+        [record] = store.read(TOPIC, 0, 10)
+    finally:
+        store.close()
+    assert (record.payload, record.packet_id) == (b"kept?", kept)

@@ -71,3 +71,10 @@ def test_a_retention_interval_past_a_day_is_refused(value: float) -> None:
 def test_a_retention_interval_up_to_a_day_loads(value: float) -> None:
     config = load_dataclass(BrokerConfig, {"storage": {"retention_interval_s": value}})
     assert config.storage.retention_interval_s == value
+
+
+@pytest.mark.parametrize("value", [0, 3, True, "2"])
+def test_a_record_format_other_than_1_or_2_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_dataclass(BrokerConfig, {"storage": {"record_format": value}})
+    assert str(refused.value).startswith("storage.record_format: ")
