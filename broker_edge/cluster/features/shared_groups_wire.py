@@ -55,7 +55,7 @@ __all__ = [
 ASSIGN, NOTE, DONE, DIRECT = 32, 33, 34, 35
 """Peer-link part kinds (this feature owns 32-47)."""
 ASSIGNED, ONWARD = 21, 22
-"""Peer services (this feature owns 20-29)."""
+"""Peer services (this feature owns 21-29; 20 is the retained set's snapshot, ``retained_sync``)."""
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
