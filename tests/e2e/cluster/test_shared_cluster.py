@@ -65,6 +65,14 @@ class Members:
         wait_until(everyone_served, 30, "every member served once", lambda: self.got)
 
 
+def drained(client: PahoClient, into: list[bytes]) -> list[bytes]:
+    """``into`` with the payloads ``client`` has received since added (none waited for)."""
+    with contextlib.suppress(queue.Empty):
+        while True:
+            into.append(client.messages.get_nowait().payload)
+    return into
+
+
 def wait_all(members: Members, expected: set[bytes], nodes: str, what: str) -> None:
     def arrived() -> bool:
         members.collect()
@@ -218,19 +226,13 @@ def test_a_qos1_job_of_a_member_whose_session_ends_goes_to_a_member_on_another_b
 
     def served() -> bool:
         publisher.publish("jobs/next", b"next", 1)
-        with contextlib.suppress(queue.Empty):
-            while True:
-                received.append(other.messages.get_nowait().payload)
-        return b"next" in received
+        return b"next" in drained(other, received)
 
     wait_until(served, 20, "the member on a served")
     leaving.close()  # unacknowledged
 
     def moved() -> bool:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                received.append(other.messages.get_nowait().payload)
-        return b"for the leaving member" in received
+        return b"for the leaving member" in drained(other, received)
 
     wait_until(moved, 20, "the leaving member's job at the member on a")
     assert received.count(b"for the leaving member") == 1
@@ -321,10 +323,7 @@ def test_a_qos2_job_in_flight_to_a_member_that_resumes_on_another_broker_is_comp
 
     def other_served_after() -> bool:
         publisher.publish("jobs/after", b"after", 2)
-        with contextlib.suppress(queue.Empty):
-            while True:
-                later.append(other.messages.get_nowait().payload)
-        return b"after" in later
+        return b"after" in drained(other, later)
 
     wait_until(other_served_after, 30, "a later job at the member on c")
     assert not {job.payload for job in held} & set(later)  # no other member got one of them
