@@ -14,6 +14,7 @@ from pathlib import Path
 from cryptography import x509
 
 from broker_edge.pki.builders import (
+    LeafKey,
     PrivateKey,
     build_ca,
     build_leaf,
@@ -51,7 +52,7 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 def _make_leaf(
     ca_key: PrivateKey, ca_cert: x509.Certificate, common_name: str, *, server: bool
-) -> tuple[PrivateKey, x509.Certificate]:
+) -> tuple[LeafKey, x509.Certificate]:
     subject = subject_name(common_name, "Timestone test")
     return build_leaf(
         ca_key, ca_cert, subject, server=server, client=not server, names=LOOPBACK_NAMES if server else ()

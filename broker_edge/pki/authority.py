@@ -31,16 +31,17 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker_edge.cluster.links.member_identity import MEMBER_URI_PREFIX, member_uri
 from broker_edge.pki.builders import (
     KeyType,
+    LeafKey,
     PrivateKey,
     build_ca,
     build_leaf,
+    key_like,
     new_key,
     subject_name,
     write_pair,
@@ -307,10 +308,12 @@ class Authority:
         days: int = 365,
         key_type: KeyType = "ec",
         usages: Sequence[x509.ObjectIdentifier] | None = None,
-    ) -> tuple[PrivateKey, x509.Certificate]:
-        """A new key and a certificate of this CA for it, of any shape (``issue`` makes the usual ones;
-        ``usages``, the extended key usages as they are: ``builders.build_leaf``); refused while the CA is
-        not valid, or when it would expire before the certificate."""
+        key: LeafKey | None = None,
+    ) -> tuple[LeafKey, x509.Certificate]:
+        """A new key (``key_type``, or ``key`` as it is) and a certificate of this CA for it, of any shape
+        (``issue`` makes the usual ones; ``usages``, the extended key usages as they are:
+        ``builders.build_leaf``); refused while the CA is not valid, or when it would expire before the
+        certificate."""
         self._check_validity(days)
         return build_leaf(
             self._key,
@@ -320,7 +323,7 @@ class Authority:
             client=client,
             names=names,
             days=days,
-            key=new_key(key_type),
+            key=key if key is not None else new_key(key_type),
             usages=usages,
         )
 
@@ -332,7 +335,8 @@ class Authority:
         key_type: KeyType | None = None,
     ) -> PemPair:
         """The next certificate of the one in ``cert`` (issued by this CA): its subject, names and uses, a
-        new key (of the same type unless ``key_type``) and ``days`` of validity; both files replaced whole.
+        new key (of the same kind, ``builders.key_like``, unless ``key_type``) and ``days`` of validity;
+        both files replaced whole.
         ``key`` defaults to ``cert`` with ``.key`` for ``.pem``."""
         cert_path = Path(cert)
         pair = PemPair(cert_path, Path(key) if key is not None else cert_path.with_suffix(".key"))
@@ -363,15 +367,14 @@ class Authority:
         names = _extension(current, x509.SubjectAlternativeName)
         assert usages is None or isinstance(usages, x509.ExtendedKeyUsage)
         assert names is None or isinstance(names, x509.SubjectAlternativeName)
-        old_type: KeyType = "ec" if isinstance(current.public_key(), ec.EllipticCurvePublicKey) else "rsa"
         new, certificate = self.sign(
             current.subject,
             server=False,
             client=False,
             names=tuple(names) if names is not None else (),
             days=days,
-            key_type=key_type or old_type,
             usages=list(usages) if usages is not None else [],  # as they were: none is any use
+            key=new_key(key_type) if key_type else key_like(current.public_key()),
         )
         self._write(pair, new, certificate)
         return pair
@@ -424,7 +427,7 @@ class Authority:
         stem.parent.mkdir(parents=True, exist_ok=True)
         return PemPair(stem.with_name(stem.name + ".pem"), stem.with_name(stem.name + ".key"))
 
-    def _write(self, pair: PemPair, key: PrivateKey, certificate: x509.Certificate) -> None:
+    def _write(self, pair: PemPair, key: LeafKey, certificate: x509.Certificate) -> None:
         try:
             write_pair(pair.cert, pair.key, key, certificate, *self.intermediates)
         except NotReplaced as error:

@@ -18,16 +18,19 @@ from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker_edge.security.replace_files import replace_files
 
 __all__ = [
     "KeyType",
+    "LeafKey",
     "PrivateKey",
     "build_ca",
     "build_leaf",
+    "key_like",
     "new_key",
     "subject_name",
     "write_certificate",
@@ -42,11 +45,34 @@ BACKDATE = datetime.timedelta(minutes=5)
 """A certificate is valid from a little before it was made: clocks of the machines that check it differ."""
 
 
+LeafKey = PrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
+"""The key of a certificate a CA signs: one that ``new_key`` makes, or one of another tool's kinds a renewal
+keeps (a CA's own key is EC or RSA)."""
+
+MIN_RSA_BITS = 2048
+"""The least RSA size a renewal keeps (OpenSSL's default security level refuses smaller keys)."""
+
+
 def new_key(kind: KeyType = "ec") -> PrivateKey:
     """A new private key: EC P-256, or RSA 3072."""
     if kind == "rsa":
         return rsa.generate_private_key(public_exponent=65537, key_size=3072)
     return ec.generate_private_key(ec.SECP256R1())
+
+
+def key_like(public_key: CertificatePublicKeyTypes) -> LeafKey:
+    """A new private key of the kind of ``public_key``: the same EC curve, the same RSA size (at least
+    ``MIN_RSA_BITS``), Ed25519 or Ed448; EC P-256 for any other kind (DSA, which TLS 1.3 does not speak)."""
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return ec.generate_private_key(public_key.curve)
+    if isinstance(public_key, rsa.RSAPublicKey):
+        size = max(public_key.key_size, MIN_RSA_BITS)
+        return rsa.generate_private_key(public_exponent=65537, key_size=size)
+    if isinstance(public_key, ed25519.Ed25519PublicKey):
+        return ed25519.Ed25519PrivateKey.generate()
+    if isinstance(public_key, ed448.Ed448PublicKey):
+        return ed448.Ed448PrivateKey.generate()
+    return new_key()
 
 
 def subject_name(common_name: str | None, organization: str) -> x509.Name:
@@ -100,9 +126,9 @@ def build_leaf(
     client: bool,
     names: tuple[x509.GeneralName, ...] = (),
     days: int = 365,
-    key: PrivateKey | None = None,
+    key: LeafKey | None = None,
     usages: Sequence[x509.ObjectIdentifier] | None = None,
-) -> tuple[PrivateKey, x509.Certificate]:
+) -> tuple[LeafKey, x509.Certificate]:
     """A certificate signed by the CA, for serving (``server``) and/or connecting (``client``), with
     ``names`` as its subject alternative names; a new key unless ``key`` is given. ``usages``: its extended
     key usages as they are, instead of ``server`` and ``client`` (none: no such extension, any use)."""
@@ -128,7 +154,7 @@ def build_leaf(
     return key, _validity(builder, days).sign(ca_key, hashes.SHA256())
 
 
-def _key_bytes(key: PrivateKey) -> bytes:
+def _key_bytes(key: LeafKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -138,7 +164,7 @@ def _certificate_bytes(*certificates: x509.Certificate) -> bytes:
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates)
 
 
-def write_key(path: Path, key: PrivateKey) -> None:
+def write_key(path: Path, key: LeafKey) -> None:
     """``key`` as unencrypted PKCS#8 PEM; a new file readable by its owner only (0600)."""
     replace_files([(Path(path), _key_bytes(key), 0o600)])
 
@@ -151,7 +177,7 @@ def write_certificate(path: Path, *certificates: x509.Certificate) -> None:
 def write_pair(
     cert: Path,
     key_path: Path,
-    key: PrivateKey,
+    key: LeafKey,
     certificate: x509.Certificate,
     *chain: x509.Certificate,
     new: bool = False,

@@ -9,14 +9,16 @@ import datetime
 import ssl
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
+from broker_edge.pki.builders import LeafKey
 from tests.unit.broker_edge.pki.test_authority import handshake
 
 DAY = datetime.timedelta(days=1)
@@ -45,7 +47,7 @@ def files(directory: Path) -> dict[str, bytes]:
 
 def ca_certificate(
     name: str,
-    key: ec.EllipticCurvePrivateKey,
+    key: LeafKey,
     *extensions: x509.ExtensionType,
     issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None,
 ) -> x509.Certificate:
@@ -66,18 +68,22 @@ def ca_certificate(
     )
     for extension in extensions:
         builder = builder.add_extension(extension, critical=True)
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    signer = issuer[1] if issuer else key
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
+    return builder.sign(signer, hashes.SHA256())
 
 
 def pem(*certificates: x509.Certificate) -> bytes:
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates)
 
 
-def openssl_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    """``key`` as ``openssl ecparam -genkey`` writes it (``BEGIN EC PRIVATE KEY``)."""
+def openssl_key(key: LeafKey) -> bytes:
+    """``key`` as ``openssl ecparam -genkey`` or ``genrsa`` writes it (``BEGIN EC PRIVATE KEY``), an Ed25519
+    one as ``openssl genpkey`` does (PKCS#8)."""
+    traditional = isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)
     return key.private_bytes(
         serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.PrivateFormat.TraditionalOpenSSL if traditional else serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
 
@@ -241,18 +247,56 @@ def test_a_ca_file_that_does_not_load_is_named_with_what_it_holds(
     assert files(tmp_path) == before
 
 
-def made_by_another_tool(ca: Path, *extensions: x509.ExtensionType) -> tuple[Path, Path]:
+def made_by_another_tool(
+    ca: Path, *extensions: x509.ExtensionType, key: LeafKey | None = None
+) -> tuple[Path, Path]:
     """A certificate for ``localhost`` that the CA in ``ca`` signed outside ``timestone pki`` (``openssl x509
-    -req -CA``), with ``extensions``: its files, ``legacy.pem`` and ``legacy.key`` beside the CA."""
+    -req -CA``), with ``extensions``, for ``key`` (EC P-256 by default): its files, ``legacy.pem`` and
+    ``legacy.key`` beside the CA."""
     ca_certificate_ = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = key or ec.generate_private_key(ec.SECP256R1())
     certificate = ca_certificate("legacy", key, *extensions, issuer=(ca_certificate_, ca_key))
     cert, key_path = ca.parent / "legacy.pem", ca.parent / "legacy.key"
     cert.write_bytes(pem(certificate))
     key_path.write_bytes(openssl_key(key))
     return cert, key_path
+
+
+@pytest.mark.parametrize(
+    "make_key",
+    [
+        lambda: ec.generate_private_key(ec.SECP384R1()),
+        lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048),
+        ed25519.Ed25519PrivateKey.generate,
+    ],
+    ids=["ec-p384", "rsa-2048", "ed25519"],
+)
+def test_renew_keeps_the_kind_of_key_another_tool_made(
+    tmp_path: Path, make_key: Callable[[], LeafKey]
+) -> None:
+    """A P-384 key was renewed as P-256, an RSA 2048 or an Ed25519 one as RSA 3072, in silence: the new key
+    is of the old one's kind (its curve, its size), and is the key of the new certificate."""
+    ca = tmp_path / "ca"
+    assert pki("ca", str(ca)).returncode == 0
+    old_key = make_key()
+    cert, key = made_by_another_tool(ca, x509.BasicConstraints(ca=False, path_length=None), key=old_key)
+    done = pki("renew", str(cert), "--ca", str(ca))
+    assert (done.returncode, done.stderr) == (0, ""), done
+    new_key = serialization.load_pem_private_key(key.read_bytes(), None)
+    new_public = x509.load_pem_x509_certificate(cert.read_bytes()).public_key()
+    assert new_key.public_key() == new_public != old_key.public_key()
+    assert key_kind(new_public) == key_kind(old_key.public_key())
+
+
+def key_kind(public_key: object) -> tuple[str, object]:
+    """What a key is: its class, and its curve or size where it has one."""
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return "ec", public_key.curve.name
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return "rsa", public_key.key_size
+    return type(public_key).__name__, None
 
 
 def test_a_certificate_of_no_extended_key_usage_is_renewed_for_any_use_as_it_was(tmp_path: Path) -> None:
