@@ -8,6 +8,7 @@ has exited). The job must stop cleanly, between batches, well within ``TimeoutSt
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -87,11 +88,18 @@ def stop_as_systemd_does(job: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def job_tracebacks(text: str) -> list[str]:
-    """The tracebacks in a job's log, but for the one Spark's Python source runner may print when the JVM
-    closes its socket at the stop (``python_streaming_source_runner``, reading from a socket gone)."""
+    """The tracebacks in a job's log, but for those Spark's Python source runner may print when the JVM
+    closes its socket at the stop (``python_streaming_source_runner``, reading from or writing to a socket
+    gone: an ``EOFError``, then the ``BrokenPipeError`` of its goodbye, chained)."""
     blocks = text.split("Traceback (most recent call last):")[1:]
     runner = "python_streaming_source_runner.py"
-    return [block[:1000] for block in blocks if runner not in block.split("\n")[1]]
+    return [block[:1000] for block in blocks if not any(runner in frame for frame in frames(block))]
+
+
+def frames(block: str) -> list[str]:
+    """The frame lines of a traceback's text (up to its exception's line)."""
+    lines = block.split("\n")[1:]
+    return list(itertools.takewhile(lambda line: line.startswith("  "), lines))
 
 
 def test_stopping_the_pipeline_unit_stops_the_job_cleanly_between_batches(tmp_path: Path) -> None:
@@ -147,3 +155,33 @@ def test_reloading_the_pipeline_unit_before_spark_has_started_leaves_the_job_goi
         "timestone pipeline actions: no broker answered to tell whether they form a cluster: e1 (their "
         "offsets APIs; set cluster: true or false to start without asking)",
     ], err
+
+
+RUNNER_AT_STOP = """Traceback (most recent call last):
+  File "/x/pyspark.zip/pyspark/sql/streaming/python_streaming_source_runner.py", line 265, in main
+  File "/x/pyspark.zip/pyspark/serializers.py", line 604, in read_int
+EOFError
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/x/pyspark.zip/pyspark/worker_util.py", line 253, in get_sock_file_to_executor
+  File "/x/pyspark.zip/pyspark/sql/streaming/python_streaming_source_runner.py", line 314, in <module>
+  File "/usr/lib/python3.11/socket.py", line 724, in write
+    return self._sock.send(b)
+BrokenPipeError: [Errno 32] Broken pipe
+"""
+"""What Spark's Python source runner printed in a run when the JVM closed its socket at the stop."""
+
+
+def test_the_stop_check_leaves_out_the_source_runners_chain_and_no_traceback_of_the_job() -> None:
+    """The runner's chained tracebacks (its last starts in ``worker_util``) are Spark's; one of the job's
+    own is kept, even when a later line names the runner."""
+    own = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/timestone/pipelines/actions/job.py", line 150, in run\n'
+        "ValueError: broken\n"
+        "a later line naming python_streaming_source_runner.py\n"
+    )
+    assert job_tracebacks(RUNNER_AT_STOP) == []
+    assert len(job_tracebacks(RUNNER_AT_STOP + own)) == 1
