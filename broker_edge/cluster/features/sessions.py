@@ -182,14 +182,14 @@ class ClusterSessions:
         self.closed = False
         """Set once this node leaves: its records stay as they are, for the others to act on."""
         self.forwards_settled: Callable[[str], Awaitable[bool]] | None = None
+        """Waits until no publish of a client id is still being forwarded from here
+        (``ClusterForwarding.settle``): a takeover answers after it."""
         self.shared_in_flight: SharedInFlight | None = None
         """Moves the shared QoS 2 deliveries a session has in flight with it (set once shared groups are
         built): its member completes them on the broker it resumes on [MQTT-4.8.2-4]."""
         self._handed: dict[str, list[Any]] = {}
         """Client id → the shared deliveries its former broker handed over with its session (``_take_over``),
         until the session is restored (``_restore``)."""
-        """Waits until no publish of a client id is still being forwarded from here
-        (``ClusterForwarding.settle``): a takeover answers after it."""
         links.serve_requests(SERVICE_TAKE_OVER, self._serve_take_over)
 
     def start(self) -> None:
