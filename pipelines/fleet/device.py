@@ -157,6 +157,12 @@ class SimulatedDevice:
         self._stopped = False
 
     @property
+    def reports_in_flight(self) -> bool:
+        """Whether a report of this device's is not yet acknowledged by a broker (its state may be final
+        before the report that says so is in a log)."""
+        return bool(self._unacknowledged)
+
+    @property
     def action_topics(self) -> tuple[str, str, str, str]:
         return (
             f"actions/devices/{self.device_id}",

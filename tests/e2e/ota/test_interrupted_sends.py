@@ -122,6 +122,14 @@ def execution(stack: ActionsStack, action_id: str, device_id: str) -> dict:
     return next((r for r in rows if (r["action_id"], r["device_id"]) == (action_id, device_id)), {})
 
 
+def reported(stack: ActionsStack, action_id: str, devices: int) -> bool:
+    """Whether ``devices`` devices have finished ``action_id`` and every report they sent is in a broker's
+    log (a device's state is final before its report is acknowledged)."""
+    return stack.fleet.finished(action_id) == devices and not any(
+        device.reports_in_flight for device in stack.fleet.devices
+    )
+
+
 def restart_after(stack: ActionsStack, while_stopped: Callable[[], None]) -> None:
     """Stop the job (the rest of the killed process), do ``while_stopped``, start it again."""
     stack.job.stop()
@@ -285,7 +293,7 @@ def test_a_job_started_again_sends_a_killed_fan_outs_action_only_to_devices_that
         killed = kill_the_job_after_its_fan_out_publishes(stack.job, monkeypatch)
         write_actions(stack.store, [action_row("ka-1", device_ids=[*devices, "ka-silent"])], 0)
         wait_for(killed.is_set, what="the fan-out sending the action")
-        restart_after(stack, lambda: stack.harness.wait_until(lambda: stack.fleet.finished("ka-1") == 3, 30))
+        restart_after(stack, lambda: stack.harness.wait_until(lambda: reported(stack, "ka-1", 3), 30))
         wait_for(
             lambda: execution(stack, "ka-1", "ka-silent").get("sending_at", 0) is None,
             what="the silent id sent the action again",
