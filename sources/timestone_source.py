@@ -218,9 +218,9 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._lister: ClusterLister | None = None
         self._cluster: ClusterListing | None = None
         self._initial: dict | None = None
+        """The query's starting offsets, once computed (Spark may ask again: the answer must not move)."""
         self._planned: dict | None = None
         """The end offsets the last ``latestOffset`` returned (``reportLatestOffset``)."""
-        """The query's starting offsets, once computed (Spark may ask again: the answer must not move)."""
         self._starts = BatchStarts()
         self._told_unnamed: set[str] = set()
         """The checkpoint's brokers ``brokers`` does not name that a warning has said so."""
