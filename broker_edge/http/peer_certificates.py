@@ -112,18 +112,7 @@ class CertificateCheck:
         if trust is None or peer.checked == trust.reloads:
             return None
         peer.checked = trust.reloads
-        if trust.revokes(peer.certificate):
-            return (
-                "certificate_revoked",
-                f"its client certificate (CN={peer.name}) is revoked in {trust.crlfile}",
-            )
-        if trust.lacks(peer.needs):
-            return (
-                "certificate_untrusted",
-                f"its client certificate (CN={peer.name}) is no longer trusted: {trust.cafile} lacks a CA "
-                "its chain rests on",
-            )
-        return None
+        return trust.refusal(peer.certificate, peer.needs, peer.name)
 
     def say(self, reason: str, line: str) -> None:
         """One WARNING naming the endpoint, counted as ``reason``."""

@@ -50,18 +50,7 @@ def resumed_refusal(
     trust = contexts.trust
     if trust is None or not trust.reloads:
         return None  # the session was verified against the files in force
-    if trust.revokes(conn.peer_certificate):
-        return (
-            "certificate_revoked",
-            f"its client certificate (CN={conn.peer_cn}) is revoked in {trust.crlfile}",
-        )
-    if trust.lacks(conn.peer_trust):
-        return (
-            "certificate_untrusted",
-            f"its client certificate (CN={conn.peer_cn}) is no longer trusted: {trust.cafile} lacks a CA its "
-            "chain rests on",
-        )
-    return None
+    return trust.refusal(conn.peer_certificate, conn.peer_trust, conn.peer_cn)
 
 
 def refuse_resumed(conn: Connection, reason: str, line: str) -> None:

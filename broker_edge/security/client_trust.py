@@ -49,3 +49,18 @@ class ClientTrust:
         """Whether a chain needing the CAs ``needs`` (``peer_chain``) rests on a CA the last reload's
         ``cafile`` does not hold (never before the first reload)."""
         return self.reloads > 0 and needs is not None and not needs <= self.trusted
+
+    def refusal(
+        self, certificate: CertificateId | None, needs: frozenset[bytes] | None, name: str | None
+    ) -> tuple[str, str] | None:
+        """Why the last reload no longer accepts the client certificate ``certificate`` (CN ``name``) whose
+        chain needs ``needs``: the reason it is counted as and the words that say so, or None."""
+        if self.revokes(certificate):
+            return "certificate_revoked", f"its client certificate (CN={name}) is revoked in {self.crlfile}"
+        if self.lacks(needs):
+            return (
+                "certificate_untrusted",
+                f"its client certificate (CN={name}) is no longer trusted: {self.cafile} lacks a CA its "
+                "chain rests on",
+            )
+        return None
