@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,18 @@ from broker_edge.runtime.qos2_journal import Qos2Journal
 from broker_edge.runtime.qos2_log_ids import hold_logged_ids
 from broker_edge.storage import LogStore
 from broker_edge.storage.config import StorageConfig
-from broker_edge.storage.record import qos_with_packet_id
+from broker_edge.storage.record import RecordFields, qos_with_packet_id
 from tests.unit.broker_edge.runtime.test_qos2_journal import restored_router
 
 
-def _append_qos2(store: LogStore, topic: str, client_id: str, packet_id: int | None) -> None:
+def _record(client_id: str, packet_id: int | None, payload: bytes = b"m") -> RecordFields:
+    """A QoS 2 record keeping ``packet_id`` (version 2), or none (version 1, an older broker's)."""
     qos = 2 if packet_id is None else qos_with_packet_id(2, packet_id)
-    store.append_batch(topic, [(b"m", qos, False, client_id, (), None, None, None, None, None)])
+    return (payload, qos, False, client_id, (), None, None, None, None, None)
+
+
+def _append_qos2(store: LogStore, topic: str, client_id: str, packet_id: int | None) -> None:
+    store.append_batch(topic, [_record(client_id, packet_id)])
 
 
 @pytest.mark.parametrize("columnar", [True, False])
@@ -56,5 +62,52 @@ def test_an_id_with_more_records_than_releases_and_no_held_line_is_held(
         replayed.close()
         again = restored_router("dev")
         assert Qos2Journal(journals).replay(again, None).held == 3  # written: a second crash has them
+    finally:
+        store.close()
+
+
+def _damage(data: Path, payload: bytes) -> None:
+    """Flip a byte of the one record carrying ``payload`` in the log's files (its frame fails its CRC)."""
+    for path in (data / "log").rglob("*.log"):
+        content = bytearray(path.read_bytes())
+        at = content.find(payload)
+        if at >= 0:
+            content[at] ^= 0xFF
+            path.write_bytes(bytes(content))
+            return
+    raise AssertionError(f"no record carries {payload!r}")
+
+
+def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_snapshot(tmp_path: Path) -> None:
+    """Records of 40 device topics over 3 partitions, interleaved, versions 1 and 2 mixed; a record
+    damaged at one log's tail and one in the middle of another: a log's ids stop at its damage."""
+    data = tmp_path / "data"
+    store = LogStore(data, StorageConfig(partitions=3))
+    store.open()
+    topics = [f"fleet/dev-{n}/events" for n in range(40)]
+    for n, topic in enumerate(topics):  # before the snapshot: never counted
+        store.append_batch(topic, [_record(f"dev-{n}", 1, b"old")])
+    store.flush()
+    since = store.end_offsets()
+    expected: Counter[tuple[str, int]] = Counter()
+    for round_ in range(6):
+        for n, topic in enumerate([*topics, "fleet/new/events"]):  # a topic the snapshot does not know
+            client = "stranger" if n == 7 else f"dev-{n}"  # (no persistent session)
+            packet_id = None if (n + round_) % 3 == 0 else round_ * 100 + n % 5 + 1  # version 1 or 2
+            payload = f"{topic} {round_}".encode()
+            store.append_batch(topic, [_record(client, packet_id, payload)])
+            damaged = {topics[3]: 5, topics[4]: 3}.get(topic, 6)  # dev-3's last record, dev-4's fourth
+            if packet_id is not None and client != "stranger" and round_ < damaged:
+                expected[(client, packet_id)] += 1
+    store.flush()
+    store.file_pool.close()  # a crash: nothing sealed
+    _damage(data, f"{topics[3]} 5".encode())
+    _damage(data, f"{topics[4]} 3".encode())
+    store = LogStore(data, StorageConfig(partitions=3))
+    store.open()
+    try:
+        assert len({store.partition_of(topic) for topic in topics}) == 3
+        clients = {f"dev-{n}" for n in range(41)}
+        assert qos2_log_ids.logged_ids(store, since, clients) == expected
     finally:
         store.close()
