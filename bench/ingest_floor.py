@@ -112,9 +112,15 @@ class Engine:
         return conn
 
 
-async def _rounds(rounds: int, one: Callable[[], Awaitable[int]]) -> float:
-    """Median CPU microseconds per message of ``one()`` (which returns how many messages it moved)."""
+async def _rounds(
+    rounds: int, one: Callable[[], Awaitable[int]], warmed: Callable[[], None] | None = None
+) -> float:
+    """Median CPU microseconds per message of ``one()`` (which returns how many messages it moved);
+    ``warmed`` is called between the warm-up and the measured rounds (``bench/gc_fleet_cpu.py`` starts
+    counting collections there)."""
     await one()  # warm-up: topics and sessions made, caches filled
+    if warmed is not None:
+        warmed()
     runs = []
     for _ in range(rounds):
         began = time.thread_time()
@@ -151,9 +157,16 @@ async def qos0_fan_in(engine: Engine, rounds: int) -> float:
     return await _rounds(rounds, one)
 
 
-async def qos1(engine: Engine, rounds: int, topics: list[str], per_topic: int, subscription: str) -> float:
+async def qos1(
+    engine: Engine,
+    rounds: int,
+    topics: list[str],
+    per_topic: int,
+    subscription: str,
+    warmed: Callable[[], None] | None = None,
+) -> float:
     """QoS 1 publishers (one per topic), each ``per_topic`` messages a round, acknowledged once logged; one
-    QoS 1 subscriber on ``subscription`` PUBACKing what it gets."""
+    QoS 1 subscriber on ``subscription`` PUBACKing what it gets (``warmed``: as ``_rounds`` takes it)."""
     subscriber = engine.client("consumer", subscription, 1)
     publishers = [engine.client(f"device-{n}") for n in range(len(topics))]
     blobs = [frames.publish_run(topic, PAYLOAD, 1, 1, per_topic) for topic in topics]
@@ -181,7 +194,7 @@ async def qos1(engine: Engine, rounds: int, topics: list[str], per_topic: int, s
             await asyncio.sleep(0)
         return expected
 
-    return await _rounds(rounds, one)
+    return await _rounds(rounds, one, warmed)
 
 
 def decode_only(rounds: int) -> float:
