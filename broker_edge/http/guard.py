@@ -23,14 +23,14 @@ guard:
   is closed at once and counted as refused, so silent sockets hold no more.
 - **Time.** A connection must deliver each request's headers within ``request_timeout_s`` of its first
   byte (or of the connection opening), and a TLS client its handshake, or it is closed; an idle kept-alive
-  connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
-  at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
-  Requests being handled are not timed: a long poll may wait. With ``send_timeout_s``, a connection whose
-  peer takes none of what is written to it for that long (its writing paused all along: a reader that
-  stopped reading a large answer) is aborted, so that its answer and the budget it holds are freed; with
-  ``min_read_bytes_per_s``, so is one whose answer of N bytes is not taken within ``request_timeout_s`` +
-  N / that many seconds (a reader taking a few KiB now and then, never stalled that long, one WARNING);
-  an answer streamed as it is made holds its writes to the same rate (``Pace``).
+  connection is closed after ``keepalive_s``, one answered before its body arrived right after the answer
+  (``http.unread_bodies``). Handlers bound their reads of bodies (``read_body``); requests being handled
+  are not timed: a long poll may wait. With ``send_timeout_s``, a connection whose peer takes none of what
+  is written to it for that long (its writing paused all along: a reader that stopped reading a large
+  answer) is aborted, so that its answer and the budget it holds are freed; with ``min_read_bytes_per_s``,
+  so is one whose answer of N bytes is not taken within ``request_timeout_s`` + N / that many seconds (a
+  reader taking a few KiB now and then, never stalled that long, one WARNING); an answer streamed as it is
+  made holds its writes to the same rate (``Pace``).
 - **Bodies.** A body is read as sent, never decoded: one in a ``Content-Encoding`` is refused (415, one
   WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies;
   so is one in a transfer coding other than ``chunked`` (501), and a request line of another version than
@@ -69,6 +69,7 @@ from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, bod
 from broker_edge.http.peer_certificates import CertificateCheck, PeerCertificate, peer_certificate
 from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
 from broker_edge.http.tls_accept import PROBE, HandshakeFailure, TlsServer, start_tls_server
+from broker_edge.http.unread_bodies import closed_before_unread_bodies
 from broker_edge.http.unserved import uninvited_without_route, unserved_request
 from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
@@ -640,9 +641,7 @@ class GuardedRunner:
         return self.server.sockets[0].getsockname()[1]
 
     async def cleanup(self) -> None:
-        """Stop serving: connections handling no request (idle, or reading the rest of a body after their
-        answer, which aiohttp does for ``request_timeout_s`` and its shutdown waited for) are closed at
-        once; requests being handled end as aiohttp ends them."""
+        """Stop serving: connections handling no request close at once, the others as aiohttp ends them."""
         self.server.close()
         lingering = []
         for protocol in list(self.guard.open.values()):
@@ -703,13 +702,14 @@ async def start_guarded_site(
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
     uninvited_without_route(app)
+    closed_before_unread_bodies(app)
     if budget is not None:
         app.middlewares.append(_budget_middleware(budget, is_member))
     runner = web.AppRunner(
         app,
         access_log=None,
         keepalive_timeout=keepalive_s,
-        lingering_time=request_timeout_s,
+        lingering_time=0,  # a body not arrived by the answer is not waited for (``http.unread_bodies``)
         auto_decompress=False,  # bodies are read as sent (``_request_started`` refuses encoded ones)
         max_line_size=max_line_size,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -111,6 +112,60 @@ def test_a_request_without_its_token_gets_401_and_its_connection_closed_at_once(
     answer = read_until_closed(sock)  # the broker closes it: nothing waits for the 30 s timeout
     assert answer.startswith(b"HTTP/1.1 401") and b"Connection: close" in answer
     assert time.monotonic() - started < 2
+
+
+BODY_NOT_SENT = {
+    "401-without-token": b"POST /v1/fetch HTTP/1.1\r\nHost: b\r\nContent-Length: 100\r\n\r\n",
+    "401-wrong-token": b"POST /v1/fetch HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer guess\r\n"
+    b"Content-Length: 100\r\n\r\n",
+    "413-reader": b"POST /v1/fetch HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer reader\r\n"
+    b"Content-Length: 2000000\r\n\r\n",
+    "404-reader": b"GET /v1/logs/nothing-here HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer reader\r\n"
+    b"Content-Length: 100\r\n\r\n",
+    "401-expecting-100-continue": b"POST /v1/fetch HTTP/1.1\r\nHost: b\r\nExpect: 100-continue\r\n"
+    b"Content-Length: 100\r\n\r\n",
+}
+
+
+def answer_then_end(sock: socket.socket, wait_s: float) -> tuple[bytes, bool]:
+    """The answer the broker sends on ``sock`` and whether it closed the connection within ``wait_s``
+    after it (the client sending nothing more)."""
+    sock.settimeout(wait_s)
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            return answer, False
+    return answer, True
+
+
+@pytest.mark.parametrize("request_head", BODY_NOT_SENT.values(), ids=BODY_NOT_SENT.keys())
+def test_a_request_refused_before_its_body_is_sent_is_answered_and_closed_at_once(brokers, request_head):
+    """Nobody reads a body that is not sent yet: waiting for it (up to ``request_timeout_s``) held a
+    connection for a stranger who never sends it. Closed within a third of that timeout here."""
+    running = brokers(offsets_api={**HTTP_LIMITS, "request_timeout_s": 30.0, "token": "reader"})
+    with raw_socket(running.broker.offsets_port) as sock:
+        sock.sendall(request_head)
+        answer, closed = answer_then_end(sock, 10.0)
+    head = answer.partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 4") and b"Connection: close" in head, head
+    assert closed
+
+
+@pytest.mark.parametrize("token", [b"reader", b"guess"], ids=["reader-404", "stranger-401"])
+def test_a_refusal_of_a_request_sent_whole_keeps_a_readers_connection_only(brokers, token):
+    """Its body arrived: a reader's 404 leaves its connection for its next request; a stranger's 401
+    closes it."""
+    running = brokers(offsets_api={**HTTP_LIMITS, "request_timeout_s": 30.0, "token": "reader"})
+    head = b"GET /v1/logs%s HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer " + token + b"\r\n"
+    with raw_socket(running.broker.offsets_port) as sock:
+        sock.sendall(head % b"/nothing-here" + b"Content-Length: 3\r\n\r\nabc")
+        sock.sendall(head % b"" + b"Connection: close\r\n\r\n")
+        answers = read_until_closed(sock)
+    statuses = [int(status) for status in re.findall(rb"HTTP/1.1 (\d{3}) ", answers)]
+    assert statuses == ([404, 200] if token == b"reader" else [401])
 
 
 def test_strangers_holding_every_connection_never_keep_a_reader_out(brokers):
