@@ -31,7 +31,7 @@ from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
 from broker_edge.storage.config import StorageConfig
 from broker_edge.storage.file_pool import check_max_open
 from broker_edge.storage.persistence import RuleError, check_rules
-from broker_edge.storage.record import MIN_BODY_SIZE
+from broker_edge.storage.record import MIN_BODY_SIZE, U16
 
 __all__ = [
     "DEFAULT_ADMIN_PORT",
@@ -442,15 +442,17 @@ class BrokerConfig:
         check_distinct_ports(self.bound_endpoints())
 
     def _check_record_floor(self) -> None:
-        """``storage.max_record_bytes`` must hold a 1-byte payload from the longest client id accepted."""
+        """``storage.max_record_bytes`` must hold a 1-byte payload from the longest client id accepted, at
+        QoS 2 too (its record keeps the publisher's packet id)."""
         longest_id = self.limits.max_client_id_length
-        floor = MIN_BODY_SIZE + longest_id + 1
+        floor = MIN_BODY_SIZE + U16.size + longest_id + 1
         if self.storage.max_record_bytes < floor:
             raise ConfigError(
                 "storage.max_record_bytes",
-                f"must be at least {floor}, the record of a 1-byte payload from a client id of "
+                f"must be at least {floor}, the record of a 1-byte QoS 2 payload from a client id of "
                 f"limits.max_client_id_length ({longest_id}) bytes: a {MIN_BODY_SIZE}-byte header, the "
-                f"client id and the payload; got {self.storage.max_record_bytes}",
+                f"{U16.size}-byte packet id a QoS 2 record keeps, the client id and the payload; got "
+                f"{self.storage.max_record_bytes}",
             )
 
     def _check_cluster(self, cluster: ClusterConfig) -> None:

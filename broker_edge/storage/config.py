@@ -92,9 +92,10 @@ class StorageConfig:
     retention_ms: int | None = 7 * DAY_MS
     """Default age bound per log (a rule may override it)."""
     max_record_bytes: int = MQTT_MAX_PAYLOAD + 64 * KIB
-    """Largest encoded record accepted (its body: a 21-byte header, the publisher's client id, its MQTT 5
-    properties and the payload); also the sanity bound on a length prefix during recovery. At least 22 +
-    `limits.max_client_id_length` (150 by default): a 1-byte payload from the longest client id accepted."""
+    """Largest encoded record accepted (its body: a 21-byte header, the publisher's client id, the packet id
+    of a QoS 2 publish (2 bytes), its MQTT 5 properties and the payload); also the sanity bound on a length
+    prefix during recovery. At least 24 + `limits.max_client_id_length` (152 by default): a 1-byte QoS 2
+    payload from the longest client id accepted."""
     max_topics: int = 1_000_000
     """Most logs one broker keeps; appending to a new topic beyond it raises `TooManyTopics` (counted, and
     logged once per `refusal_log_interval_s`)."""
