@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.qos2_ingest_bench [--messages 20000] [--window 50] [--json]
     cd OTHER_CHECKOUT && PYTHONPATH=OTHER_CHECKOUT:THIS_CHECKOUT python -m bench.qos2_ingest_bench   # another
+    .venv/bin/python -m bench.qos2_ingest_bench --start [--devices 20000] [--messages 50000]
 
 A broker child process (`BrokerProcess`: its defaults, the commitlog durable before each PUBREC; no publish
 rate limit) on a fresh data directory; one MQTT 5 client sends ``--window`` QoS 2 PUBLISHes of 100 bytes at
@@ -9,6 +10,9 @@ once, reads their PUBRECs, sends their PUBRELs, reads their PUBCOMPs, and again 
 done. The figure is the broker process's CPU time (user and system, from ``/proc``) per message, what one
 core of it pays whatever the client costs; the rate is printed beside it. The broker runs the code Python
 finds first: with another checkout first on ``PYTHONPATH`` (and as the working directory) that one's.
+
+``--start``: what the start after a crash pays for the QoS 2 publishes appended since the last snapshot of
+the sessions, in process (``bench.qos2_start``).
 """
 
 from __future__ import annotations
@@ -112,7 +116,16 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=50, help="PUBLISHes in flight (≤ Receive Maximum)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--start", action="store_true", help="the start after a crash (bench.qos2_start)")
+    parser.add_argument("--devices", type=int, default=20_000, help="--start: devices, a topic each")
+    parser.add_argument("--partitions", type=int, default=1, help="--start: storage.partitions")
+    parser.add_argument("--rounds", type=int, default=3, help="--start: starts measured (the best counts)")
     args = parser.parse_args()
+    if args.start:
+        from bench.qos2_start import report
+
+        print(report(args.devices, args.messages, args.partitions, args.rounds, args.window, args.json))
+        return
     cpu_us, rate = measure(args.messages, args.window)
     if args.json:
         print(json.dumps({"broker_cpu_us_per_message": round(cpu_us, 2), "messages_per_s": round(rate)}))
