@@ -102,7 +102,9 @@ class SessionStore:
             log.info(
                 "%d incoming QoS 2 ids held since the last snapshot restored from the journal", journal.held
             )
-        logged = hold_logged_ids(self.router, self.log_store, snapshot.log_ends, journal)
+        logged = hold_logged_ids(
+            self.router, self.log_store, snapshot.log_ends, journal, snapshot.log_positions
+        )
         if logged:
             log.info(
                 "%d incoming QoS 2 ids restored from the log's records since the last snapshot (appended,"
@@ -199,8 +201,12 @@ class SessionStore:
     def _capture(self) -> dict[str, Any]:
         """The document, built on the loop (the router is not thread-safe); plain data from here on."""
         sessions = self.router.sessions
-        log_ends = self._log_ends() if any(s.expiry_interval > 0 for s in sessions.values()) else {}
-        document = capture(self.router, log_ends, self.loop.time(), time.time(), self.log_store.store_id)
+        persistent = any(s.expiry_interval > 0 for s in sessions.values())
+        positions = [p.end for p in self.log_store.partitions()] if persistent else None  # before the ends
+        log_ends = self._log_ends() if persistent else {}
+        document = capture(
+            self.router, log_ends, self.loop.time(), time.time(), self.log_store.store_id, positions
+        )
         document["journal_from"] = self.journal.rotate()  # what the sessions hold after this is there
         return document
 

@@ -99,16 +99,25 @@ class Snapshot:
     journal_from: int | None = None
     """The first generation of the incoming QoS 2 ids' journal written after it (``runtime.qos2_journal``;
     None: not recorded)."""
+    log_positions: list[int] | None = None
+    """Each storage partition's end position, taken just before ``log_ends``: the records since those ends
+    are past them (``runtime.qos2_log_ids`` reads the partitions from there; None: not recorded)."""
 
 
 # -- capture ----------------------------------------------------------------------------------------------
 
 
 def capture(
-    router: Router, log_ends: dict[str, int], now: float, wall: float, store_id: str | None = None
+    router: Router,
+    log_ends: dict[str, int],
+    now: float,
+    wall: float,
+    store_id: str | None = None,
+    log_positions: list[int] | None = None,
 ) -> dict[str, Any]:
     """The document of every persistent session (Session Expiry Interval > 0), online or not; ``store_id``
-    names the logs whose offsets its cursors and ``log_ends`` are."""
+    names the logs whose offsets its cursors and ``log_ends`` are, ``log_positions`` their partitions' end
+    positions before ``log_ends`` was taken."""
     document: dict[str, Any] = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -118,6 +127,8 @@ def capture(
     }
     if store_id is not None:
         document["store_id"] = store_id
+    if log_positions is not None:
+        document["log_positions"] = log_positions
     return document
 
 
@@ -261,6 +272,7 @@ def parse(document: Any) -> Snapshot:
         _typed(top, "store_id", (str, type(None)), "document", None),
         len(sessions) - len(intact),
         _typed(top, "journal_from", (int, type(None)), "document", None),
+        _positions(top.get("log_positions")),
     )
 
 
@@ -348,6 +360,15 @@ def _offsets(value: Any, where: str) -> dict[str, int]:
     for topic in offsets:
         _typed(offsets, topic, int, where)
     return offsets
+
+
+def _positions(value: Any) -> list[int] | None:
+    """A list of partition positions, or None (not recorded)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(type(p) is not int or p < 0 for p in value):
+        raise SnapshotError(f"log_positions: expected a list of positions, got {value!r}")
+    return value
 
 
 def _typed(fields: dict[str, Any], name: str, kinds: Any, where: str, default: Any = _REQUIRED) -> Any:

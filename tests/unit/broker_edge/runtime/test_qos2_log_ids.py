@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from broker_edge.engine.sessions.snapshot import SnapshotError, parse
 from broker_edge.runtime import qos2_log_ids
 from broker_edge.runtime.qos2_journal import Qos2Journal
 from broker_edge.runtime.qos2_log_ids import hold_logged_ids
+from broker_edge.runtime.session_store import SESSIONS_FILE, SessionStore
+from broker_edge.settings.broker import SessionsConfig
 from broker_edge.storage import LogStore
 from broker_edge.storage.config import StorageConfig
 from broker_edge.storage.record import RecordFields, qos_with_packet_id
@@ -66,6 +71,10 @@ def test_an_id_with_more_records_than_releases_and_no_held_line_is_held(
         store.close()
 
 
+def _partition_ends(store: LogStore) -> list[int]:
+    return [partition.end for partition in store.partitions()]
+
+
 def _damage(data: Path, payload: bytes) -> None:
     """Flip a byte of the one record carrying ``payload`` in the log's files (its frame fails its CRC)."""
     for path in (data / "log").rglob("*.log"):
@@ -78,9 +87,14 @@ def _damage(data: Path, payload: bytes) -> None:
     raise AssertionError(f"no record carries {payload!r}")
 
 
-def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_snapshot(tmp_path: Path) -> None:
+@pytest.mark.parametrize("positions_at", ["the snapshot", "a later round", None])
+def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_snapshot(
+    tmp_path: Path, positions_at: str | None
+) -> None:
     """Records of 40 device topics over 3 partitions, interleaved, versions 1 and 2 mixed; a record
-    damaged at one log's tail and one in the middle of another: a log's ids stop at its damage."""
+    damaged at one log's tail and one in the middle of another: a log's ids stop at its damage. Read in
+    log order from the partitions' positions at the snapshot (or later ones: the records before them are
+    read log by log), or log by log (a snapshot without them)."""
     data = tmp_path / "data"
     store = LogStore(data, StorageConfig(partitions=3))
     store.open()
@@ -88,9 +102,14 @@ def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_sna
     for n, topic in enumerate(topics):  # before the snapshot: never counted
         store.append_batch(topic, [_record(f"dev-{n}", 1, b"old")])
     store.flush()
+    positions = (
+        [partition.end for partition in store.partitions()] if positions_at == "the snapshot" else None
+    )
     since = store.end_offsets()
     expected: Counter[tuple[str, int]] = Counter()
     for round_ in range(6):
+        if round_ == 2 and positions_at == "a later round":
+            positions = _partition_ends(store)
         for n, topic in enumerate([*topics, "fleet/new/events"]):  # a topic the snapshot does not know
             client = "stranger" if n == 7 else f"dev-{n}"  # (no persistent session)
             packet_id = None if (n + round_) % 3 == 0 else round_ * 100 + n % 5 + 1  # version 1 or 2
@@ -108,6 +127,40 @@ def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_sna
     try:
         assert len({store.partition_of(topic) for topic in topics}) == 3
         clients = {f"dev-{n}" for n in range(41)}
-        assert qos2_log_ids.logged_ids(store, since, clients) == expected
+        assert qos2_log_ids.logged_ids(store, since, clients, positions) == expected
     finally:
+        store.close()
+
+
+def test_the_snapshot_keeps_each_partitions_end_and_a_start_after_a_crash_reads_from_there(
+    tmp_path: Path,
+) -> None:
+    """The sessions' snapshot names each partition's end position (taken before the logs' ends); a start
+    after a crash holds the ids of the records past them; a snapshot of a broker before it names none."""
+    store = LogStore(tmp_path / "data", StorageConfig(partitions=2))
+    store.open()
+    meta = tmp_path / "data" / "meta"
+    loop = asyncio.new_event_loop()
+    try:
+        _append_qos2(store, "t/a", "dev", 1)
+        _append_qos2(store, "t/b", "dev", 2)
+        loop.run_until_complete(
+            SessionStore(meta, restored_router("dev"), store, SessionsConfig(), loop).close()
+        )
+        ends = _partition_ends(store)
+        document = json.loads((meta / SESSIONS_FILE).read_text())
+        assert document["log_positions"] == ends and sum(ends) == 2
+        _append_qos2(store, "t/a", "dev", 3)  # appended, then the crash
+        _append_qos2(store, "t/b", "dev", 4)
+        store.flush()
+        sessions = SessionStore(meta, restored_router(), store, SessionsConfig(), loop)
+        assert sessions.restore() == 1
+        assert sessions.router.sessions["dev"].incoming_qos2 == {3, 4}
+        sessions.journal.close()
+        del document["log_positions"], document["check"]
+        assert parse(document).log_positions is None
+        with pytest.raises(SnapshotError, match="log_positions"):
+            parse({**document, "log_positions": [1, -1]})
+    finally:
+        loop.close()
         store.close()
