@@ -18,6 +18,7 @@ from broker_edge.settings.broker import SessionsConfig
 from broker_edge.storage import LogStore
 from broker_edge.storage.config import StorageConfig
 from broker_edge.storage.record import RecordFields, qos_with_packet_id
+from broker_edge.storage.replicated_log import ReplicatedLog
 from tests.unit.broker_edge.runtime.test_qos2_journal import restored_router
 
 
@@ -87,14 +88,16 @@ def _damage(data: Path, payload: bytes) -> None:
     raise AssertionError(f"no record carries {payload!r}")
 
 
-@pytest.mark.parametrize("positions_at", ["the snapshot", "a later round", None])
+@pytest.mark.parametrize(
+    "positions_at", ["the snapshot", "the snapshot, a cluster's store", "a later round", None]
+)
 def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_snapshot(
     tmp_path: Path, positions_at: str | None
 ) -> None:
     """Records of 40 device topics over 3 partitions, interleaved, versions 1 and 2 mixed; a record
     damaged at one log's tail and one in the middle of another: a log's ids stop at its damage. Read in
     log order from the partitions' positions at the snapshot (or later ones: the records before them are
-    read log by log), or log by log (a snapshot without them)."""
+    read log by log), or log by log (a snapshot without them, a store read by topic only)."""
     data = tmp_path / "data"
     store = LogStore(data, StorageConfig(partitions=3))
     store.open()
@@ -102,9 +105,7 @@ def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_sna
     for n, topic in enumerate(topics):  # before the snapshot: never counted
         store.append_batch(topic, [_record(f"dev-{n}", 1, b"old")])
     store.flush()
-    positions = (
-        [partition.end for partition in store.partitions()] if positions_at == "the snapshot" else None
-    )
+    positions = _partition_ends(store) if positions_at and positions_at.startswith("the snapshot") else None
     since = store.end_offsets()
     expected: Counter[tuple[str, int]] = Counter()
     for round_ in range(6):
@@ -124,6 +125,8 @@ def test_many_topics_across_partitions_give_back_exactly_their_ids_since_the_sna
     _damage(data, f"{topics[4]} 3".encode())
     store = LogStore(data, StorageConfig(partitions=3))
     store.open()
+    if positions_at == "the snapshot, a cluster's store":
+        ReplicatedLog(store).enable()
     try:
         assert len({store.partition_of(topic) for topic in topics}) == 3
         clients = {f"dev-{n}" for n in range(41)}
