@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -103,7 +104,8 @@ def write_heartbeat(tables_root: str, beat: Heartbeat) -> None:
 
 class HeartbeatWriter:
     """The job's side: :meth:`beat` as often as convenient (it writes every :data:`INTERVAL_S` at most),
-    :meth:`stop` once."""
+    :meth:`stop` once; a beat after the stop writes nothing (a tick that outlived the job's wait for its
+    ticker must not say that the stopped job runs)."""
 
     def __init__(self, tables_root: str, clock: Callable[[], int] = _now_ms) -> None:
         self.tables_root = tables_root
@@ -111,19 +113,28 @@ class HeartbeatWriter:
         now = clock()
         self._beat = Heartbeat(socket.gethostname(), os.getpid(), now, now)
         self._written_at: int | None = None
+        self._stopped = False
+        self._writing = threading.Lock()
+        """The ticker beats while the job's stop writes the stop (a beat's check and write are one step)."""
 
     def beat(self, reports_wait_since_ms: int | None = None) -> None:
         """Say the job runs; ``reports_wait_since_ms``: since when it waits for its reports stream (written
         at once when that changes)."""
-        now = self.clock()
-        waits = reports_wait_since_ms != self._beat.reports_wait_since_ms
-        if not waits and self._written_at is not None and now - self._written_at < INTERVAL_S * 1000:
-            return
-        self._beat = replace(self._beat, reports_wait_since_ms=reports_wait_since_ms)
-        self._write(replace(self._beat, beat_at_ms=now))
+        with self._writing:
+            if self._stopped:
+                return
+            now = self.clock()
+            waits = reports_wait_since_ms != self._beat.reports_wait_since_ms
+            if not waits and self._written_at is not None and now - self._written_at < INTERVAL_S * 1000:
+                return
+            self._beat = replace(self._beat, reports_wait_since_ms=reports_wait_since_ms)
+            self._write(replace(self._beat, beat_at_ms=now))
 
     def stop(self) -> None:
-        self._write(replace(self._beat, beat_at_ms=self.clock(), stopped=True, reports_wait_since_ms=None))
+        with self._writing:
+            self._stopped = True
+            stopped = replace(self._beat, beat_at_ms=self.clock(), stopped=True, reports_wait_since_ms=None)
+            self._write(stopped)
 
     def _write(self, beat: Heartbeat) -> None:
         write_heartbeat(self.tables_root, beat)
