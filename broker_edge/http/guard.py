@@ -41,7 +41,8 @@ guard:
   callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
   that way, whatever its frames declare. With ``read_turns`` every read goes to an ``Intake``
   (``http.read_gate``), which hands it to aiohttp as the loop's turns have room (one-byte HTTP chunks),
-  and every request waits for its turn of the loop's HTTP work before it is handled (``work_turn``).
+  and every request waits for its turn of the loop's HTTP work before it is handled (``work_turn``), in
+  the strangers' line unless its connection authenticated or ``vouch`` says its credentials are valid.
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent (a share counted as its reader's when
@@ -59,7 +60,6 @@ import ssl
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -68,7 +68,7 @@ from aiohttp import web
 from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
 from broker_edge.http.peer_certificates import CertificateCheck, PeerCertificate, peer_certificate
 from broker_edge.http.read_gate import HeldTransport, Intake, ReadGate, ReadTaker
-from broker_edge.http.tls_accept import PROBE, HandshakeFailure, TlsServer, start_tls_server
+from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server, tls_failure_lines
 from broker_edge.http.unread_bodies import closed_before_unread_bodies
 from broker_edge.http.unserved import uninvited_without_route, unserved_request
 from broker_edge.observe.refusal_log import RefusalLog
@@ -99,8 +99,6 @@ ByteWatch = Callable[[int], bool | None]
 """What ``watch_bytes`` calls with each read's size: True aborts the connection, None stops the calls."""
 
 _GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
-_tls_refusals = RefusalLog()
-"""The lines of failed TLS handshakes of a site told no ``on_tls_failure``."""
 _slow_readers = RefusalLog()
 """The lines of answers abandoned because they were taken too slowly (``_too_slow``)."""
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
@@ -126,8 +124,11 @@ class _Guard:
         max_per_reader: int | None = None,
         read_turns: ReadTaker | None = None,
         certificates: CertificateCheck | None = None,
+        vouch: Callable[[web.Request], bool] | None = None,
     ) -> None:
         self.max_connections = max_connections
+        self.vouch = vouch
+        """Whether a request's credentials are valid, before its turn (None: the site asks for none)."""
         self.certificates = certificates
         """Checks each request's client certificate (``peer_certificates``; None: not checked)."""
         self.read_turns = read_turns
@@ -237,6 +238,8 @@ class _GuardedProtocol(asyncio.Protocol):
         self.authenticated = False
         """A request on this connection carried valid credentials: it makes room for a newcomer only once no
         connection that never authenticated can."""
+        self.known = False
+        """Its request's work waits in the known clients' line of turns (``read_gate.WorkTurns``)."""
         self.who: str | None = None
         """Whose connection it is, for logs and the budget's shares: the name its credentials gave
         (``mark_authenticated``)."""
@@ -409,6 +412,8 @@ async def _request_started(request: web.Request, handler: Any) -> web.StreamResp
             return ended
     guarded.busy = True
     guarded.disarm()
+    vouch = guarded.guard.vouch
+    guarded.known = guarded.authenticated or vouch is None or vouch(request)
     try:
         if guarded.intake is not None:  # requests begin one at a time, the loop resting between them
             await guarded.intake.work_turn()
@@ -676,6 +681,7 @@ async def start_guarded_site(
     read_turns: ReadTaker | None = None,
     name: str = "HTTPS endpoint",
     certificates: CertificateCheck | None = None,
+    vouch: Callable[[web.Request], bool] | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
@@ -689,7 +695,8 @@ async def start_guarded_site(
     ``max_per_reader``: open connections one named reader may hold (None: no bound of its own).
     ``read_turns``: makes each connection's ``Intake``, which takes its reads before aiohttp parses them.
     ``name``: the site in the lines of failed TLS handshakes, without ``on_tls_failure``. ``certificates``:
-    a request on a connection whose client certificate has since ended is refused (``peer_certificates``)."""
+    a request on a connection whose client certificate has since ended is refused (``peer_certificates``).
+    ``vouch``: whether a request's credentials are valid, asked before its first turn (None: none asked)."""
     guard = _Guard(
         max_connections,
         request_timeout_s,
@@ -698,6 +705,7 @@ async def start_guarded_site(
         max_per_reader,
         read_turns,
         certificates,
+        vouch,
     )
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
@@ -749,23 +757,6 @@ async def start_guarded_site(
         await runner.cleanup()
         raise
     return GuardedRunner(runner, server, guard)
-
-
-def tls_failure_lines(site: str, quiet: frozenset[str] = frozenset()) -> HandshakeFailure:
-    """What a site does with a failed TLS handshake: one WARNING naming the peer and why (limited per
-    reason); a port check (``PROBE``) and the reasons in ``quiet`` are DEBUG lines."""
-    return partial(_tls_failed, site, quiet)
-
-
-def _tls_failed(site: str, quiet: frozenset[str], peer: str, reason: str, _error: BaseException) -> None:
-    if reason == PROBE:
-        log.debug("a port check on the %s: %s hung up without a byte", site, peer)
-        return
-    if reason in quiet:
-        log.debug("TLS handshake with the %s ended: %s (peer %s)", site, reason, peer)
-        return
-    text = f"TLS handshake with the {site} failed: {reason}"
-    _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason)
 
 
 class UnreadBody(Exception):

@@ -36,8 +36,11 @@ import errno
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
+from functools import partial
 
+from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.process.sockets import listening_sockets
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "TlsServer",
     "failure_reason",
     "start_tls_server",
+    "tls_failure_lines",
 ]
 
 log = logging.getLogger(__name__)
@@ -286,3 +290,24 @@ async def start_tls_server(
     return TlsServer(
         sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure, serving, room, on_full
     )
+
+
+_tls_refusals = RefusalLog()
+"""The lines of failed TLS handshakes of a site told no ``on_tls_failure``."""
+
+
+def tls_failure_lines(site: str, quiet: frozenset[str] = frozenset()) -> HandshakeFailure:
+    """What a site does with a failed TLS handshake: one WARNING naming the peer and why (limited per
+    reason); a port check (``PROBE``) and the reasons in ``quiet`` are DEBUG lines."""
+    return partial(_tls_failed, site, quiet)
+
+
+def _tls_failed(site: str, quiet: frozenset[str], peer: str, reason: str, _error: BaseException) -> None:
+    if reason == PROBE:
+        log.debug("a port check on the %s: %s hung up without a byte", site, peer)
+        return
+    if reason in quiet:
+        log.debug("TLS handshake with the %s ended: %s (peer %s)", site, reason, peer)
+        return
+    text = f"TLS handshake with the {site} failed: {reason}"
+    _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason)

@@ -522,6 +522,11 @@ class Broker(BrokerCore):
                 max_request_line=request_line_for(self.config.limits.max_topic_length),
             )
             readers = reader_authenticator(self.reader_tokens)
+            tokens = self.reader_tokens
+
+            def holds_a_token(request: web.Request) -> bool:  # (its work goes before strangers')
+                return tokens is None or tokens.holds_token(request.headers.get("Authorization"))
+
             certificates = self._certificate_check("offsets API", self.offsets_tls)
             app = create_app(store, limits=limits, routes=self.offsets_api_routes, authenticate=readers)
             return await start_guarded_site(
@@ -540,6 +545,7 @@ class Broker(BrokerCore):
                 read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
                 name="offsets API",
                 certificates=certificates,
+                vouch=holds_a_token,
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):

@@ -91,12 +91,15 @@ class ReaderTokens:
 
     def access(self, authorization: str | None) -> Access | None:
         """The access of a request's ``Authorization`` header (None: no token, or not one of these)."""
-        if not authorization:
-            return None
-        scheme, _, secret = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not secret:
-            return None
-        return self._by_digest.get(_digest(secret.strip()))
+        secret = _bearer(authorization)
+        return self._by_digest.get(_digest(secret)) if secret else None
+
+    def holds_token(self, authorization: str | None) -> bool:
+        """Whether a request's ``Authorization`` header carries one of these tokens: asked before the
+        request's turn of the loop's HTTP work (a token holder's goes before a stranger's), its handling
+        asks ``access`` again."""
+        secret = _bearer(authorization)
+        return bool(secret) and _digest(secret) in self._by_digest
 
     def reload(self) -> int:
         """Read ``file`` again (SIGHUP): the tokens in force are the inline ones plus the file's. A file that
@@ -135,3 +138,9 @@ class ReaderTokens:
                 stat.S_IMODE(mode),
             )
         return load_dataclass(TokensFile, load_yaml_file(path), str(path)).tokens
+
+
+def _bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header ("" for none, or another scheme)."""
+    scheme, _, secret = (authorization or "").partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" else ""

@@ -380,10 +380,10 @@ class SocketTurns:
         self.turns.forget(self)
 
     async def work_turn(self) -> None:
-        await self.turns.work.turn()
+        await self.turns.work.turn(self.gate.known)
 
     async def work_in_thread(self, work: Callable[..., T], *args: Any) -> T:
-        return await self.turns.work.in_thread(work, *args)
+        return await self.turns.work.in_thread(work, *args, known=self.gate.known)
 
     def pause_for_turn(self) -> None:
         self.gate.hold_reading()

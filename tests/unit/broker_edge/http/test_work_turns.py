@@ -1,5 +1,6 @@
-"""``WorkTurns``: HTTP work on the broker's loop, one piece at a time, in the order asked, the loop resting
-after each as long as it took; a request gone while it waited leaves the line moving."""
+"""``WorkTurns``: HTTP work on the broker's loop, one piece at a time, in the order asked (known clients'
+first), the loop resting after each as long as it took; a request gone while it waited leaves the line
+moving."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import itertools
 import threading
 import time
 
-from broker_edge.http.read_gate import WorkTurns
+from broker_edge.http.read_gate import STRANGERS_SHARE, WorkTurns
 
 
 async def pieces_in_order(turns: WorkTurns, count: int) -> tuple[list[int], int]:
@@ -114,3 +115,26 @@ def test_the_loop_rests_after_a_piece_only_when_it_served_devices_since_the_one_
     assert asyncio.run(rests_after_two_pieces(WorkTurns(rest=1e6, devices=quiet.__next__))) == [True, False]
     assert asyncio.run(rests_after_two_pieces(WorkTurns(rest=1e6, devices=busy.__next__))) == [True, True]
     assert asyncio.run(rests_after_two_pieces(WorkTurns(rest=1e6))) == [True, True]
+
+
+async def turns_of_strangers_and_known(turns: WorkTurns, strangers: int, known: int) -> list[str]:
+    """``strangers`` requests asking for a turn, then ``known`` clients' requests: the order their pieces
+    ran in (the first stranger's begins at once, the line being empty)."""
+    ran: list[str] = []
+
+    async def request(name: str, is_known: bool) -> None:
+        await turns.turn(is_known)
+        ran.append(name)
+        await asyncio.sleep(0)
+
+    asking = [request(f"s{number}", False) for number in range(strangers)]
+    asking += [request(f"k{number}", True) for number in range(known)]
+    await asyncio.wait_for(asyncio.gather(*asking), 30)
+    return ran
+
+
+def test_known_clients_pieces_go_before_strangers_who_have_one_turn_in_four_while_they_wait() -> None:
+    assert STRANGERS_SHARE == 4
+    ran = asyncio.run(turns_of_strangers_and_known(WorkTurns(rest=0.0), strangers=6, known=4))
+
+    assert ran == ["s0", "k0", "k1", "k2", "s1", "k3", "s2", "s3", "s4", "s5"]
