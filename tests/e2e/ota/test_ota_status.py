@@ -4,7 +4,11 @@ reports stream), and ``--watch`` follows an action to its end."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -19,6 +23,42 @@ from tests.fleet_harness import quiet_devices
 
 FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
 OFFLINE = ["dev-offline-0", "dev-offline-1", "dev-offline-2"]
+REPO = Path(__file__).resolve().parents[3]
+
+
+class Watch:
+    """``timestone ota status ACTION --watch`` in a process of its own, as an operator runs it beside the
+    job, its output gathered as it comes."""
+
+    def __init__(self, tables_root: str, action_id: str) -> None:
+        command = [sys.executable, "-m", "pipelines.cli", "ota", "--tables-root", tables_root, "status"]
+        command += [action_id, "--watch", "--interval", "0.2"]
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self._lines)
+
+    def ended(self, timeout_s: float) -> tuple[int, list[str]]:
+        """Its exit status and the blocks it printed, once it has ended by itself."""
+        status = self.process.wait(timeout=timeout_s)
+        self._reader.join(timeout=timeout_s)
+        return status, self.output.strip().split("\n\n")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
 
 
 def test_status_names_the_devices_not_done_and_watch_follows_the_action_to_its_end(spark, tmp_path, capsys):
@@ -34,7 +74,11 @@ def test_status_names_the_devices_not_done_and_watch_follows_the_action_to_its_e
             return main(["ota", "--tables-root", root, *argv])
 
         assert ota("create", "--id", "s-1", "--group", "g", *FIRMWARE) == 0
-        wait_for(lambda: (summary(store, "s-1") or {}).get("succeeded_count") == 4, what="the online devices")
+
+        def online_done() -> bool:
+            return (summary(store, "s-1") or {}).get("succeeded_count") == 4
+
+        wait_for(online_done, timeout_s=180, what="the online devices")
         capsys.readouterr()
 
         assert ota("status", "s-1", "--show", "2") == 0
@@ -45,12 +89,21 @@ def test_status_names_the_devices_not_done_and_watch_follows_the_action_to_its_e
         assert "dev-offline-1 QUEUED" in out and "dev-offline-2" not in out and "... and 1 more" in out
         assert "actions job: running on " in out
 
-        assert ota("cancel", "s-1") == 0
-        assert ota("status", "s-1", "--watch", "--interval", "0.2") == 0
-        blocks = capsys.readouterr().out.strip().split("\n\n")
+        # The watch is under way (its first look printed) before the cancel, so that it follows the action
+        # from IN_PROGRESS to its end, whenever the job takes the cancel in.
+        watch = Watch(root, "s-1")
+        try:
+            wait_for(lambda: "\n\n" in watch.output, timeout_s=120, what="the watch's first look")
+            assert ota("cancel", "s-1") == 0
+            assert capsys.readouterr().out == "cancel requested for s-1\n"
+            status, blocks = watch.ended(timeout_s=180)
+        finally:
+            watch.close()
+        assert status == 0
+        assert "state     IN_PROGRESS, updated" in blocks[0] and "actions job: running on " in blocks[0]
         assert "state     CANCELED" in blocks[-1] and "reason    canceled by operator" in blocks[-1]
         assert "not done" not in blocks[-1] and "actions job" not in blocks[-1]
-        assert all(block.startswith(("cancel requested", "-- ")) for block in blocks)
+        assert all(block.startswith("-- ") for block in blocks)
 
     assert main(["ota", "--tables-root", root, "status"]) == 0
     out = capsys.readouterr().out
