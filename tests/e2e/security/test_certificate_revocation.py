@@ -52,12 +52,16 @@ def device(certificates: Certificates, name: str) -> ssl.SSLContext:
 
 
 def handshake_refused(port: int, context: ssl.SSLContext) -> bool:
-    """Whether the broker refuses this TLS client: during the handshake or (TLS 1.3) right after it."""
+    """Whether the broker refuses this TLS client: during the handshake or (TLS 1.3) right after it. The
+    client refusing the broker's certificate (one that does not name ``localhost``) says nothing of it: it
+    raises."""
     with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw:
         try:
             with context.wrap_socket(raw, server_hostname="localhost") as tls:
                 tls.sendall(b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x00")  # a v5 CONNECT
                 return tls.recv(100) == b""
+        except ssl.SSLCertVerificationError:
+            raise
         except (ssl.SSLError, ConnectionError):
             return True
 

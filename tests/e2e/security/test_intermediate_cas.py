@@ -114,6 +114,7 @@ def devices_listener(
     """A ``devices`` TLS listener requiring client certificates of ``cafile``'s CAs, serving a certificate
     ``timestone pki`` issued (the devices trust its CA, ``server-ca``)."""
     server = ["issue", "server", "broker", "--ca", str(tmp_path / "server-ca"), "--ip", "127.0.0.1"]
+    server += ["--dns", "localhost"]
     assert main(["pki", "ca", str(tmp_path / "server-ca")]) == 0 and main(["pki", *server]) == 0
     capsys.readouterr()
     tls = {
