@@ -92,6 +92,9 @@ __all__ = ["BrokerHandle", "ClusterNode", "RefusingReplication", "advertised_mem
 
 log = logging.getLogger("broker_edge.cluster.node")
 
+DIALED_PEER_LINKS = "peer links dialed"
+"""The ``endpoint`` label of ``https_certificate_refusals_total`` for the peer links this node dialed, closed
+for the certificate their peer served."""
 ETCD_TIMEOUT_S = 2.0
 """Bound of every etcd call (a lease renewal is bounded by its interval instead)."""
 
@@ -258,7 +261,9 @@ class ClusterNode:
             cluster.redirect_publishers,
         )
         self.forwarding.handoff = self.handoff
-        self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
+        self.links = PeerLinks(
+            cluster.node_id, self.clients, self.forwarding, self.proofs, self._dialed_certificate_refused
+        )
         self.forwarding.links = self.links
         self.retained = RetainedSync(
             broker.router, self.view, self.links, broker.loop, cluster.retained_snapshot_timeout_ms / 1000
@@ -498,6 +503,11 @@ class ClusterNode:
         """A request on the members' endpoint refused for its connection's certificate, counted."""
         refusals = self.broker.metrics.https_certificate_refusals_total
         refusals.labels("members' endpoint", reason).inc()
+
+    def _dialed_certificate_refused(self, reason: str) -> None:
+        """A peer link this node dialed closed for the certificate its peer served, counted."""
+        refusals = self.broker.metrics.https_certificate_refusals_total
+        refusals.labels(DIALED_PEER_LINKS, reason).inc()
 
     async def start(self) -> None:
         """Serve as a member: the engine takes this node's ports first (fenced until registered, so nothing

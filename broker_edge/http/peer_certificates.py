@@ -8,15 +8,20 @@ of its chain, the CAs it needs, its issuer and serial number; read once, ``secur
 request compares the end with the clock, and the reload count of the endpoint's TLS files with the one its
 connection was last checked against (the endpoint's ``security.client_trust.ClientTrust``, read by its
 reload): nothing is parsed or read per request.
+
+A connection this process dials and holds (a member's peer link, a site's uplink) is checked the same way,
+from its side: what the server presented at the handshake (``server_certificate``), its end and the reloads
+of the dialer's own CA file, every second (``close_when_ended``), as the serving side checks the dialer's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -31,7 +36,14 @@ if TYPE_CHECKING:
 
     from broker_edge.security.client_trust import ClientTrust
 
-__all__ = ["CertificateCheck", "PeerCertificate", "certificate_ended", "peer_certificate"]
+__all__ = [
+    "CertificateCheck",
+    "PeerCertificate",
+    "certificate_ended",
+    "close_when_ended",
+    "peer_certificate",
+    "watch_dialed",
+]
 
 log = logging.getLogger("broker_edge.http.guard")
 
@@ -52,23 +64,30 @@ class PeerCertificate:
     """Its issuer and serial number, as a CRL lists it."""
     checked: int = 0
     """The reload of the endpoint's TLS files it was last checked against (``ClientTrust.reloads``)."""
+    side: str = "client"
+    """Which end presented it: "client", or "server" (a connection this process dialed)."""
 
 
-def peer_certificate(transport: Any) -> PeerCertificate | None:
-    """What the client certificate of ``transport``'s TLS connection rests on (None: plain HTTP, or no
-    client certificate)."""
+def peer_certificate(transport: Any, side: str = "client") -> PeerCertificate | None:
+    """What the certificate the other end of ``transport``'s TLS connection presented rests on (its
+    client's; ``side`` "server": its server's, on a connection dialed); None: plain, or no certificate."""
     ssl_object: ssl.SSLObject | None = transport.get_extra_info("ssl_object") if transport else None
     chain = peer_chain(ssl_object)
     if chain is None:
         return None
-    return PeerCertificate(
-        peer_common_name(ssl_object), chain.end, chain.ending, chain.needs, certificate_id(ssl_object)
-    )
+    name, certificate = peer_common_name(ssl_object), certificate_id(ssl_object)
+    return PeerCertificate(name, chain.end, chain.ending, chain.needs, certificate, side=side)
+
+
+def server_certificate(connection: Any) -> PeerCertificate | None:
+    """What the server certificate of a connection this process dialed rests on (``connection``: its
+    transport, or an aiohttp client WebSocket); None: plain."""
+    return peer_certificate(connection, "server")
 
 
 def _expired(peer: PeerCertificate) -> tuple[str, str]:
     when = f"{datetime.datetime.fromtimestamp(peer.end, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC"
-    whose = f"the certificate of its CA ({peer.ending})" if peer.ending else "its client certificate"
+    whose = f"the certificate of its CA ({peer.ending})" if peer.ending else f"its {peer.side} certificate"
     return "certificate_expired", f"{whose} expired at {when} (CN={peer.name})"
 
 
@@ -112,7 +131,7 @@ class CertificateCheck:
         if trust is None or peer.checked == trust.reloads:
             return None
         peer.checked = trust.reloads
-        return trust.refusal(peer.certificate, peer.needs, peer.name)
+        return trust.refusal(peer.certificate, peer.needs, peer.name, peer.side)
 
     def say(self, reason: str, line: str) -> None:
         """One WARNING naming the endpoint, counted as ``reason``."""
@@ -125,7 +144,15 @@ _NOTED: web.RequestKey[tuple[CertificateCheck, PeerCertificate]] = web.RequestKe
 """The check and the client certificate of a request's connection (``CertificateCheck.refused``)."""
 
 ENDED_POLL_S = 1.0
-"""How often ``certificate_ended`` looks at the endpoint's reloads (a few long-lived connections)."""
+"""How often ``certificate_ended`` and ``close_when_ended`` look at the reloads (a few long-lived
+connections)."""
+
+
+async def _no_longer_accepted(check: CertificateCheck, peer: PeerCertificate) -> tuple[str, str]:
+    """Return once ``peer``'s certificate is no longer accepted by ``check``: why (reason, line)."""
+    while (why := check.why(peer)) is None:
+        await asyncio.sleep(min(max(peer.end - time.time(), 0.0), ENDED_POLL_S))
+    return why
 
 
 async def certificate_ended(request: web.Request) -> None:
@@ -138,7 +165,32 @@ async def certificate_ended(request: web.Request) -> None:
         await asyncio.Event().wait()
         return
     check, peer = noted
-    while (why := check.why(peer)) is None:
-        await asyncio.sleep(min(max(peer.end - time.time(), 0.0), ENDED_POLL_S))
-    reason, line = why
+    reason, line = await _no_longer_accepted(check, peer)
     check.say(reason, f"closing the connection of {request.remote} ({request.path}): {line}")
+
+
+async def close_when_ended(
+    check: CertificateCheck, peer: PeerCertificate, close: Callable[[], Awaitable[object]]
+) -> None:
+    """Call ``close`` once the server certificate ``peer`` of a connection this process dialed is no longer
+    accepted (its chain ended, or a reload of the dialer's CA file no longer trusts or revokes it), said
+    (one WARNING naming ``check``'s connection) and counted: the dialer dials again, and its next handshake
+    succeeds or fails as any."""
+    reason, line = await _no_longer_accepted(check, peer)
+    check.say(reason, f"closing the connection: {line}")
+    with contextlib.suppress(ConnectionError):
+        await close()
+
+
+def watch_dialed(
+    name: str, trust: ClientTrust | None, counted: Callable[[str], None] | None, socket: Any
+) -> asyncio.Task[None] | None:
+    """Watch the server certificate of ``socket``, an aiohttp client WebSocket this process dialed and
+    holds (named ``name`` in the lines said): closed once no longer accepted (``close_when_ended``; ``trust``:
+    the dialer's CAs as of its last reload, None: the end alone), told to ``counted(reason)``. The task, to
+    cancel when the socket closes otherwise; None on a plain socket."""
+    peer = server_certificate(socket)
+    if peer is None:
+        return None
+    check = CertificateCheck(name, trust, counted)
+    return asyncio.get_running_loop().create_task(close_when_ended(check, peer, socket.close), name=name)

@@ -270,7 +270,8 @@ class BrokerMetrics:
         self.https_certificate_refusals_total = counter(
             "https_certificate_refusals",
             "Requests on kept-alive HTTPS connections refused because their client certificate expired, or "
-            "a reload no longer trusts or revokes it, by endpoint and reason.",
+            "a reload no longer trusts or revokes it, and peer links and uplinks closed because the "
+            "certificate of their other end did, by endpoint and reason.",
             ["endpoint", "reason"],
         )
         self.disconnects_total = counter(

@@ -7,7 +7,9 @@ on a TLS session resumed after it, nor on the next request of a kept-alive HTTPS
 (``ServerContexts``: an MQTT listener, the offsets API, the members' endpoint, the uplink hub) holds one
 ``ClientTrust``, which its ``reload`` reads with the new context: every check of those connections
 (``runtime.peer_certificate``, ``runtime.revoked_peers``, ``runtime.untrusted_peers``,
-``http.peer_certificates``, ``uplink.site_certificates``) asks it, and no check reads the files again.
+``http.peer_certificates``, ``uplink.site_certificates``) asks it, and no check reads the files again. A
+process that dials a long-lived link (a member's peer links, a site's uplink) asks its own CAs'
+``ClientTrust`` the same of the certificate the server presented (``http.peer_certificates.watch_dialed``).
 Until the first reload it holds nothing: a connection was verified by OpenSSL against the files in force.
 """
 
@@ -51,16 +53,21 @@ class ClientTrust:
         return self.reloads > 0 and needs is not None and not needs <= self.trusted
 
     def refusal(
-        self, certificate: CertificateId | None, needs: frozenset[bytes] | None, name: str | None
+        self,
+        certificate: CertificateId | None,
+        needs: frozenset[bytes] | None,
+        name: str | None,
+        side: str = "client",
     ) -> tuple[str, str] | None:
-        """Why the last reload no longer accepts the client certificate ``certificate`` (CN ``name``) whose
-        chain needs ``needs``: the reason it is counted as and the words that say so, or None."""
+        """Why the last reload no longer accepts the ``side`` ("client", or "server" for the other end of a
+        connection this process dialed) certificate ``certificate`` (CN ``name``) whose chain needs
+        ``needs``: the reason it is counted as and the words that say so, or None."""
         if self.revokes(certificate):
-            return "certificate_revoked", f"its client certificate (CN={name}) is revoked in {self.crlfile}"
+            return "certificate_revoked", f"its {side} certificate (CN={name}) is revoked in {self.crlfile}"
         if self.lacks(needs):
             return (
                 "certificate_untrusted",
-                f"its client certificate (CN={name}) is no longer trusted: {self.cafile} lacks a CA its "
+                f"its {side} certificate (CN={name}) is no longer trusted: {self.cafile} lacks a CA its "
                 "chain rests on",
             )
         return None

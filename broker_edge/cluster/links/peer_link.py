@@ -542,7 +542,8 @@ class PeerLinks:
     ``update(members)`` (called on every view change) starts dialing new members whose ``node_id`` is
     larger than ours and drops the links of members gone. ``clients`` are this node's sessions to the
     members (without them, plain ones: development on loopback); ``proofs`` learns of every link that
-    comes up.
+    comes up. A link this node dialed is closed once the certificate its peer served is no longer accepted
+    (expired, or its CA out of this node's reloaded ``cluster.tls.cafile``), told to ``refused(reason)``.
     """
 
     def __init__(
@@ -551,6 +552,7 @@ class PeerLinks:
         clients: MemberClients | None,
         receiver: PeerReceiver,
         proofs: MemberProofs | None = None,
+        refused: Callable[[str], None] | None = None,
     ) -> None:
         from broker_edge.cluster.links.member_clients import MemberClients
 
@@ -559,6 +561,7 @@ class PeerLinks:
         self.clients = clients if clients is not None else MemberClients(node_id, None)
         self.receiver = receiver
         self.proofs = proofs
+        self.refused = refused
         if proofs is not None:
             proofs.linked = self.up
         self.links: dict[str, PeerLink] = {}
@@ -644,15 +647,26 @@ class PeerLinks:
                 await asyncio.sleep(REDIAL_S)
                 continue
             failures.succeeded()
+            ending = self._watch_served(peer, socket)
             try:
                 await self._read(link, socket)
             except ConnectionError as exc:
                 log.info("peer link to %s closed: %s", peer, exc)
             finally:
+                if ending is not None:
+                    ending.cancel()
                 self._detach(link, socket)
                 with contextlib.suppress(ConnectionError):
                     await socket.close()
             await asyncio.sleep(REDIAL_S)
+
+    def _watch_served(self, peer: str, socket: Any) -> asyncio.Task[None] | None:
+        """Close ``socket``, dialed to ``peer``, once the certificate ``peer`` served is no longer accepted
+        (as ``_close_when_ended`` does on the serving side): a link lasts for weeks."""
+        from broker_edge.http.peer_certificates import watch_dialed
+
+        trust = self.clients.tls.server.trust if self.clients.tls is not None else None
+        return watch_dialed(f"peer link to {peer}", trust, self.refused, socket)
 
     def _detach(self, link: PeerLink, socket: Any) -> None:
         """``socket`` closed: the link is down unless a newer socket replaced it."""

@@ -1,0 +1,143 @@
+"""The member that dials a peer link checks, for as long as the link lasts, the certificate the other
+member served at the handshake, as the serving member checks the dialer's: the link is closed once that
+certificate expires, or once a reload of the dialer's ``cluster.tls.cafile`` no longer holds its CA; said,
+counted, and dialed again (refused at the handshake until the other member's certificate is renewed, then
+up). Real TLS on loopback, real members' endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_identity import MemberTls
+from broker_edge.cluster.links.peer_link import PeerLinks
+from broker_edge.runtime.local_pki import LocalPki, PemPair
+from broker_edge.settings.cluster import MemberTlsConfig
+from tests.e2e.security.certificate_devices import reissued
+from tests.unit.broker_edge.cluster.links.test_member_identity import Endpoint, Quiet, until
+
+LIFETIME_S = 6.0
+"""How long b1's short-lived member certificate holds: time enough for the link to come up on a busy
+machine."""
+
+
+def member_files(pki: LocalPki, node: str, live: Path) -> PemPair:
+    """``node``'s certificate and key of ``pki``, copied where its broker reads them (swapped later)."""
+    live.mkdir(parents=True, exist_ok=True)
+    files = PemPair(live / f"{node}.pem", live / f"{node}.key")
+    shutil.copy(pki.member(node).cert, files.cert)
+    shutil.copy(pki.member(node).key, files.key)
+    return files
+
+
+def write_cas(path: Path, *pkis: LocalPki) -> Path:
+    path.write_bytes(b"".join(pki.ca.cert.read_bytes() for pki in pkis))
+    return path
+
+
+def member_tls(files: PemPair, cafile: Path, node: str) -> MemberTls:
+    return MemberTls(MemberTlsConfig(str(files.cert), str(files.key), str(cafile)), node)
+
+
+def closes_said(caplog: pytest.LogCaptureFixture, containing: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.getMessage().startswith("peer link to b1: closing")
+        if containing in r.getMessage()
+    ]
+
+
+async def linked(a1_links: PeerLinks, b1_links: PeerLinks) -> bool:
+    return await until(lambda: a1_links.up("b1") and b1_links.up("a1"))
+
+
+def test_a_link_is_closed_once_a_reload_of_the_dialers_cafile_no_longer_trusts_the_peers_ca(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end of a CA rotation on a1, which dialed b1: a1's ``cafile`` is read without b1's CA. The link
+    is closed by a1 (where it stayed up), said naming b1 and counted; a1 dials again, refused at each
+    handshake, and is linked again once b1 serves a certificate of the CA a1 trusts."""
+    caplog.set_level(logging.WARNING)
+    old_pki, new_pki = LocalPki(tmp_path / "old"), LocalPki(tmp_path / "new")
+    b1_files = member_files(old_pki, "b1", tmp_path / "live")
+    b1_tls = member_tls(b1_files, write_cas(tmp_path / "b1-cas.pem", old_pki, new_pki), "b1")
+    a1_cas = write_cas(tmp_path / "a1-cas.pem", old_pki, new_pki)
+    a1_tls = member_tls(member_files(new_pki, "a1", tmp_path / "live"), a1_cas, "a1")
+    dialed: list[str] = []
+
+    async def scenario() -> None:
+        b1_links = PeerLinks("b1", None, Quiet())
+        endpoint = Endpoint(tmp_path, b1_tls, members=("a1", "b1"))
+        endpoint.routes.append(b1_links.add_routes)
+        async with endpoint:
+            a1_links = PeerLinks("a1", MemberClients("a1", a1_tls), Quiet(), refused=dialed.append)
+            a1_links.update({"b1": endpoint.url})  # the smaller node id dials
+            assert await linked(a1_links, b1_links)
+            write_cas(a1_cas, new_pki)
+            a1_tls.reload()
+            assert await until(lambda: not a1_links.up("b1") and not b1_links.up("a1"))
+            assert dialed == ["certificate_untrusted"] and endpoint.refused == []
+            said = closes_said(caplog, "its server certificate (CN=b1) is no longer trusted")
+            assert len(said) == 1 and str(a1_cas) in said[0], said
+            assert await until(lambda: failed_dials(caplog) >= 1)  # dialed again, refused at the handshake
+            assert not a1_links.up("b1")
+            shutil.copy(new_pki.member("b1").cert, b1_files.cert)
+            shutil.copy(new_pki.member("b1").key, b1_files.key)
+            b1_tls.reload()
+            assert await linked(a1_links, b1_links)
+            assert dialed == ["certificate_untrusted"]
+            await a1_links.close()
+            await b1_links.close()
+
+    asyncio.run(scenario())
+
+
+def failed_dials(caplog: pytest.LogCaptureFixture) -> int:
+    """a1's dials of b1 that failed (the first said at WARNING)."""
+    return sum(1 for r in caplog.records if r.getMessage().startswith("peer link to b1 at "))
+
+
+def test_a_link_is_closed_once_the_certificate_the_peer_served_expires(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """b1's member certificate of a few seconds: a1, which dialed b1 with it in force, closes the link once
+    it has expired, says so naming b1 and counts it; a1's next dials fail at the handshake until b1 reads a
+    renewed certificate, then the link is up again."""
+    caplog.set_level(logging.WARNING)
+    pki = LocalPki(tmp_path / "pki")
+    b1_files = member_files(pki, "b1", tmp_path / "live")
+    now = datetime.datetime.now(datetime.UTC)
+    ends = now + datetime.timedelta(seconds=LIFETIME_S)
+    reissued(b1_files, pki.ca, now - datetime.timedelta(minutes=5), ends)
+    b1_tls = member_tls(b1_files, pki.ca.cert, "b1")
+    a1_tls = member_tls(pki.member("a1"), pki.ca.cert, "a1")
+    dialed: list[str] = []
+
+    async def scenario() -> None:
+        b1_links = PeerLinks("b1", None, Quiet())
+        endpoint = Endpoint(tmp_path, b1_tls, members=("a1", "b1"))
+        endpoint.routes.append(b1_links.add_routes)
+        async with endpoint:
+            a1_links = PeerLinks("a1", MemberClients("a1", a1_tls), Quiet(), refused=dialed.append)
+            a1_links.update({"b1": endpoint.url})
+            assert await linked(a1_links, b1_links)
+            assert await until(lambda: not a1_links.up("b1"), timeout=LIFETIME_S + 30)
+            assert dialed == ["certificate_expired"] and endpoint.refused == []
+            said = closes_said(caplog, "its server certificate expired at")
+            assert len(said) == 1 and "(CN=b1)" in said[0], said
+            assert await until(lambda: failed_dials(caplog) >= 1)
+            shutil.copy(pki.member("b1").cert, b1_files.cert)  # renewed
+            b1_tls.reload()
+            assert await linked(a1_links, b1_links)
+            assert dialed == ["certificate_expired"]
+            await a1_links.close()
+            await b1_links.close()
+
+    asyncio.run(scenario())
