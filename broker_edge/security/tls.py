@@ -39,6 +39,7 @@ __all__ = [
 log = logging.getLogger("broker_edge.tls")
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+_CRL_CHECKS = {"leaf": ssl.VERIFY_CRL_CHECK_LEAF, "chain": ssl.VERIFY_CRL_CHECK_CHAIN}
 
 
 @dataclass
@@ -59,6 +60,10 @@ class TlsConfig:
     """PEM file of the CRLs of the CAs in ``cafile`` (``timestone pki revoke``): a client certificate revoked
     there is refused; every CA issuing client certificates needs its CRL there, unexpired; re-read on SIGHUP;
     needs ``cafile``."""
+    crl_check: Literal["leaf", "chain"] = "leaf"
+    """What ``crlfile`` is checked for: ``leaf``, a client's own certificate; ``chain``, every certificate of
+    its chain, its intermediate CAs too (then ``crlfile`` needs the CRL of every CA, the root's and those of
+    the intermediates clients send, whom it refuses without it)."""
 
     def __post_init__(self) -> None:
         expand_home(self, "certfile", "keyfile", "cafile", "crlfile")
@@ -77,6 +82,12 @@ class TlsConfig:
         if self.crlfile and not self.cafile:
             raise ConfigError(
                 "cafile", "required with crlfile (the CRLs are of the CAs client certificates chain to)"
+            )
+        if self.crl_check not in _CRL_CHECKS:
+            raise ConfigError("crl_check", f"expected leaf or chain, got {self.crl_check!r}")
+        if self.crl_check == "chain" and not self.crlfile:
+            raise ConfigError(
+                "crlfile", "required with crl_check: chain (the CRLs its chain is checked against)"
             )
 
 
@@ -128,16 +139,16 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
             raise ConfigError("cafile", f"cannot load CA certificates from {config.cafile}: {exc}") from exc
         context.verify_mode = ssl.CERT_REQUIRED if config.require_client_cert else ssl.CERT_OPTIONAL
         if config.crlfile:
-            _load_crls(context, config.crlfile)
-            check_crls_cover(config.cafile, config.crlfile)
+            _load_crls(context, config.crlfile, _CRL_CHECKS[config.crl_check])
+            check_crls_cover(config.cafile, config.crlfile, config.crl_check == "chain")
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
 
 
-def _load_crls(context: ssl.SSLContext, crlfile: str) -> None:
-    """Check client certificates against the CRLs in ``crlfile`` (a ``ConfigError`` naming ``crlfile`` for a
-    file holding none)."""
+def _load_crls(context: ssl.SSLContext, crlfile: str, check: ssl.VerifyFlags) -> None:
+    """Check client certificates against the CRLs in ``crlfile``, as ``check`` says (a ``ConfigError``
+    naming ``crlfile`` for a file holding none)."""
     text = Path(crlfile).read_bytes()
     if b"-----BEGIN X509 CRL-----" not in text:
         raise ConfigError(
@@ -147,14 +158,15 @@ def _load_crls(context: ssl.SSLContext, crlfile: str) -> None:
         context.load_verify_locations(cafile=crlfile)
     except ssl.SSLError as exc:
         raise ConfigError("crlfile", f"cannot load the CRLs in {crlfile}: {exc}") from exc
-    context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    context.verify_flags |= check
 
 
-def _leaf_cas_and_crls(
-    cafile: str, crlfile: str
+def _checked_cas_and_crls(
+    cafile: str, crlfile: str, chain: bool
 ) -> Iterator[tuple[str, list[x509.CertificateRevocationList]]]:
-    """Each CA of ``cafile`` that signs end certificates only (path length 0, as ``timestone pki ca`` makes
-    them), by its name, with its CRLs in ``crlfile`` (signed by it)."""
+    """Each CA of ``cafile`` whose CRL is checked, by its name, with its CRLs in ``crlfile`` (signed by it):
+    every CA when the ``chain`` is checked, else those that sign end certificates only (path length 0, as
+    ``timestone pki ca`` makes them)."""
     from cryptography import x509
 
     crls = crls_in(crlfile)
@@ -163,17 +175,18 @@ def _leaf_cas_and_crls(
             constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
         except x509.ExtensionNotFound:
             continue
-        if not constraints.ca or constraints.path_length != 0:
+        if not constraints.ca or (constraints.path_length != 0 and not chain):
             continue  # it may sign intermediate CAs, whose CRLs are the ones checked
         key = cast("Any", ca.public_key())  # a CA's key signs: never an X25519 or X448 one
         own = [crl for crl in crls if crl.issuer == ca.subject and crl.is_signature_valid(key)]
         yield ca.subject.rfc4514_string(), own
 
 
-def check_crls_cover(cafile: str, crlfile: str) -> None:
-    """``ConfigError`` naming ``crlfile`` when it holds no CRL of a CA of ``cafile`` that signs end
-    certificates only: OpenSSL would refuse every certificate of that CA ('unable to get certificate CRL')."""
-    for subject, own in _leaf_cas_and_crls(cafile, crlfile):
+def check_crls_cover(cafile: str, crlfile: str, chain: bool = False) -> None:
+    """``ConfigError`` naming ``crlfile`` when it holds no CRL of a CA of ``cafile`` whose CRL is checked
+    (every CA when the ``chain`` is): OpenSSL would refuse every certificate of that CA ('unable to get
+    certificate CRL')."""
+    for subject, own in _checked_cas_and_crls(cafile, crlfile, chain):
         if not own:
             raise ConfigError(
                 "crlfile",
@@ -182,9 +195,9 @@ def check_crls_cover(cafile: str, crlfile: str) -> None:
             )
 
 
-def _crl_expired(cafile: str, crlfile: str, now: datetime.datetime) -> str | None:
+def _crl_expired(cafile: str, crlfile: str, chain: bool, now: datetime.datetime) -> str | None:
     """Why a CA of ``cafile`` has only expired CRLs in ``crlfile`` (every certificate it issued refused)."""
-    for subject, own in _leaf_cas_and_crls(cafile, crlfile):
+    for subject, own in _checked_cas_and_crls(cafile, crlfile, chain):
         if own and all(crl.next_update_utc is not None and crl.next_update_utc <= now for crl in own):
             return (
                 f"the CRL of the CA {subject} in {crlfile} has expired: every certificate it issued is "
@@ -248,7 +261,7 @@ def files_not_valid_now(files: TlsConfig, now: datetime.datetime | None = None) 
     if problem:
         return "certfile", f"{problem}: {RENEW}"
     if files.cafile and files.crlfile:
-        problem = _crl_expired(files.cafile, files.crlfile, now)
+        problem = _crl_expired(files.cafile, files.crlfile, files.crl_check == "chain", now)
         if problem:
             return "crlfile", problem
     return None

@@ -1,0 +1,142 @@
+"""``tls.crl_check: chain``: every certificate of a device's chain checked against the CRLs, the
+intermediate CAs' included (another PKI's root -> intermediate -> devices). The CRLs are written by
+``timestone pki`` from the root's and the intermediate's directories; ``crlfile`` must hold the CRL of each
+CA of ``cafile`` (the root's too), and a device whose chain brings an intermediate without a CRL there is
+refused at the handshake. In ``leaf`` mode (the default) only the device's own certificate is checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.runtime.main import reload_files
+from broker_edge.security.tls import TlsConfig, files_not_valid_now
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.security.test_certificate_revocation import handshake_refused, pki
+from tests.e2e.security.test_intermediate_cas import DAY, NOW, OtherPki, devices_listener, pem
+
+
+def _key(key: Any) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def pki_directories(other: OtherPki, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path]:
+    """``other``'s root and intermediate as ``timestone pki`` directories (``ca.pem``, ``ca.key``), each
+    with its CRL written by ``timestone pki crl``."""
+    root, intermediate = other.directory / "root-ca", other.directory / "intermediate-ca"
+    for directory, chain, key in (
+        (root, (other.root,), other.root_key),
+        (intermediate, (other.intermediate, other.root), other.key),
+    ):
+        directory.mkdir()
+        (directory / "ca.pem").write_bytes(pem(*chain))
+        (directory / "ca.key").write_bytes(_key(key))
+        assert pki(capsys, "crl", "--ca", str(directory))[0] == 0
+    return root, intermediate
+
+
+def crlfile(path: Path, *directories: Path) -> Path:
+    """``path`` written with the CRLs of the CAs of ``directories``, as an operator cats them."""
+    path.write_bytes(b"".join((directory / "crl.pem").read_bytes() for directory in directories))
+    return path
+
+
+def chain_listener(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], crls: Path, crl_check: str = "chain"
+) -> dict[str, Any]:
+    """A ``devices`` listener trusting the root alone, checking ``crls`` in ``crl_check`` mode."""
+    section = devices_listener(tmp_path, capsys, tmp_path / "root.pem", crls)
+    section["tls"]["crl_check"] = crl_check
+    return section
+
+
+def revoke_intermediate(other: OtherPki, root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The root revokes the intermediate (``timestone pki revoke`` in the root's directory)."""
+    (other.directory / "intermediate.pem").write_bytes(pem(other.intermediate))
+    assert pki(capsys, "revoke", str(other.directory / "intermediate.pem"), "--ca", str(root))[0] == 0
+
+
+def test_chain_mode_accepts_a_device_under_a_good_intermediate_and_refuses_it_once_the_root_revokes_it(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A device under a good intermediate connects; once the root revokes the intermediate and a SIGHUP
+    reads its new CRL, the device's next handshake is refused."""
+    other = OtherPki(tmp_path)
+    root, intermediate = pki_directories(other, capsys)
+    crls = crlfile(tmp_path / "crls.pem", root, intermediate)
+    broker = start_broker(listeners=[chain_listener(tmp_path, capsys, crls)])
+    meter = other.device("meter-1")
+    assert not handshake_refused(broker.port, meter)
+
+    revoke_intermediate(other, root, capsys)
+    crlfile(crls, root, intermediate)
+    broker.call(lambda: reload_files(broker.broker))
+    assert handshake_refused(broker.port, meter)
+
+
+def test_chain_mode_refuses_at_the_start_a_crlfile_without_the_roots_crl(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every CA of the chain is checked, the root too: without its CRL every device would be refused
+    ('unable to get certificate CRL'), so the start refuses the file, naming the field and the CA."""
+    other = OtherPki(tmp_path)
+    _, intermediate = pki_directories(other, capsys)
+    crls = crlfile(tmp_path / "crls.pem", intermediate)
+    with pytest.raises(ConfigError, match=r"crlfile: .*crls.pem holds no CRL of the CA CN=plant root in "):
+        start_broker(listeners=[chain_listener(tmp_path, capsys, crls)])
+
+
+def test_leaf_mode_does_not_check_the_intermediate(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default checks a device's own certificate only: its intermediate revoked by the root changes
+    nothing, at a SIGHUP or at the next handshake."""
+    other = OtherPki(tmp_path)
+    root, intermediate = pki_directories(other, capsys)
+    revoke_intermediate(other, root, capsys)
+    crls = crlfile(tmp_path / "crls.pem", root, intermediate)
+    broker = start_broker(listeners=[chain_listener(tmp_path, capsys, crls, crl_check="leaf")])
+    meter = other.device("meter-1")
+    device = PahoClient(broker.port, "m1", tls_context=meter)
+    assert device.connack_result[1] == 0
+    broker.call(lambda: reload_files(broker.broker))
+    device.publish("plant/1/temp", b"21.5", qos=1)
+    assert device.disconnects.empty()
+    assert not handshake_refused(broker.port, meter)
+    device.disconnect()
+
+
+def test_crl_check_is_leaf_or_chain_and_chain_needs_a_crlfile() -> None:
+    files = {"certfile": "c", "keyfile": "k", "cafile": "ca.pem"}
+    assert load_dataclass(TlsConfig, files, "tls").crl_check == "leaf"
+    with pytest.raises(ConfigError, match=r"^tls\.crl_check: expected one of 'leaf', 'chain'"):
+        load_dataclass(TlsConfig, {**files, "crl_check": "all"}, "tls")
+    with pytest.raises(ConfigError, match=r"^tls\.crlfile: required with crl_check: chain"):
+        load_dataclass(TlsConfig, {**files, "crl_check": "chain"}, "tls")
+
+
+def test_chain_mode_says_the_roots_crl_expired_which_leaf_mode_does_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In chain mode an expired CRL of the root refuses every device: said as a file no longer valid (a
+    start says it at ERROR, a reload and ``broker --check`` refuse it); leaf mode does not read it."""
+    other = OtherPki(tmp_path)
+    _, intermediate = pki_directories(other, capsys)
+    builder = x509.CertificateRevocationListBuilder().issuer_name(other.root.subject)
+    expired = builder.last_update(NOW - 2 * DAY).next_update(NOW - DAY).sign(other.root_key, hashes.SHA256())
+    crls = crlfile(tmp_path / "crls.pem", intermediate)
+    crls.write_bytes(crls.read_bytes() + expired.public_bytes(serialization.Encoding.PEM))
+    tls = chain_listener(tmp_path, capsys, crls)["tls"]
+    assert files_not_valid_now(TlsConfig(**tls)) == (
+        "crlfile",
+        f"the CRL of the CA CN=plant root in {crls} has expired: every certificate it issued is refused; "
+        "write it again (timestone pki crl --ca DIR)",
+    )
+    assert files_not_valid_now(TlsConfig(**{**tls, "crl_check": "leaf"})) is None
