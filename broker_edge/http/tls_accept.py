@@ -45,6 +45,7 @@ from broker_edge.process.sockets import listening_sockets
 
 __all__ = [
     "ACCEPT_PAUSE_S",
+    "NO_CRL",
     "PROBE",
     "AlertingSSLObject",
     "Full",
@@ -71,6 +72,11 @@ Full = Callable[[str], None]
 PROBE = "probe"
 """The reason of a handshake whose peer hung up without sending a byte: a TCP port check (a load balancer's
 health check, a process waiting for the port): counted, said at DEBUG, not a refusal."""
+
+NO_CRL = "unable_to_get_certificate_crl"
+"""The reason of a client certificate refused because a CA of its chain has no CRL in ``tls.crlfile``
+(OpenSSL's X509_V_ERR_UNABLE_TO_GET_CRL, which the TLS reason calls ``certificate_verify_failed``)."""
+_UNABLE_TO_GET_CRL = 3
 
 
 class _Handshake:
@@ -154,13 +160,15 @@ def failure_reason(error: BaseException) -> str:
     """A short label for why a handshake failed: ``timeout``, ``closed`` (the peer hung up), OpenSSL's
     reason in lower case (``wrong_version_number``: not TLS at all; ``tlsv1_alert_unknown_ca``: the client
     does not trust the broker; ``peer_did_not_return_a_certificate``, ``certificate_verify_failed``, ...),
-    else ``error``."""
+    ``NO_CRL`` for a chain whose CA has no CRL, else ``error``."""
     if isinstance(error, TimeoutError | asyncio.TimeoutError) or (
         isinstance(error, ConnectionAbortedError) and "handshake" in str(error)
     ):
         return "timeout"
     if isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError | BrokenPipeError):
         return "closed"
+    if isinstance(error, ssl.SSLCertVerificationError) and error.verify_code == _UNABLE_TO_GET_CRL:
+        return NO_CRL
     if isinstance(error, ssl.SSLError) and error.reason:
         return str(error.reason).lower()
     return "error"

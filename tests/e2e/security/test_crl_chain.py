@@ -6,6 +6,7 @@ refused at the handshake. In ``leaf`` mode (the default) only the device's own c
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.runtime.main import reload_files
 from broker_edge.security.tls import TlsConfig, files_not_valid_now
-from tests.e2e.broker_clients import PahoClient
+from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.security.test_certificate_revocation import handshake_refused, pki
 from tests.e2e.security.test_intermediate_cas import DAY, NOW, OtherPki, devices_listener, pem
 
@@ -140,3 +141,21 @@ def test_chain_mode_says_the_roots_crl_expired_which_leaf_mode_does_not_read(
         "write it again (timestone pki crl --ca DIR)",
     )
     assert files_not_valid_now(TlsConfig(**{**tls, "crl_check": "leaf"})) is None
+
+
+def test_chain_mode_refuses_a_device_whose_intermediate_has_no_crl_naming_why(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An intermediate the device sends is not known before it comes: without its CRL in ``crlfile``, the
+    handshake is refused (OpenSSL: unable to get certificate CRL), counted and logged by that reason."""
+    other = OtherPki(tmp_path)
+    root, _ = pki_directories(other, capsys)
+    broker = start_broker(listeners=[chain_listener(tmp_path, capsys, crlfile(tmp_path / "crls.pem", root))])
+    caplog.set_level(logging.INFO)
+    assert handshake_refused(broker.port, other.device("meter-1"))
+    reason = "unable_to_get_certificate_crl"
+    failures = "timestone_broker_tls_handshake_failures_total"
+    assert wait_for(lambda: broker.metric(failures, listener="devices", reason=reason) == 1)
+    lines = [r for r in caplog.records if getattr(r, "tls_reason", None) == reason]
+    assert len(lines) == 1 and lines[0].getMessage() == f"TLS handshake failed: {reason}"
+    assert "tls.crlfile" in getattr(lines[0], "hint", "")
