@@ -180,6 +180,7 @@ def _has_files_to_reload(broker: Broker) -> bool:
         or any(listener.tls_contexts is not None for listener in broker.listeners)
         or broker.offsets_tls is not None
         or broker.uplink_hub is not None
+        or broker.site_link is not None
         or broker.cluster_node is not None
     )
 
@@ -245,6 +246,13 @@ def reload_files(broker: Broker) -> None:
         else:
             log.info("uplink hub certificate and sites' CAs reloaded")
             broker.uplink_hub.reloaded()
+    if broker.site_link is not None:
+        try:
+            broker.site_link.hub_certificate.reload()
+        except Exception as exc:
+            log.error("uplink.tls.cafile not reloaded, the previous CAs stay in force: %s", exc)
+        else:
+            log.info("uplink: the hub's CAs (uplink.tls.cafile) reloaded")
     if broker.cluster_node is not None:
         broker.cluster_node.reload_credentials()
 

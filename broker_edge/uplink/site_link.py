@@ -33,6 +33,7 @@ from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
+from broker_edge.uplink.hub_certificate import HubCertificate
 from broker_edge.uplink.hub_ends import SHOWN_TOPICS, follow_hub_ends
 from broker_edge.uplink.mirror import Gap, apply_batch, mirror_batch
 from broker_edge.uplink.throttle import Throttle
@@ -160,6 +161,8 @@ class SiteLink:
         the backoff: it lasts)."""
         self._oldest: dict[str, tuple[int, int]] = {}
         """Each log's oldest unsent record as last read: its offset and time."""
+        self.hub_certificate = HubCertificate(config.tls.cafile, metrics)
+        """The watch of what the hub presented (``reload`` at SIGHUP)."""
         self._bind(metrics)
 
     def _bind(self, metrics: BrokerMetrics) -> None:
@@ -443,6 +446,7 @@ class SiteLink:
                 ):
                     self.hub = hub
                     self._ws = ws
+                    self.hub_certificate.watch(hub, ws)
                     await self._converse(ws)
             except SiteConnected as error:  # another broker holds this site's link: said louder, backed off
                 refused = True
@@ -466,6 +470,7 @@ class SiteLink:
                     delay = config.reconnect_min_s
                 self.connected = False
                 self._ws = None
+                self.hub_certificate.unwatch()
             await asyncio.sleep(delay)
             delay = min(delay * 2, config.reconnect_max_s)
 
@@ -551,6 +556,8 @@ class SiteLink:
             )
         if error is not None:
             return f"the connection failed: {failure_text(error)}"
+        if self.hub_certificate.ended:
+            return "this site closed the uplink: the hub's certificate is no longer accepted"
         return f"the hub closed the uplink (WebSocket close code {ws.close_code})"
 
     async def _apply_down(self, batch: Batch) -> None:
