@@ -66,6 +66,8 @@ class PeerCertificate:
     """The reload of the endpoint's TLS files it was last checked against (``ClientTrust.reloads``)."""
     side: str = "client"
     """Which end presented it: "client", or "server" (a connection this process dialed)."""
+    cas: frozenset[CertificateId] = frozenset()
+    """The CAs of its chain, each by issuer and serial number (CRLs checked for the chain may list one)."""
 
 
 def peer_certificate(transport: Any, side: str = "client") -> PeerCertificate | None:
@@ -76,7 +78,7 @@ def peer_certificate(transport: Any, side: str = "client") -> PeerCertificate | 
     if chain is None:
         return None
     name, certificate = peer_common_name(ssl_object), certificate_id(ssl_object)
-    return PeerCertificate(name, chain.end, chain.ending, chain.needs, certificate, side=side)
+    return PeerCertificate(name, chain.end, chain.ending, chain.needs, certificate, side=side, cas=chain.cas)
 
 
 def server_certificate(connection: Any) -> PeerCertificate | None:
@@ -131,7 +133,7 @@ class CertificateCheck:
         if trust is None or peer.checked == trust.reloads:
             return None
         peer.checked = trust.reloads
-        return trust.refusal(peer.certificate, peer.needs, peer.name, peer.side)
+        return trust.refusal(peer.certificate, peer.needs, peer.name, peer.side, peer.cas)
 
     def say(self, reason: str, line: str) -> None:
         """One WARNING naming the endpoint, counted as ``reason``."""

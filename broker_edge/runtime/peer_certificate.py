@@ -1,6 +1,7 @@
 """What a TLS listener notes of a client's certificate as its connection opens, on every transport: the name
-it logs in with (CN, Timestone URI), its issuer and serial number for the CRLs (``revoked_peers``), and the
-end and the CAs of its chain, watched (``certificate_ends``, ``untrusted_peers``).
+it logs in with (CN, Timestone URI), its issuer and serial number for the CRLs (``revoked_peers``; those of
+the CAs of its chain too when the listener checks the chain), and the end and the CAs of its chain, watched
+(``certificate_ends``, ``untrusted_peers``).
 
 A resumed TLS session is not verified again by OpenSSL: a session begun before a SIGHUP that revoked the
 certificate, or took its CA out of ``cafile``, would let it back in (the holder of a stolen key who kept
@@ -36,7 +37,12 @@ def note_peer_certificate(
     if listener.checks_crl:
         conn.peer_certificate = certificate_id(ssl_object)
     if listener.certificate_ends is not None:
-        conn.peer_trust = listener.certificate_ends.watch_chain(conn, ssl_object, call_later)
+        chain = listener.certificate_ends.watch_chain(conn, ssl_object, call_later)
+        if chain is not None:
+            conn.peer_trust = chain.needs
+            trust = listener.tls_contexts.trust if listener.tls_contexts is not None else None
+            if trust is not None and trust.chain:
+                conn.peer_cas = chain.cas
 
 
 def resumed_refusal(
@@ -50,7 +56,7 @@ def resumed_refusal(
     trust = contexts.trust
     if trust is None or not trust.reloads:
         return None  # the session was verified against the files in force
-    return trust.refusal(conn.peer_certificate, conn.peer_trust, conn.peer_cn)
+    return trust.refusal(conn.peer_certificate, conn.peer_trust, conn.peer_cn, cas=conn.peer_cas)
 
 
 def refuse_resumed(conn: Connection, reason: str, line: str) -> None:

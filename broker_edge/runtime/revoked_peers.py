@@ -4,8 +4,9 @@ OpenSSL checks a certificate against the CRLs only at the handshake, so a device
 certificate is revoked (a stolen key) would stay connected for as long as it likes. A listener that checks
 CRLs notes each client certificate's issuer and serial number at connect (``peer_chain.certificate_id``);
 after a reload, ``close_revoked`` closes the connections the CRLs it read list (the listener's
-``ClientTrust``): v5 DISCONNECT 0x87 (Not authorized), their wills dropped (they are the holder's of the
-stolen key), one WARNING each.
+``ClientTrust``; with ``tls.crl_check: chain``, those whose chain holds a CA they list, ``peer_cas``): v5
+DISCONNECT 0x87 (Not authorized), their wills dropped (they are the holder's of the stolen key), one WARNING
+each.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.security.client_trust import revoked_ca_said
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
@@ -30,16 +32,21 @@ def close_revoked(connections: Iterable[Connection], listener: str, trust: Clien
     closing = [
         conn
         for conn in connections
-        if conn.terms.listener.name == listener and trust.revokes(conn.peer_certificate)
+        if conn.terms.listener.name == listener and trust.revokes(conn.peer_certificate, conn.peer_cas)
     ]
     for conn in closing:
-        serial = conn.peer_certificate[1] if conn.peer_certificate else 0
-        conn.log().warning(
-            "closing the connection: its client certificate (CN=%s, serial %x) is revoked in %s",
-            conn.peer_cn,
-            serial,
-            trust.crlfile,
-        )
+        ca = trust.revoked_ca(conn.peer_cas)
+        if ca is not None:
+            said = revoked_ca_said(ca, trust.crlfile)
+            conn.log().warning("closing the connection: %s (CN=%s)", said, conn.peer_cn)
+        else:
+            serial = conn.peer_certificate[1] if conn.peer_certificate else 0
+            conn.log().warning(
+                "closing the connection: its client certificate (CN=%s, serial %x) is revoked in %s",
+                conn.peer_cn,
+                serial,
+                trust.crlfile,
+            )
         conn.will = None
         conn.close(ReasonCode.NOT_AUTHORIZED, "client certificate revoked")
         conn.flush()

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 from broker_edge.security.peer_chain import CertificateId, revoked_in, trusted_keys
 
-__all__ = ["ClientTrust"]
+__all__ = ["ClientTrust", "revoked_ca_said"]
 
 
 class ClientTrust:
     """The CAs of ``cafile`` and the certificates the CRLs of ``crlfile`` list, as its ``reloads``-th reload
-    read them (module docstring)."""
+    read them (module docstring); with ``chain`` (``tls.crl_check: chain``) the CRLs revoke the CAs of a
+    chain too."""
 
-    __slots__ = ("cafile", "crlfile", "reloads", "revoked", "trusted")
+    __slots__ = ("cafile", "chain", "crlfile", "reloads", "revoked", "trusted")
 
-    def __init__(self, cafile: str, crlfile: str | None = None) -> None:
+    def __init__(self, cafile: str, crlfile: str | None = None, chain: bool = False) -> None:
         self.cafile = cafile
         self.crlfile = crlfile
+        self.chain = chain
         self.reloads = 0
         """The reloads read so far (0: none since the start)."""
         self.trusted: frozenset[bytes] = frozenset()
@@ -43,9 +45,20 @@ class ClientTrust:
         self.trusted, self.revoked = trusted, revoked
         self.reloads += 1
 
-    def revokes(self, certificate: CertificateId | None) -> bool:
-        """Whether the last reload's CRLs list ``certificate`` (its issuer and serial number)."""
-        return certificate is not None and certificate in self.revoked
+    def revokes(self, certificate: CertificateId | None, cas: frozenset[CertificateId] | None = None) -> bool:
+        """Whether the last reload's CRLs list ``certificate`` (its issuer and serial number), or, checking
+        the chain, a CA ``cas`` of its chain (``peer_chain``)."""
+        if certificate is None:
+            return False
+        return certificate in self.revoked or self.revoked_ca(cas) is not None
+
+    def revoked_ca(self, cas: frozenset[CertificateId] | None) -> CertificateId | None:
+        """The CA of ``cas`` (a chain's) the last reload's CRLs list, when they are checked for the chain."""
+        if self.chain and cas:
+            for ca in cas:
+                if ca in self.revoked:
+                    return ca
+        return None
 
     def lacks(self, needs: frozenset[bytes] | None) -> bool:
         """Whether a chain needing the CAs ``needs`` (``peer_chain``) rests on a CA the last reload's
@@ -58,12 +71,17 @@ class ClientTrust:
         needs: frozenset[bytes] | None,
         name: str | None,
         side: str = "client",
+        cas: frozenset[CertificateId] | None = None,
     ) -> tuple[str, str] | None:
         """Why the last reload no longer accepts the ``side`` ("client", or "server" for the other end of a
         connection this process dialed) certificate ``certificate`` (CN ``name``) whose chain needs
-        ``needs``: the reason it is counted as and the words that say so, or None."""
+        ``needs`` and holds the CAs ``cas``: the reason it is counted as and the words that say so, or
+        None."""
         if self.revokes(certificate):
             return "certificate_revoked", f"its {side} certificate (CN={name}) is revoked in {self.crlfile}"
+        ca = self.revoked_ca(cas)
+        if ca is not None:
+            return "certificate_revoked", f"{revoked_ca_said(ca, self.crlfile)} (CN={name})"
         if self.lacks(needs):
             return (
                 "certificate_untrusted",
@@ -71,3 +89,8 @@ class ClientTrust:
                 "chain rests on",
             )
         return None
+
+
+def revoked_ca_said(ca: CertificateId, crlfile: str | None) -> str:
+    """The words for a chain whose CA ``ca`` the CRLs of ``crlfile`` revoke."""
+    return f"the certificate of a CA of its chain (serial {ca[1]:x}) is revoked in {crlfile}"

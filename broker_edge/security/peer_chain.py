@@ -8,7 +8,9 @@ certificate first, the trusted root last) and keeps two things of it, shared by 
   connection's authorization ends (``engine.connection.certificate_ends`` closes it then);
 - ``needs``: the CAs a CA file must hold for the chain to verify again (its root, and the intermediates the
   client did not send: it sends the same ones at its next handshake); ``trusted_keys`` reads a reloaded
-  ``cafile`` into the keys ``needs`` is compared with.
+  ``cafile`` into the keys ``needs`` is compared with;
+- ``cas``: the CAs of the chain, each by its issuer and serial number, as its issuer's CRL lists it (a
+  reloaded ``crlfile`` checked for the whole chain, ``tls.crl_check: chain``, may revoke one).
 
 A CA is known by its subject and public key together: a new CA of the same name (a key replaced) is another.
 A resumed TLS session has no verified chain: its client certificate is read alone, and the CA it needs is
@@ -22,7 +24,7 @@ import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -36,6 +38,11 @@ __all__ = [
     "revoked_in",
     "trusted_keys",
 ]
+
+CertificateId = tuple[bytes, int]
+"""A certificate's issuer (its DER encoding) and serial number: what a CRL lists it by."""
+
+_Item = TypeVar("_Item", bytes, CertificateId)
 
 _DER = 2
 """``_ssl.ENCODING_DER``: how the certificates of a chain are asked for."""
@@ -54,6 +61,8 @@ class PeerChain:
     """Whose notAfter ``end`` is: "" for the client's certificate, else the CA's subject."""
     needs: frozenset[bytes]
     """The keys (``trusted_keys``) of the CAs a CA file must hold for the chain to verify."""
+    cas: frozenset[CertificateId]
+    """The CAs of the chain (its root's included), each by issuer and serial number."""
 
 
 def _key(certificate: x509.Certificate) -> bytes:
@@ -71,13 +80,13 @@ def _name_key(name: x509.Name) -> bytes:
     return hashlib.sha256(b"name\0" + name.public_bytes()).digest()
 
 
-_CAS: dict[bytes, tuple[bytes, float, str]] = {}
-"""A CA certificate's DER → its key, notAfter and subject (CAs are few; each chain's are read once)."""
-_NEEDS: dict[frozenset[bytes], frozenset[bytes]] = {}
-"""Each distinct ``needs``, kept once: every connection of a chain holds the same object."""
+_CAS: dict[bytes, tuple[bytes, float, str, CertificateId]] = {}
+"""A CA certificate's DER → its key, notAfter, subject and id (CAs are few; each chain's are read once)."""
+_SHARED: dict[frozenset[Any], frozenset[Any]] = {}
+"""Each distinct ``needs`` and ``cas``, kept once: every connection of a chain holds the same objects."""
 
 
-def _ca(der: bytes) -> tuple[bytes, float, str]:
+def _ca(der: bytes) -> tuple[bytes, float, str, CertificateId]:
     known = _CAS.get(der)
     if known is None:
         from cryptography import x509
@@ -89,14 +98,15 @@ def _ca(der: bytes) -> tuple[bytes, float, str]:
             _key(certificate),
             certificate.not_valid_after_utc.timestamp(),
             certificate.subject.rfc4514_string(),
+            (certificate.issuer.public_bytes(), certificate.serial_number),
         )
     return known
 
 
-def _shared(needs: frozenset[bytes]) -> frozenset[bytes]:
-    if len(_NEEDS) >= _MAX_KNOWN:
-        _NEEDS.clear()
-    return _NEEDS.setdefault(needs, needs)
+def _shared(items: frozenset[_Item]) -> frozenset[_Item]:
+    if len(_SHARED) >= _MAX_KNOWN:
+        _SHARED.clear()
+    return cast("frozenset[_Item]", _SHARED.setdefault(items, items))
 
 
 def _chains(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> tuple[list[bytes], list[bytes]]:
@@ -129,16 +139,19 @@ def peer_chain(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> PeerChain | 
     if len(verified) < 2:  # a resumed session: the CA is known by the issuer's name
         top = x509.load_der_x509_certificate(sent[-1]) if len(sent) > 1 else leaf
         issuer = top.subject if top.subject == top.issuer else top.issuer
-        return PeerChain(end, ending, _shared(frozenset({_name_key(issuer)})))
+        cas = _shared(frozenset(_ca(der)[3] for der in sent[1:]))
+        return PeerChain(end, ending, _shared(frozenset({_name_key(issuer)})), cas)
     sent_set = set(sent)
     needs: set[bytes] = set()
+    ids: set[CertificateId] = set()
     for index, der in enumerate(verified[1:], start=1):
-        key, not_after, subject = _ca(der)
+        key, not_after, subject, identity = _ca(der)
         if not_after < end:
             end, ending = not_after, subject
         if index == len(verified) - 1 or der not in sent_set:
             needs.add(key)
-    return PeerChain(end, ending, _shared(frozenset(needs)))
+        ids.add(identity)
+    return PeerChain(end, ending, _shared(frozenset(needs)), _shared(frozenset(ids)))
 
 
 def trusted_keys(cafile: str) -> frozenset[bytes]:
@@ -151,10 +164,6 @@ def trusted_keys(cafile: str) -> frozenset[bytes]:
         keys.add(_key(certificate))
         keys.add(_name_key(certificate.subject))
     return frozenset(keys)
-
-
-CertificateId = tuple[bytes, int]
-"""A certificate's issuer (its DER encoding) and serial number: what a CRL lists it by."""
 
 
 def certificate_id(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> CertificateId | None:

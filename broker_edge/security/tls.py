@@ -292,7 +292,7 @@ class ServerContexts:
         self.name = name
         """What the log lines call it (``listener devices``, ``offsets API``)."""
         if trust is None and files is not None and files.cafile:
-            trust = ClientTrust(files.cafile, files.crlfile)
+            trust = ClientTrust(files.cafile, files.crlfile, files.crl_check == "chain")
         self.trust = trust
         self.current = build()
         self.not_after = certificate_end(files.certfile) if files else 0.0

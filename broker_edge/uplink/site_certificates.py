@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSCloseCode
 
 from broker_edge.engine.connection.certificate_ends import CertificateEnds
+from broker_edge.security.client_trust import revoked_ca_said
 from broker_edge.security.peer_chain import CertificateId, certificate_id, peer_chain
 from broker_edge.security.tls import peer_common_name
 from broker_edge.uplink.wire import ERROR, encode
@@ -71,6 +72,7 @@ class SiteConnection:
         self.peer_cn = peer_common_name(ssl_object)
         self.certificate: CertificateId | None = certificate_id(ssl_object)
         self.needs: frozenset[bytes] | None = None
+        self.cas: frozenset[CertificateId] | None = None
         self.ended = False
         self._closing = closing
 
@@ -125,9 +127,9 @@ class SiteCertificates:
         trust = self.trust
         if ssl_object is None or not ssl_object.session_reused or trust is None or not trust.reloads:
             return None
-        if trust.revokes(certificate_id(ssl_object)):
-            return "revoked", "its certificate is revoked (uplink_hub.tls.crlfile)"
         chain = peer_chain(ssl_object)
+        if trust.revokes(certificate_id(ssl_object), chain.cas if chain is not None else None):
+            return "revoked", "its certificate is revoked (uplink_hub.tls.crlfile)"
         if chain is not None and trust.lacks(chain.needs):
             return "untrusted", "its certificate is no longer trusted (uplink_hub.tls.cafile lacks its CA)"
         return None
@@ -140,7 +142,7 @@ class SiteCertificates:
         connection = SiteConnection(site, ws, status, ssl_object, self._closing)
         chain = peer_chain(ssl_object)
         if chain is not None:
-            connection.needs = chain.needs
+            connection.needs, connection.cas = chain.needs, chain.cas
             self.ends.watch(connection, chain.end, chain.ending, _call_later)
         self.connections[id(connection)] = connection
         return connection
@@ -160,14 +162,14 @@ class SiteCertificates:
         for connection in list(self.connections.values()):
             if connection.ended:
                 continue
-            if connection.certificate is not None and trust.revokes(connection.certificate):
-                serial = connection.certificate[1]
-                connection.log().warning(
-                    "closing its uplink: its certificate (CN=%s, serial %x) is revoked in %s",
-                    connection.peer_cn,
-                    serial,
-                    trust.crlfile,
-                )
+            if trust.revokes(connection.certificate, connection.cas):
+                ca = trust.revoked_ca(connection.cas)
+                serial = connection.certificate[1] if connection.certificate else 0
+                name = connection.peer_cn
+                said = f"its certificate (CN={name}, serial {serial:x}) is revoked in {trust.crlfile}"
+                if ca is not None:
+                    said = f"{revoked_ca_said(ca, trust.crlfile)} (CN={name})"
+                connection.log().warning("closing its uplink: %s", said)
                 connection.close(None, "its certificate is revoked", counted_as="certificate_revoked")
             elif trust.lacks(connection.needs):
                 connection.log().warning(

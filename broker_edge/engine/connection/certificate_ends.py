@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.security.peer_chain import peer_chain
+from broker_edge.security.peer_chain import PeerChain, peer_chain
 
 if TYPE_CHECKING:
     import ssl
@@ -83,14 +83,14 @@ class CertificateEnds:
 
     def watch_chain(
         self, conn: Ending, ssl_object: ssl.SSLObject | ssl.SSLSocket | None, call_later: CallLater
-    ) -> frozenset[bytes] | None:
-        """At connect: ``conn``'s client certificate chain watched until it ends; the CAs it needs trusted
-        (None: the client sent no certificate)."""
+    ) -> PeerChain | None:
+        """At connect: ``conn``'s client certificate chain watched until it ends; what it rests on (the CAs
+        it needs trusted, the CAs it holds; None: the client sent no certificate)."""
         chain = peer_chain(ssl_object)
         if chain is None:
             return None
         self.watch(conn, chain.end, chain.ending, call_later)
-        return chain.needs
+        return chain
 
     def _wait_for(self, end: float, call_later: CallLater) -> None:
         self._due = end

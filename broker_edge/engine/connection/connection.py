@@ -150,6 +150,9 @@ class Connection(Outgoing):
     peer_certificate: RareField[tuple[bytes, int] | None] = RareField(ConnectionRare, None)
     """The issuer (DER) and serial number of the client's TLS certificate, on a listener checking CRLs: a
     reload whose CRL lists it closes the connection (``runtime.revoked_peers``)."""
+    peer_cas: RareField[frozenset[tuple[bytes, int]] | None] = RareField(ConnectionRare, None)
+    """The CAs of the client's certificate chain, each by issuer and serial number, on a listener checking
+    the chain against CRLs (``tls.crl_check: chain``): a reload whose CRL lists one closes the connection."""
     peer_trust: RareField[frozenset[bytes] | None] = RareField(ConnectionRare, None)
     """The CAs the client's certificate chain needs trusted (``security.peer_chain``), on a listener verifying
     client certificates: a reload whose ``cafile`` lacks one closes it (``runtime.untrusted_peers``)."""

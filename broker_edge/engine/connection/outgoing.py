@@ -82,6 +82,7 @@ class ConnectionRare(RareSlots):
         "moved_claim",
         "named",
         "peer",
+        "peer_cas",
         "peer_certificate",
         "peer_cn",
         "peer_trust",

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.runtime.main import reload_files
 from broker_edge.security.tls import TlsConfig, files_not_valid_now
-from tests.e2e.broker_clients import PahoClient, wait_for
+from tests.e2e.broker_clients import TIMEOUT, PahoClient, wait_for
 from tests.e2e.security.test_certificate_revocation import handshake_refused, pki
 from tests.e2e.security.test_intermediate_cas import DAY, NOW, OtherPki, devices_listener, pem
 
@@ -64,21 +64,31 @@ def revoke_intermediate(other: OtherPki, root: Path, capsys: pytest.CaptureFixtu
     assert pki(capsys, "revoke", str(other.directory / "intermediate.pem"), "--ca", str(root))[0] == 0
 
 
-def test_chain_mode_accepts_a_device_under_a_good_intermediate_and_refuses_it_once_the_root_revokes_it(
-    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_chain_mode_accepts_a_device_under_a_good_intermediate_and_closes_it_once_the_root_revokes_it(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A device under a good intermediate connects; once the root revokes the intermediate and a SIGHUP
-    reads its new CRL, the device's next handshake is refused."""
+    """A device under a good intermediate connects; the root revokes the intermediate, and the SIGHUP that
+    reads its new CRL closes the device's open connection (v5 DISCONNECT 0x87, one WARNING naming the CA's
+    serial) and refuses its next handshake."""
     other = OtherPki(tmp_path)
     root, intermediate = pki_directories(other, capsys)
     crls = crlfile(tmp_path / "crls.pem", root, intermediate)
     broker = start_broker(listeners=[chain_listener(tmp_path, capsys, crls)])
     meter = other.device("meter-1")
-    assert not handshake_refused(broker.port, meter)
+    device = PahoClient(broker.port, "m1", tls_context=meter)
+    assert device.connack_result[1] == 0
 
     revoke_intermediate(other, root, capsys)
     crlfile(crls, root, intermediate)
+    caplog.set_level(logging.WARNING)
     broker.call(lambda: reload_files(broker.broker))
+    assert device.disconnects.get(timeout=TIMEOUT) == 0x87
+    said = [r.getMessage() for r in caplog.records if "closing the connection" in r.getMessage()]
+    serial = other.intermediate.serial_number
+    assert said == [
+        f"closing the connection: the certificate of a CA of its chain (serial {serial:x}) is revoked in "
+        f"{crls} (CN=meter-1)"
+    ]
     assert handshake_refused(broker.port, meter)
 
 
