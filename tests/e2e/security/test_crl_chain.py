@@ -19,6 +19,7 @@ from broker_edge.runtime.main import reload_files
 from broker_edge.security.tls import TlsConfig, files_not_valid_now
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, wait_for
 from tests.e2e.security.test_certificate_revocation import handshake_refused, pki
+from tests.e2e.security.test_https_certificate_lifetime import ask, kept_alive, refusals
 from tests.e2e.security.test_intermediate_cas import DAY, NOW, OtherPki, devices_listener, pem
 
 
@@ -169,3 +170,24 @@ def test_chain_mode_refuses_a_device_whose_intermediate_has_no_crl_naming_why(
     lines = [r for r in caplog.records if getattr(r, "tls_reason", None) == reason]
     assert len(lines) == 1 and lines[0].getMessage() == f"TLS handshake failed: {reason}"
     assert "tls.crlfile" in getattr(lines[0], "hint", "")
+
+
+def test_chain_mode_refuses_the_next_request_of_a_kept_alive_https_connection_under_a_revoked_intermediate(
+    brokers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The offsets API checks the chain as a listener does: after the SIGHUP that reads the root's CRL
+    revoking the intermediate, a reader's kept-alive connection through it is answered 403 and closed."""
+    other = OtherPki(tmp_path)
+    root, intermediate = pki_directories(other, capsys)
+    crls = crlfile(tmp_path / "crls.pem", root, intermediate)
+    tls = chain_listener(tmp_path, capsys, crls)["tls"]
+    broker = brokers(offsets_api={"host": "127.0.0.1", "port": 0, "tls": tls})
+    connection = kept_alive(broker.broker.offsets_port, other.device("reader-1"))
+
+    revoke_intermediate(other, root, capsys)
+    crlfile(crls, root, intermediate)
+    broker.call(lambda: reload_files(broker.broker))
+    status, body, closing = ask(connection)
+    assert (status, body.get("error"), closing) == (403, "certificate_revoked", "close"), body
+    assert "the certificate of a CA of its chain" in body["message"]
+    assert refusals(broker, "certificate_revoked") == 1
