@@ -92,9 +92,9 @@ __all__ = ["BrokerHandle", "ClusterNode", "RefusingReplication", "advertised_mem
 
 log = logging.getLogger("broker_edge.cluster.node")
 
-DIALED_PEER_LINKS = "peer links dialed"
-"""The ``endpoint`` label of ``https_certificate_refusals_total`` for the peer links this node dialed, closed
-for the certificate their peer served."""
+DIALED_MEMBERS = "members dialed"
+"""The ``endpoint`` label of ``https_certificate_refusals_total`` for the connections this node dialed to
+other members (peer links, kept-alive connections), closed for the certificate their member served."""
 ETCD_TIMEOUT_S = 2.0
 """Bound of every etcd call (a lease renewal is bounded by its interval instead)."""
 
@@ -223,7 +223,7 @@ class ClusterNode:
         self.static = view is not None
         self.view = view if view is not None else ClusterView(cluster.node_id, cluster.partitions)
         self.member_tls = MemberTls(cluster.tls, cluster.node_id) if cluster.tls is not None else None
-        self.clients = MemberClients(cluster.node_id, self.member_tls)
+        self.clients = MemberClients(cluster.node_id, self.member_tls, self._dialed_certificate_refused)
         self.proofs = MemberProofs(self.view, max(5.0, 2.0 * cluster.lease_ttl_s))
         host = broker.config.members_host(cluster)
         try:
@@ -505,9 +505,10 @@ class ClusterNode:
         refusals.labels("members' endpoint", reason).inc()
 
     def _dialed_certificate_refused(self, reason: str) -> None:
-        """A peer link this node dialed closed for the certificate its peer served, counted."""
+        """A connection this node dialed to another member (a peer link, a kept-alive connection) closed for
+        the certificate that member served, counted."""
         refusals = self.broker.metrics.https_certificate_refusals_total
-        refusals.labels(DIALED_PEER_LINKS, reason).inc()
+        refusals.labels(DIALED_MEMBERS, reason).inc()
 
     async def start(self) -> None:
         """Serve as a member: the engine takes this node's ports first (fenced until registered, so nothing

@@ -2,7 +2,8 @@
 member served at the handshake, as the serving member checks the dialer's: the link is closed once that
 certificate expires, or once a reload of the dialer's ``cluster.tls.cafile`` no longer holds its CA; said,
 counted, and dialed again (refused at the handshake until the other member's certificate is renewed, then
-up). Real TLS on loopback, real members' endpoint."""
+up). A kept-alive connection to a member is checked the same way before each request it would carry. Real
+TLS on loopback, real members' endpoint."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from broker_edge.cluster.links.member_clients import MemberClients
@@ -20,7 +22,7 @@ from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.runtime.local_pki import LocalPki, PemPair
 from broker_edge.settings.cluster import MemberTlsConfig
 from tests.e2e.security.certificate_devices import reissued
-from tests.unit.broker_edge.cluster.links.test_member_identity import Endpoint, Quiet, until
+from tests.unit.broker_edge.cluster.links.test_member_identity import Endpoint, Quiet, _get, until
 
 LIFETIME_S = 6.0
 """How long b1's short-lived member certificate holds: time enough for the link to come up on a busy
@@ -139,5 +141,42 @@ def test_a_link_is_closed_once_the_certificate_the_peer_served_expires(
             assert dialed == ["certificate_expired"]
             await a1_links.close()
             await b1_links.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_kept_alive_connection_to_a_member_is_not_reused_once_its_certificate_is_no_longer_accepted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replica fetches and the other requests between members reuse kept-alive connections for as long as
+    they come: a2 asked b1 on one opened with b1's certificate of a few seconds. Once it has expired, a2's
+    next request is not sent on it: the connection is closed (said naming b1, counted) and a new one fails at
+    its handshake, where the request was answered. A certificate renewed on b1 is asked again at once."""
+    caplog.set_level(logging.WARNING)
+    pki = LocalPki(tmp_path / "pki")
+    b1_files = member_files(pki, "b1", tmp_path / "live")
+    now = datetime.datetime.now(datetime.UTC)
+    ends = now + datetime.timedelta(seconds=LIFETIME_S)
+    reissued(b1_files, pki.ca, now - datetime.timedelta(minutes=5), ends)
+    b1_tls = member_tls(b1_files, pki.ca.cert, "b1")
+    dialed: list[str] = []
+
+    async def scenario() -> None:
+        async with Endpoint(tmp_path, b1_tls, members=("a2", "b1")) as endpoint:
+            a2 = MemberClients("a2", member_tls(pki.member("a2"), pki.ca.cert, "a2"), refused=dialed.append)
+            assert await _get(a2, "b1", endpoint.url) == (200, "a2")
+            assert await until(lambda: datetime.datetime.now(datetime.UTC) > ends, timeout=LIFETIME_S + 30)
+            with pytest.raises(aiohttp.ClientError, match="certificate has expired"):
+                await _get(a2, "b1", endpoint.url)
+            assert dialed == ["certificate_expired"] and endpoint.seen == ["a2"]
+            said = [
+                r.getMessage() for r in caplog.records if "closing a kept-alive connection" in r.getMessage()
+            ]
+            assert len(said) == 1 and "its server certificate expired at" in said[0] and "b1" in said[0], said
+            shutil.copy(pki.member("b1").cert, b1_files.cert)  # renewed
+            b1_tls.reload()
+            assert await _get(a2, "b1", endpoint.url) == (200, "a2")
+            assert dialed == ["certificate_expired"]
+            await a2.close()
 
     asyncio.run(scenario())
