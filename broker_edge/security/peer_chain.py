@@ -13,8 +13,9 @@ certificate first, the trusted root last) and keeps two things of it, shared by 
   reloaded ``crlfile`` checked for the whole chain, ``tls.crl_check: chain``, may revoke one).
 
 A CA is known by its subject and public key together: a new CA of the same name (a key replaced) is another.
-A resumed TLS session has no verified chain: its client certificate is read alone, and the CA it needs is
-known by the name of its issuer.
+A resumed TLS session has no verified chain: its client certificate is read alone, and its CAs are found by
+name among those full handshakes showed (``_BY_NAME``): it needs trusted its root and the CAs no client sent
+(one no handshake showed, by its name).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -49,6 +50,8 @@ _DER = 2
 
 _MAX_KNOWN = 4096
 """CA certificates (and needs) remembered; past it the tables start again."""
+_MAX_DEPTH = 16
+"""CAs followed up a resumed session's chain, at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +78,34 @@ def _key(certificate: x509.Certificate) -> bytes:
     return hashlib.sha256(certificate.subject.public_bytes() + b"\0" + spki).digest()
 
 
-def _name_key(name: x509.Name) -> bytes:
-    """A CA known by its name alone (a resumed session's issuer)."""
-    return hashlib.sha256(b"name\0" + name.public_bytes()).digest()
+def _name_key(name: bytes) -> bytes:
+    """A CA known by its name (DER) alone (on a resumed session, one no full handshake showed)."""
+    return hashlib.sha256(b"name\0" + name).digest()
 
 
-_CAS: dict[bytes, tuple[bytes, float, str, CertificateId]] = {}
-"""A CA certificate's DER → its key, notAfter, subject and id (CAs are few; each chain's are read once)."""
+class _Ca(NamedTuple):
+    """A CA certificate as a chain uses it."""
+
+    key: bytes
+    not_after: float
+    subject: str
+    identity: CertificateId
+    name: bytes
+    """Its subject, DER."""
+    issuer: bytes
+    """Its issuer's name, DER (its own for a root)."""
+
+
+_CAS: dict[bytes, _Ca] = {}
+"""A CA certificate's DER → what a chain uses of it (CAs are few; each chain's are read once)."""
+_BY_NAME: dict[bytes, tuple[bytes, bool]] = {}
+"""A CA's subject (DER) → its DER as a verified chain last held it, and whether a client ever sent it: how
+the chain of a resumed session, which holds the client's certificate alone, is found again."""
 _SHARED: dict[frozenset[Any], frozenset[Any]] = {}
 """Each distinct ``needs`` and ``cas``, kept once: every connection of a chain holds the same objects."""
 
 
-def _ca(der: bytes) -> tuple[bytes, float, str, CertificateId]:
+def _ca(der: bytes) -> _Ca:
     known = _CAS.get(der)
     if known is None:
         from cryptography import x509
@@ -94,13 +113,24 @@ def _ca(der: bytes) -> tuple[bytes, float, str, CertificateId]:
         certificate = x509.load_der_x509_certificate(der)
         if len(_CAS) >= _MAX_KNOWN:
             _CAS.clear()
-        known = _CAS[der] = (
+        issuer = certificate.issuer.public_bytes()
+        known = _CAS[der] = _Ca(
             _key(certificate),
             certificate.not_valid_after_utc.timestamp(),
             certificate.subject.rfc4514_string(),
-            (certificate.issuer.public_bytes(), certificate.serial_number),
+            (issuer, certificate.serial_number),
+            certificate.subject.public_bytes(),
+            issuer,
         )
     return known
+
+
+def _seen(ca: _Ca, der: bytes, sent: bool) -> None:
+    """``ca`` was in a verified chain (``sent`` by its client, or of the CA file)."""
+    if len(_BY_NAME) >= _MAX_KNOWN and ca.name not in _BY_NAME:
+        _BY_NAME.clear()
+    was_sent = _BY_NAME.get(ca.name, (b"", False))[1]
+    _BY_NAME[ca.name] = (der, sent or was_sent)
 
 
 def _shared(items: frozenset[_Item]) -> frozenset[_Item]:
@@ -136,21 +166,42 @@ def peer_chain(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> PeerChain | 
     leaf = x509.load_der_x509_certificate(leaf_der)
     end, ending = leaf.not_valid_after_utc.timestamp(), ""
     verified, sent = _chains(ssl_object)
-    if len(verified) < 2:  # a resumed session: the CA is known by the issuer's name
-        top = x509.load_der_x509_certificate(sent[-1]) if len(sent) > 1 else leaf
-        issuer = top.subject if top.subject == top.issuer else top.issuer
-        cas = _shared(frozenset(_ca(der)[3] for der in sent[1:]))
-        return PeerChain(end, ending, _shared(frozenset({_name_key(issuer)})), cas)
+    if len(verified) < 2:  # a resumed session
+        return _resumed(leaf.issuer.public_bytes(), end, ending)
     sent_set = set(sent)
     needs: set[bytes] = set()
     ids: set[CertificateId] = set()
     for index, der in enumerate(verified[1:], start=1):
-        key, not_after, subject, identity = _ca(der)
-        if not_after < end:
-            end, ending = not_after, subject
+        ca = _ca(der)
+        _seen(ca, der, der in sent_set)
+        if ca.not_after < end:
+            end, ending = ca.not_after, ca.subject
         if index == len(verified) - 1 or der not in sent_set:
-            needs.add(key)
-        ids.add(identity)
+            needs.add(ca.key)
+        ids.add(ca.identity)
+    return PeerChain(end, ending, _shared(frozenset(needs)), _shared(frozenset(ids)))
+
+
+def _resumed(issuer: bytes, end: float, ending: str) -> PeerChain:
+    """The chain of a resumed session whose client certificate (ending at ``end``) ``issuer`` signed, as
+    full handshakes showed its CAs, each by name: it needs trusted its root and the CAs no client sent (a
+    CA no handshake showed, by its name)."""
+    needs: set[bytes] = set()
+    ids: set[CertificateId] = set()
+    for _ in range(_MAX_DEPTH):
+        known = _BY_NAME.get(issuer)
+        if known is None:
+            needs.add(_name_key(issuer))
+            break
+        ca = _ca(known[0])
+        ids.add(ca.identity)
+        if ca.not_after < end:
+            end, ending = ca.not_after, ca.subject
+        if ca.issuer == ca.name or not known[1]:
+            needs.add(_name_key(ca.name))
+        if ca.issuer == ca.name:
+            break
+        issuer = ca.issuer
     return PeerChain(end, ending, _shared(frozenset(needs)), _shared(frozenset(ids)))
 
 
@@ -162,7 +213,7 @@ def trusted_keys(cafile: str) -> frozenset[bytes]:
     keys: set[bytes] = set()
     for certificate in x509.load_pem_x509_certificates(Path(cafile).read_bytes()):
         keys.add(_key(certificate))
-        keys.add(_name_key(certificate.subject))
+        keys.add(_name_key(certificate.subject.public_bytes()))
     return frozenset(keys)
 
 

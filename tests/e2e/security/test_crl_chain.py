@@ -21,6 +21,7 @@ from tests.e2e.broker_clients import TIMEOUT, PahoClient, wait_for
 from tests.e2e.security.test_certificate_revocation import handshake_refused, pki
 from tests.e2e.security.test_https_certificate_lifetime import ask, kept_alive, refusals
 from tests.e2e.security.test_intermediate_cas import DAY, NOW, OtherPki, devices_listener, pem
+from tests.e2e.security.test_tls_session_resumption import accepted, connack
 
 
 def _key(key: Any) -> bytes:
@@ -191,3 +192,46 @@ def test_chain_mode_refuses_the_next_request_of_a_kept_alive_https_connection_un
     assert (status, body.get("error"), closing) == (403, "certificate_revoked", "close"), body
     assert "the certificate of a CA of its chain" in body["message"]
     assert refusals(broker, "certificate_revoked") == 1
+
+
+def resumed_after_reload(
+    start_broker: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], crl_check: str, revoked: bool
+) -> tuple[Any, bool, bool]:
+    """A device of the intermediate (sending it) connects, a SIGHUP reads the CRLs (the intermediate
+    ``revoked`` by the root, or nothing changed), and it connects again resuming its TLS session: the
+    broker, whether the session was resumed, and whether it was accepted."""
+    other = OtherPki(tmp_path)
+    root, intermediate = pki_directories(other, capsys)
+    crls = crlfile(tmp_path / "crls.pem", root, intermediate)
+    broker = start_broker(listeners=[chain_listener(tmp_path, capsys, crls, crl_check)])
+    context = other.device("meter-1")
+    answer, session, _ = connack(broker.port, context, "tls")
+    assert accepted(answer, "tls"), answer
+    if revoked:
+        revoke_intermediate(other, root, capsys)
+        crlfile(crls, root, intermediate)
+    broker.call(lambda: reload_files(broker.broker))
+    answer, _, resumed = connack(broker.port, context, "tls", session)
+    return broker, resumed, accepted(answer, "tls")
+
+
+@pytest.mark.parametrize("crl_check", ["leaf", "chain"])
+def test_a_session_resumed_after_a_reload_that_changed_nothing_is_accepted(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str], crl_check: str
+) -> None:
+    """A resumed session holds the device's certificate alone: its chain is found again by the names of the
+    CAs a full handshake showed. It was refused as untrusted after any SIGHUP, the intermediate's name
+    taken for a CA ``cafile`` (the root alone) had to hold."""
+    broker, resumed, accepted_again = resumed_after_reload(start_broker, tmp_path, capsys, crl_check, False)
+    assert resumed and accepted_again
+    assert broker.metric("timestone_broker_connections_refused_total", reason="certificate_untrusted") == 0
+
+
+def test_chain_mode_refuses_a_session_resumed_under_an_intermediate_a_reload_revoked(
+    start_broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OpenSSL verifies no resumed TLS session: one begun before the SIGHUP that brought the root's CRL
+    revoking the intermediate is refused all the same, before its CONNECT is read."""
+    broker, resumed, accepted_again = resumed_after_reload(start_broker, tmp_path, capsys, "chain", True)
+    assert resumed and not accepted_again
+    assert broker.metric("timestone_broker_connections_refused_total", reason="certificate_revoked") == 1
