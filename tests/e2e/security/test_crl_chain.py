@@ -22,6 +22,7 @@ from tests.e2e.security.test_certificate_revocation import handshake_refused, pk
 from tests.e2e.security.test_https_certificate_lifetime import ask, kept_alive, refusals
 from tests.e2e.security.test_intermediate_cas import DAY, NOW, OtherPki, devices_listener, pem
 from tests.e2e.security.test_tls_session_resumption import accepted, connack
+from tests.e2e.uplink.uplink_harness import hub_port, hub_section, pki_in, site_section
 
 
 def _key(key: Any) -> bytes:
@@ -235,3 +236,34 @@ def test_chain_mode_refuses_a_session_resumed_under_an_intermediate_a_reload_rev
     broker, resumed, accepted_again = resumed_after_reload(start_broker, tmp_path, capsys, "chain", True)
     assert resumed and not accepted_again
     assert broker.metric("timestone_broker_connections_refused_total", reason="certificate_revoked") == 1
+
+
+def test_chain_mode_ends_the_uplink_of_a_site_under_an_intermediate_a_sighup_revoked(
+    brokers, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The uplink hub checks the chain as a listener does: a site whose certificate the intermediate issued
+    (``timestone pki issue site`` in the intermediate's directory) is linked, and the SIGHUP that reads the
+    root's CRL revoking the intermediate ends its link, saying so once."""
+    other = OtherPki(tmp_path)
+    root, intermediate = pki_directories(other, capsys)
+    assert pki(capsys, "issue", "site", "plant-r", "--ca", str(intermediate), "--days", "7")[0] == 0
+    crls = crlfile(tmp_path / "crls.pem", root, intermediate)
+    hub_pki = pki_in(tmp_path)
+    section = hub_section(hub_pki)
+    section["tls"].update(cafile=str(tmp_path / "root.pem"), crlfile=str(crls), crl_check="chain")
+    hub = brokers("hub", uplink_hub=section)
+    site = site_section(hub_pki, "plant-r", hub_port(hub))
+    site["tls"].update(
+        certfile=str(intermediate / "site-plant-r.pem"), keyfile=str(intermediate / "site-plant-r.key")
+    )
+    brokers("site", uplink=site)
+    assert wait_for(lambda: hub.metric("timestone_broker_uplink_site_connected", site="plant-r") == 1)
+
+    caplog.set_level(logging.WARNING)
+    revoke_intermediate(other, root, capsys)
+    crlfile(crls, root, intermediate)
+    hub.call(lambda: reload_files(hub.broker))
+    closes = "timestone_broker_uplink_site_certificate_closes"
+    assert wait_for(lambda: hub.metric(closes, site="plant-r", reason="revoked") == 1)
+    said = [r.getMessage() for r in caplog.records if "closing its uplink" in r.getMessage()]
+    assert len(said) == 1 and "the certificate of a CA of its chain" in said[0], said
