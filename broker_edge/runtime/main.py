@@ -219,42 +219,45 @@ def reload_files(broker: Broker) -> None:
     for listener in broker.listeners:
         if listener.tls_contexts is None:
             continue
-        try:
-            listener.tls_contexts.reload()
-        except Exception as exc:
-            log.error(
-                "listener %s: certificate not reloaded, the previous one stays in force: %s",
-                listener.name,
-                exc,
-            )
-        else:
-            log.info("listener %s: certificate and CAs reloaded", listener.name)
+        if _reloaded(
+            listener.tls_contexts.reload,
+            f"listener {listener.name}: certificate not reloaded, the previous one stays in force",
+            f"listener {listener.name}: certificate and CAs reloaded",
+        ):
             _close_revoked(broker, listener)
             _close_untrusted(broker, listener)
     if broker.offsets_tls is not None:
-        try:
-            broker.offsets_tls.reload()
-        except Exception as exc:
-            log.error("offsets API certificate not reloaded, the previous one stays in force: %s", exc)
-        else:
-            log.info("offsets API certificate and CAs reloaded")
-    if broker.uplink_hub is not None:
-        try:
-            broker.uplink_hub.tls.reload()
-        except Exception as exc:
-            log.error("uplink hub certificate not reloaded, the previous one stays in force: %s", exc)
-        else:
-            log.info("uplink hub certificate and sites' CAs reloaded")
-            broker.uplink_hub.reloaded()
+        _reloaded(
+            broker.offsets_tls.reload,
+            "offsets API certificate not reloaded, the previous one stays in force",
+            "offsets API certificate and CAs reloaded",
+        )
+    if broker.uplink_hub is not None and _reloaded(
+        broker.uplink_hub.tls.reload,
+        "uplink hub certificate not reloaded, the previous one stays in force",
+        "uplink hub certificate and sites' CAs reloaded",
+    ):
+        broker.uplink_hub.reloaded()
     if broker.site_link is not None:
-        try:
-            broker.site_link.hub_certificate.reload()
-        except Exception as exc:
-            log.error("uplink.tls.cafile not reloaded, the previous CAs stay in force: %s", exc)
-        else:
-            log.info("uplink: the hub's CAs (uplink.tls.cafile) reloaded")
+        _reloaded(
+            broker.site_link.hub_certificate.reload,
+            "uplink.tls.cafile not reloaded, the previous CAs stay in force",
+            "uplink: the hub's CAs (uplink.tls.cafile) reloaded",
+        )
     if broker.cluster_node is not None:
         broker.cluster_node.reload_credentials()
+
+
+def _reloaded(reload: Callable[[], object], failed: str, done: str) -> bool:
+    """Run ``reload`` (of certificate files): INFO ``done``, or ERROR ``failed`` with why, what was in force
+    staying so; whether it reloaded."""
+    try:
+        reload()
+    except Exception as exc:
+        log.error("%s: %s", failed, exc)
+        return False
+    log.info("%s", done)
+    return True
 
 
 def _close_revoked(broker: Broker, listener: ListenerRuntime) -> None:
