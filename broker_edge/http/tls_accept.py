@@ -46,6 +46,7 @@ from broker_edge.process.sockets import listening_sockets
 __all__ = [
     "ACCEPT_PAUSE_S",
     "NO_CRL",
+    "NO_CRL_HINT",
     "PROBE",
     "AlertingSSLObject",
     "Full",
@@ -76,6 +77,11 @@ health check, a process waiting for the port): counted, said at DEBUG, not a ref
 NO_CRL = "unable_to_get_certificate_crl"
 """The reason of a client certificate refused because a CA of its chain has no CRL in ``tls.crlfile``
 (OpenSSL's X509_V_ERR_UNABLE_TO_GET_CRL, which the TLS reason calls ``certificate_verify_failed``)."""
+NO_CRL_HINT = (
+    "a CA of the client's chain (an intermediate it sent, with tls.crl_check: chain) has no CRL in the "
+    "endpoint's tls.crlfile: add that CA's CRL (timestone pki crl --ca DIR), then SIGHUP"
+)
+"""What the refusal line of a ``NO_CRL`` handshake adds (``hint``)."""
 _UNABLE_TO_GET_CRL = 3
 
 
@@ -318,4 +324,5 @@ def _tls_failed(site: str, quiet: frozenset[str], peer: str, reason: str, _error
         log.debug("TLS handshake with the %s ended: %s (peer %s)", site, reason, peer)
         return
     text = f"TLS handshake with the {site} failed: {reason}"
-    _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason)
+    fields = {"hint": NO_CRL_HINT} if reason == NO_CRL else {}
+    _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason, **fields)

@@ -27,7 +27,7 @@ from broker_edge.engine.connection.outgoing import Closing
 from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
-from broker_edge.http.tls_accept import NO_CRL, PROBE, HandshakeFailure, start_tls_server
+from broker_edge.http.tls_accept import NO_CRL, NO_CRL_HINT, PROBE, HandshakeFailure, start_tls_server
 from broker_edge.runtime.peer_certificate import note_peer_certificate, refuse_resumed, resumed_refusal
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
@@ -218,10 +218,6 @@ _REFUSED_BY_THE_CLIENT = frozenset(
     for alert in ("bad_certificate", "unknown_ca", "certificate_unknown", "certificate_expired")
 )
 """OpenSSL's reasons for an alert the client sent about the broker's certificate."""
-_NO_CRL_HINT = (
-    "a CA of the client's chain (an intermediate it sent, with tls.crl_check: chain) has no CRL in the "
-    "listener's tls.crlfile: add that CA's CRL (timestone pki crl --ca DIR), then SIGHUP"
-)
 
 
 def report_tls_failures(broker: ConnectionHost, listener: str, certfile: str = "") -> HandshakeFailure:
@@ -242,7 +238,7 @@ def report_tls_failures(broker: ConnectionHost, listener: str, certfile: str = "
             return
         fields = {"refused_by": refused_by} if reason in _REFUSED_BY_THE_CLIENT else {}
         if reason == NO_CRL:
-            fields["hint"] = _NO_CRL_HINT
+            fields["hint"] = NO_CRL_HINT
         counters.refusal_log.write(
             _log,
             broker.now(),

@@ -6,7 +6,9 @@ refused at the handshake. In ``leaf`` mode (the default) only the device's own c
 
 from __future__ import annotations
 
+import http.client
 import logging
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +269,24 @@ def test_chain_mode_ends_the_uplink_of_a_site_under_an_intermediate_a_sighup_rev
     assert wait_for(lambda: hub.metric(closes, site="plant-r", reason="revoked") == 1)
     said = [r.getMessage() for r in caplog.records if "closing its uplink" in r.getMessage()]
     assert len(said) == 1 and "the certificate of a CA of its chain" in said[0], said
+
+
+def test_the_offsets_api_in_chain_mode_says_why_a_client_whose_intermediate_has_no_crl_is_refused(
+    brokers, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An HTTPS endpoint's refusal line says what a listener's says: which CRL to add."""
+    other = OtherPki(tmp_path)
+    root, _ = pki_directories(other, capsys)
+    tls = chain_listener(tmp_path, capsys, crlfile(tmp_path / "crls.pem", root))["tls"]
+    broker = brokers(offsets_api={"host": "127.0.0.1", "port": 0, "tls": tls})
+    caplog.set_level(logging.INFO)
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", broker.broker.offsets_port, timeout=10, context=other.device("reader-1")
+    )
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        ask(connection)
+    connection.close()
+    reason = "unable_to_get_certificate_crl"
+    assert wait_for(lambda: any(getattr(r, "tls_reason", None) == reason for r in caplog.records))
+    lines = [r for r in caplog.records if getattr(r, "tls_reason", None) == reason]
+    assert "tls.crlfile" in getattr(lines[0], "hint", ""), lines[0].__dict__
