@@ -8,9 +8,11 @@ TLS on loopback, real members' endpoint."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import shutil
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -60,6 +62,33 @@ async def linked(a1_links: PeerLinks, b1_links: PeerLinks) -> bool:
     return await until(lambda: a1_links.up("b1") and b1_links.up("a1"))
 
 
+def short_lived_b1(pki: LocalPki, live: Path) -> tuple[PemPair, datetime.datetime]:
+    """b1's files (``member_files``) holding a certificate of ``LIFETIME_S``, and when it ends."""
+    files = member_files(pki, "b1", live)
+    now = datetime.datetime.now(datetime.UTC)
+    ends = now + datetime.timedelta(seconds=LIFETIME_S)
+    reissued(files, pki.ca, now - datetime.timedelta(minutes=5), ends)
+    return files, ends
+
+
+@contextlib.asynccontextmanager
+async def link_dialed_by_a1(
+    tmp_path: Path, a1_tls: MemberTls, b1_tls: MemberTls, refused: Callable[[str], None]
+) -> AsyncIterator[tuple[PeerLinks, PeerLinks, Endpoint]]:
+    """a1's and b1's peer links and b1's members' endpoint, the link dialed by a1 (the smaller node id)
+    and up; a1's links tell ``refused`` why they closed a link."""
+    b1_links = PeerLinks("b1", None, Quiet())
+    endpoint = Endpoint(tmp_path, b1_tls, members=("a1", "b1"))
+    endpoint.routes.append(b1_links.add_routes)
+    async with endpoint:
+        a1_links = PeerLinks("a1", MemberClients("a1", a1_tls), Quiet(), refused=refused)
+        a1_links.update({"b1": endpoint.url})
+        assert await linked(a1_links, b1_links)
+        yield a1_links, b1_links, endpoint
+        await a1_links.close()
+        await b1_links.close()
+
+
 def test_a_link_is_closed_once_a_reload_of_the_dialers_cafile_no_longer_trusts_the_peers_ca(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -75,13 +104,8 @@ def test_a_link_is_closed_once_a_reload_of_the_dialers_cafile_no_longer_trusts_t
     dialed: list[str] = []
 
     async def scenario() -> None:
-        b1_links = PeerLinks("b1", None, Quiet())
-        endpoint = Endpoint(tmp_path, b1_tls, members=("a1", "b1"))
-        endpoint.routes.append(b1_links.add_routes)
-        async with endpoint:
-            a1_links = PeerLinks("a1", MemberClients("a1", a1_tls), Quiet(), refused=dialed.append)
-            a1_links.update({"b1": endpoint.url})  # the smaller node id dials
-            assert await linked(a1_links, b1_links)
+        link = link_dialed_by_a1(tmp_path, a1_tls, b1_tls, dialed.append)
+        async with link as (a1_links, b1_links, endpoint):
             write_cas(a1_cas, new_pki)
             a1_tls.reload()
             assert await until(lambda: not a1_links.up("b1") and not b1_links.up("a1"))
@@ -95,8 +119,6 @@ def test_a_link_is_closed_once_a_reload_of_the_dialers_cafile_no_longer_trusts_t
             b1_tls.reload()
             assert await linked(a1_links, b1_links)
             assert dialed == ["certificate_untrusted"]
-            await a1_links.close()
-            await b1_links.close()
 
     asyncio.run(scenario())
 
@@ -114,22 +136,14 @@ def test_a_link_is_closed_once_the_certificate_the_peer_served_expires(
     renewed certificate, then the link is up again."""
     caplog.set_level(logging.WARNING)
     pki = LocalPki(tmp_path / "pki")
-    b1_files = member_files(pki, "b1", tmp_path / "live")
-    now = datetime.datetime.now(datetime.UTC)
-    ends = now + datetime.timedelta(seconds=LIFETIME_S)
-    reissued(b1_files, pki.ca, now - datetime.timedelta(minutes=5), ends)
+    b1_files, _ = short_lived_b1(pki, tmp_path / "live")
     b1_tls = member_tls(b1_files, pki.ca.cert, "b1")
     a1_tls = member_tls(pki.member("a1"), pki.ca.cert, "a1")
     dialed: list[str] = []
 
     async def scenario() -> None:
-        b1_links = PeerLinks("b1", None, Quiet())
-        endpoint = Endpoint(tmp_path, b1_tls, members=("a1", "b1"))
-        endpoint.routes.append(b1_links.add_routes)
-        async with endpoint:
-            a1_links = PeerLinks("a1", MemberClients("a1", a1_tls), Quiet(), refused=dialed.append)
-            a1_links.update({"b1": endpoint.url})
-            assert await linked(a1_links, b1_links)
+        link = link_dialed_by_a1(tmp_path, a1_tls, b1_tls, dialed.append)
+        async with link as (a1_links, b1_links, endpoint):
             assert await until(lambda: not a1_links.up("b1"), timeout=LIFETIME_S + 30)
             assert dialed == ["certificate_expired"] and endpoint.refused == []
             said = closes_said(caplog, "its server certificate expired at")
@@ -139,8 +153,6 @@ def test_a_link_is_closed_once_the_certificate_the_peer_served_expires(
             b1_tls.reload()
             assert await linked(a1_links, b1_links)
             assert dialed == ["certificate_expired"]
-            await a1_links.close()
-            await b1_links.close()
 
     asyncio.run(scenario())
 
@@ -154,10 +166,7 @@ def test_a_kept_alive_connection_to_a_member_is_not_reused_once_its_certificate_
     its handshake, where the request was answered. A certificate renewed on b1 is asked again at once."""
     caplog.set_level(logging.WARNING)
     pki = LocalPki(tmp_path / "pki")
-    b1_files = member_files(pki, "b1", tmp_path / "live")
-    now = datetime.datetime.now(datetime.UTC)
-    ends = now + datetime.timedelta(seconds=LIFETIME_S)
-    reissued(b1_files, pki.ca, now - datetime.timedelta(minutes=5), ends)
+    b1_files, ends = short_lived_b1(pki, tmp_path / "live")
     b1_tls = member_tls(b1_files, pki.ca.cert, "b1")
     dialed: list[str] = []
 
