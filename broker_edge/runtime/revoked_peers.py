@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.security.client_trust import revoked_ca_said
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
@@ -35,18 +34,8 @@ def close_revoked(connections: Iterable[Connection], listener: str, trust: Clien
         if conn.terms.listener.name == listener and trust.revokes(conn.peer_certificate, conn.peer_cas)
     ]
     for conn in closing:
-        ca = trust.revoked_ca(conn.peer_cas)
-        if ca is not None:
-            said = revoked_ca_said(ca, trust.crlfile)
-            conn.log().warning("closing the connection: %s (CN=%s)", said, conn.peer_cn)
-        else:
-            serial = conn.peer_certificate[1] if conn.peer_certificate else 0
-            conn.log().warning(
-                "closing the connection: its client certificate (CN=%s, serial %x) is revoked in %s",
-                conn.peer_cn,
-                serial,
-                trust.crlfile,
-            )
+        said = trust.revocation_said(conn.peer_certificate, conn.peer_cas, conn.peer_cn)
+        conn.log().warning("closing the connection: %s", said)
         conn.will = None
         conn.close(ReasonCode.NOT_AUTHORIZED, "client certificate revoked")
         conn.flush()

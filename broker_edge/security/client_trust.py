@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from broker_edge.security.peer_chain import CertificateId, revoked_in, trusted_keys
 
-__all__ = ["ClientTrust", "revoked_ca_said"]
+__all__ = ["ClientTrust"]
 
 
 class ClientTrust:
@@ -60,6 +60,21 @@ class ClientTrust:
                     return ca
         return None
 
+    def revocation_said(
+        self,
+        certificate: CertificateId | None,
+        cas: frozenset[CertificateId] | None,
+        name: str | None,
+        whose: str = "client certificate",
+    ) -> str:
+        """The words for ``certificate`` (CN ``name``), which the last reload revokes (``revokes``): the CA
+        of ``cas`` its CRLs list, checking the chain, else ``whose`` own, by its serial number."""
+        ca = self.revoked_ca(cas)
+        if ca is not None:
+            return _revoked_ca_said(ca, self.crlfile, name)
+        serial = certificate[1] if certificate else 0
+        return f"its {whose} (CN={name}, serial {serial:x}) is revoked in {self.crlfile}"
+
     def lacks(self, needs: frozenset[bytes] | None) -> bool:
         """Whether a chain needing the CAs ``needs`` (``peer_chain``) rests on a CA the last reload's
         ``cafile`` does not hold (never before the first reload)."""
@@ -81,7 +96,7 @@ class ClientTrust:
             return "certificate_revoked", f"its {side} certificate (CN={name}) is revoked in {self.crlfile}"
         ca = self.revoked_ca(cas)
         if ca is not None:
-            return "certificate_revoked", f"{revoked_ca_said(ca, self.crlfile)} (CN={name})"
+            return "certificate_revoked", _revoked_ca_said(ca, self.crlfile, name)
         if self.lacks(needs):
             return (
                 "certificate_untrusted",
@@ -91,6 +106,7 @@ class ClientTrust:
         return None
 
 
-def revoked_ca_said(ca: CertificateId, crlfile: str | None) -> str:
-    """The words for a chain whose CA ``ca`` the CRLs of ``crlfile`` revoke."""
-    return f"the certificate of a CA of its chain (serial {ca[1]:x}) is revoked in {crlfile}"
+def _revoked_ca_said(ca: CertificateId, crlfile: str | None, name: str | None) -> str:
+    """The words for the chain of the certificate of CN ``name`` whose CA ``ca`` the CRLs of ``crlfile``
+    revoke."""
+    return f"the certificate of a CA of its chain (serial {ca[1]:x}) is revoked in {crlfile} (CN={name})"

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSCloseCode
 
 from broker_edge.engine.connection.certificate_ends import CertificateEnds
-from broker_edge.security.client_trust import revoked_ca_said
 from broker_edge.security.peer_chain import CertificateId, certificate_id, peer_chain
 from broker_edge.security.tls import peer_common_name
 from broker_edge.uplink.wire import ERROR, encode
@@ -163,12 +162,8 @@ class SiteCertificates:
             if connection.ended:
                 continue
             if trust.revokes(connection.certificate, connection.cas):
-                ca = trust.revoked_ca(connection.cas)
-                serial = connection.certificate[1] if connection.certificate else 0
-                name = connection.peer_cn
-                said = f"its certificate (CN={name}, serial {serial:x}) is revoked in {trust.crlfile}"
-                if ca is not None:
-                    said = f"{revoked_ca_said(ca, trust.crlfile)} (CN={name})"
+                certificate, name = connection.certificate, connection.peer_cn
+                said = trust.revocation_said(certificate, connection.cas, name, "certificate")
                 connection.log().warning("closing its uplink: %s", said)
                 connection.close(None, "its certificate is revoked", counted_as="certificate_revoked")
             elif trust.lacks(connection.needs):
