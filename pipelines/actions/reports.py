@@ -74,7 +74,7 @@ class BrokerReports:
         if last is None:  # no trigger has ended yet
             return self._read_until
         caught_up = _caught_up_at(last)
-        if not status.get("isTriggerActive") and not status.get("isDataAvailable"):
+        if _idle(status):
             caught_up = max(caught_up or 0, now_ms - 2 * trigger_ms)
         self._read_until = max(self._read_until, caught_up or 0)
         return self._read_until
@@ -89,6 +89,24 @@ class BrokerReports:
     def stop(self) -> None:
         if self.query is not None:
             stop_between_batches(self.query)
+
+
+IDLE_MESSAGES = frozenset({"Waiting for next trigger", "Waiting for data to arrive"})
+"""Spark's status messages of a query between triggers, or in a trigger that found nothing new."""
+
+
+def _idle(status: Mapping[str, Any]) -> bool:
+    """Whether a query's status says that its last trigger found nothing new and no trigger runs now.
+
+    Neither active nor with data is not enough: Spark 4 keeps a status per batch, and the next batch's
+    shows its initial one (``Initializing StreamExecution``, neither active nor with data) from the moment it
+    becomes the query's until its trigger starts, right after a batch that may not have read what came in
+    meanwhile (a batch replayed after a restart reads only what its first run planned)."""
+    return (
+        not status.get("isTriggerActive")
+        and not status.get("isDataAvailable")
+        and status.get("message") in IDLE_MESSAGES
+    )
 
 
 def _caught_up_at(progress: Any) -> int | None:
