@@ -91,21 +91,21 @@ class BrokerReports:
             stop_between_batches(self.query)
 
 
-IDLE_MESSAGES = frozenset({"Waiting for next trigger", "Waiting for data to arrive"})
-"""Spark's status messages of a query between triggers, or in a trigger that found nothing new."""
+INITIAL_STATUS_MESSAGE = "Initializing StreamExecution"
+"""The message of a batch's status before its trigger starts (Spark's initial one)."""
 
 
 def _idle(status: Mapping[str, Any]) -> bool:
     """Whether a query's status says that its last trigger found nothing new and no trigger runs now.
 
     Neither active nor with data is not enough: Spark 4 keeps a status per batch, and the next batch's
-    shows its initial one (``Initializing StreamExecution``, neither active nor with data) from the moment it
-    becomes the query's until its trigger starts, right after a batch that may not have read what came in
-    meanwhile (a batch replayed after a restart reads only what its first run planned)."""
+    shows its initial one (neither active nor with data) from the moment it becomes the query's until its
+    trigger starts, right after a batch that may not have read what came in meanwhile (a batch replayed
+    after a restart reads only what its first run planned)."""
     return (
         not status.get("isTriggerActive")
         and not status.get("isDataAvailable")
-        and status.get("message") in IDLE_MESSAGES
+        and status.get("message") != INITIAL_STATUS_MESSAGE
     )
 
 
