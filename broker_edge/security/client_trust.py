@@ -92,11 +92,8 @@ class ClientTrust:
         connection this process dialed) certificate ``certificate`` (CN ``name``) whose chain needs
         ``needs`` and holds the CAs ``cas``: the reason it is counted as and the words that say so, or
         None."""
-        if self.revokes(certificate):
-            return "certificate_revoked", f"its {side} certificate (CN={name}) is revoked in {self.crlfile}"
-        ca = self.revoked_ca(cas)
-        if ca is not None:
-            return "certificate_revoked", _revoked_ca_said(ca, self.crlfile, name)
+        if self.revokes(certificate) or self.revoked_ca(cas) is not None:
+            return "certificate_revoked", self.revocation_said(certificate, cas, name, f"{side} certificate")
         if self.lacks(needs):
             return (
                 "certificate_untrusted",
