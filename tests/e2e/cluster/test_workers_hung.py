@@ -38,7 +38,10 @@ def test_a_hung_member_is_killed_and_started_again(workers):
     over every socket of the port), which waited for a CONNACK that never came, and its partitions stayed
     without a leader, as long as it hung."""
     process, port, offsets_api, workers_dir = workers
-    wait_until(lambda: len(member_pids(workers_dir)) == 2, 30, "both members' process ids")
+    log_file = workers_dir.parent.parent / "workers.log"
+    wait_until(  # a member still starting is not watched: it would hang unnoticed
+        lambda: "2 members serving" in log_file.read_text(errors="replace"), 60, "both members serving"
+    )
     hung = member_pids(workers_dir)["w1"]
     os.kill(hung, signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -48,7 +51,7 @@ def test_a_hung_member_is_killed_and_started_again(workers):
         with contextlib.suppress(ProcessLookupError):  # killed by then; if not, the fixture stops it
             os.kill(hung, signal.SIGCONT)
     assert time.monotonic() - stopped_at >= HUNG_S - 1.0
-    log = (workers_dir.parent.parent / "workers.log").read_text(errors="replace")
+    log = log_file.read_text(errors="replace")
     assert f"member w1 (pid {hung}) said nothing for" in log, log[-3000:]
 
     def leaders_live() -> bool:
