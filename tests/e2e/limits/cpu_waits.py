@@ -1,5 +1,6 @@
-"""Round trips measured without the time this test process's threads waited for a CPU: on a busy machine
-(a parallel test's Spark) that wait is the machine's, not a stall of the broker a bound is about."""
+"""Round trips measured without the time their threads waited for a CPU: on a busy machine (a parallel
+test's Spark) that wait is the machine's, not a stall of the broker a bound is about. The threads are this
+test process's, and the event loop of a broker in a process of its own when one is named."""
 
 from __future__ import annotations
 
@@ -18,19 +19,34 @@ def run_queue_waits() -> dict[str, float]:
         return waits
     for task in tasks:
         try:
-            waits[task.name] = int((task / "schedstat").read_text().split()[1]) / 1e9
+            waits[task.name] = _waited_s(task)
         except (OSError, IndexError, ValueError):
             continue
     return waits
 
 
-def round_trip_s(exchange: Callable[[], object]) -> float:
-    """Seconds ``exchange()`` (a request and its answer) took, less the longest run-queue wait of one of
-    this process's threads meanwhile."""
+def loop_wait_s(pid: int) -> float:
+    """Seconds the main thread of process ``pid`` (a broker's event loop) has waited on a run queue for a
+    CPU; 0 where Linux does not say."""
+    try:
+        return _waited_s(Path(f"/proc/{pid}/task/{pid}"))
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _waited_s(task: Path) -> float:
+    return int((task / "schedstat").read_text().split()[1]) / 1e9
+
+
+def round_trip_s(exchange: Callable[[], object], broker_pid: int | None = None) -> float:
+    """Seconds ``exchange()`` (a request and its answer) took, less the longest run-queue wait meanwhile of
+    one of this process's threads or of the event loop of the broker process ``broker_pid``."""
     before = run_queue_waits()
+    loop_before = loop_wait_s(broker_pid) if broker_pid else 0.0
     began = time.monotonic()
     exchange()
     elapsed = time.monotonic() - began
     after = run_queue_waits()
+    loop_waited = loop_wait_s(broker_pid) - loop_before if broker_pid else 0.0
     waited = max((after[task] - before[task] for task in after.keys() & before.keys()), default=0.0)
-    return elapsed - waited
+    return elapsed - max(waited, loop_waited)

@@ -27,12 +27,16 @@ from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore
 from broker_edge.storage.mirrored import append_mirrored
 from tests.e2e.broker_clients import wait_for
+from tests.e2e.limits.cpu_waits import round_trip_s
 from tests.e2e.uplink.uplink_harness import hub_section, pki_in, site_section
 
 pytestmark = pytest.mark.timeout(90)
 
 DEVICES = 20_000
 BACKLOG_AGE_S = 120
+NO_FSYNC = {"durability": "none"}
+"""The site's storage when its PUBACKs measure its event loop: each waits for no fsync, which a busy
+machine's disk made last up to 0.7 s."""
 
 
 def fill_site(directory: Path, devices: int, written_ms: int) -> list[str]:
@@ -77,20 +81,24 @@ def publish_each(port: int, topics: list[str]) -> None:
         client.disconnect()
 
 
-def puback_waits_s(port: int, seconds: float) -> list[float]:
-    """How long a device waits for each of its QoS 1 PUBACKs, publishing one after another for ``seconds``."""
+def puback_waits_s(port: int, seconds: float, broker_pid: int) -> list[float]:
+    """How long a device waits for each of its QoS 1 PUBACKs, publishing one after another for ``seconds``:
+    each wait less the longest time the broker's event loop or a thread of this process waited for a CPU
+    meanwhile (a busy machine's, not the broker's)."""
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="probe", protocol=mqtt.MQTTv5)
     client.connect("127.0.0.1", port)
     client.loop_start()
+
+    def acknowledged() -> None:
+        info = client.publish("probe/live", b"1", qos=1)
+        info.wait_for_publish(30)
+        assert info.is_published()
+
     waits = []
     try:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            sent = time.monotonic()
-            info = client.publish("probe/live", b"1", qos=1)
-            info.wait_for_publish(30)
-            assert info.is_published()
-            waits.append(time.monotonic() - sent)
+            waits.append(round_trip_s(acknowledged, broker_pid))
             time.sleep(0.02)
     finally:
         client.loop_stop()
@@ -107,18 +115,19 @@ def test_a_site_of_many_device_topics_whose_hub_is_away_keeps_acknowledging_its_
     written_ms = int(time.time() * 1000) - BACKLOG_AGE_S * 1000
     fill_site(tmp_path / "site" / "data", DEVICES, written_ms)
     section = site_section(pki, "plant-m", away, topics=["site/#"], heartbeat_s=0.2, reconnect_max_s=2.0)
-    site = BrokerProcess(tmp_path / "site", dies_with_parent=True, uplink=section).start()
-    try:
-        waits = sorted(puback_waits_s(site.port, 4.0))
-        with urllib.request.urlopen(site.offsets_url + "/v1/uplink/sites", timeout=30) as answer:
-            status = json.load(answer)["site"]
+    site = BrokerProcess(tmp_path / "site", dies_with_parent=True, storage=NO_FSYNC, uplink=section).start()
+    assert site.process is not None
+    try:  # each log's oldest unsent time read (the status reads them too): the checks from then on
+        assert wait_for(lambda: json.loads(_status(site))["lag_seconds"] >= BACKLOG_AGE_S, timeout=30)
+        waits = sorted(puback_waits_s(site.port, 4.0, site.process.pid))
+        status = json.loads(_status(site))
     finally:
         site.stop()
     assert status["connected"] is False and status["topics"] == DEVICES
     assert status["lag_records"] == DEVICES
     assert BACKLOG_AGE_S <= status["lag_seconds"] < BACKLOG_AGE_S + 60
-    stalled = sum(wait for wait in waits if wait > 0.25)  # a check holding the loop, not a slow fsync
-    assert stalled < 1.0, f"a device's PUBACKs waited {stalled:.2f} s in all (the longest {waits[-1]:.2f} s)"
+    stalled = sum(wait for wait in waits if wait > 0.05)  # reading every log, each check held it 0.1-0.2 s
+    assert stalled < 0.6, f"a device's PUBACKs waited {stalled:.2f} s in all (the longest {waits[-1]:.2f} s)"
     assert "Traceback" not in site.log_path.read_text()
 
 
