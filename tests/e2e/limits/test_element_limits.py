@@ -46,6 +46,10 @@ PUBACK_BOUND_S = 0.15
 """Before, one such SUBSCRIBE held another client's PUBACK 1.8 s, one such PUBLISH 0.31 s (2-core test
 machine, run-queue waits excluded); refused at its 257th filter or 129th user property it costs the broker
 little more than reading its bytes: 0.008 s and 0.03 s."""
+FLOODS = 3
+"""Floods one after the other, the least of their longest PUBACK waits measured: each such packet holds the
+loop in every flood, a busy machine's moment in one (0.17-0.64 s, in three of ten runs with both CPUs
+taken, beyond the run-queue waits counted out)."""
 
 
 def filters(count: int) -> list[Subscription]:
@@ -200,22 +204,30 @@ def _worst_while_flooding(port: int, kind: str) -> tuple[float, int]:
     return worst, measured
 
 
+def _least_worst_of_floods(port: int, kind: str) -> float:
+    """``_worst_while_flooding`` ``FLOODS`` times: the least of the longest PUBACK waits."""
+    worsts = []
+    for _ in range(FLOODS):
+        worst, measured = _worst_while_flooding(port, kind)
+        assert measured > 0
+        worsts.append(worst)
+    return min(worsts)
+
+
 def test_a_flood_of_huge_subscribes_leaves_another_publishers_pubacks_prompt(brokers):
     """Connections each writing three 1 MiB SUBSCRIBEs of 200,000 filters back to back are closed at the
     first one's 257th filter; another client's QoS 1 PUBLISHes get their PUBACK within ``PUBACK_BOUND_S``
-    all along."""
+    all along (in the least of ``FLOODS`` floods)."""
     broker = brokers(limits={"messages_per_second_per_client": 0, "new_connections_per_second": 0})
-    worst, measured = _worst_while_flooding(broker.port, "subscribe")
-    assert measured > 0
-    assert broker.disconnects("too_many_subscribe_filters") == FLOOD_CONNECTIONS
+    worst = _least_worst_of_floods(broker.port, "subscribe")
+    assert broker.disconnects("too_many_subscribe_filters") == FLOOD_CONNECTIONS * FLOODS
     assert worst < PUBACK_BOUND_S, f"a PUBACK waited {worst:.3f} s behind the SUBSCRIBEs"
 
 
 def test_a_flood_of_publishes_with_huge_user_property_lists_leaves_pubacks_prompt(brokers):
     broker = brokers(limits={"messages_per_second_per_client": 0, "new_connections_per_second": 0})
-    worst, measured = _worst_while_flooding(broker.port, "publish")
-    assert measured > 0
-    assert broker.disconnects("too_many_user_properties") == FLOOD_CONNECTIONS
+    worst = _least_worst_of_floods(broker.port, "publish")
+    assert broker.disconnects("too_many_user_properties") == FLOOD_CONNECTIONS * FLOODS
     assert worst < PUBACK_BOUND_S, f"a PUBACK waited {worst:.3f} s behind the PUBLISHes"
 
 
