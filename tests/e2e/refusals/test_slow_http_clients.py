@@ -4,7 +4,10 @@ abandoned and its connection closed, so that clients that stopped reading cannot
 
 from __future__ import annotations
 
+import array
+import fcntl
 import socket
+import termios
 import time
 
 from tests.e2e.offsets_api.api_harness import status_of
@@ -20,6 +23,13 @@ def pipelined_unread(port: int, target: str, requests: int = 400, headers: str =
     return sock
 
 
+def unread_bytes(sock: socket.socket) -> int:
+    """How many bytes of answers wait in ``sock``'s receive buffer."""
+    pending = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, pending)
+    return pending[0]
+
+
 def test_admin_clients_that_stop_reading_are_closed_and_scrapes_are_served(start_broker):
     """Two clients sending scrapes they never read held both connections of the admin endpoint for ever
     (each answer waiting for room), and every scrape after them was answered 503."""
@@ -29,8 +39,12 @@ def test_admin_clients_that_stop_reading_are_closed_and_scrapes_are_served(start
     assert status_of(port, "/health") == 200  # (the endpoint is served from its first connection on)
     stuck = [pipelined_unread(port, "/metrics") for _ in range(2)]
     started = time.monotonic()
-    time.sleep(1.0)  # their answers fill the sockets' buffers: both are being handled, neither idle
-    assert status_of(port, "/health") == 503
+    while not all(
+        unread_bytes(sock) for sock in stuck
+    ):  # (a scrape sent before would take an idle one's place)
+        assert time.monotonic() - started < 10, "the two clients that stopped reading were never answered"
+        time.sleep(0.05)
+    assert status_of(port, "/health") == 503  # both are being handled, neither idle
     while status_of(port, "/health") != 200:  # (pages built in turns fill their sockets in seconds when busy)
         assert time.monotonic() - started < 20, "clients that stopped reading hold the admin endpoint"
         time.sleep(0.2)
