@@ -103,14 +103,16 @@ def test_segments_roll_by_size_with_an_index_each_and_lookups_by_time(brokers):
         at_time = api.offset_for_timestamp("roll/a", middle)
         rows = read_log(api, "roll/a")
     logs = partition_segments(_data(broker))
-    indexes = partition_segments(_data(broker), suffix=".index")
+
+    def sealed_indexes() -> list[str]:  # (written by the sealer thread once a rolled segment is durable)
+        return [path.stem for path in partition_segments(_data(broker), suffix=".index")]
 
     assert len(logs) >= 3
     assert all(path.stat().st_size <= 1024 for path in logs)
     firsts = [struct.unpack_from("<Q", path.read_bytes(), 8 + 9)[0] for path in logs]  # first record offsets
     counts = [len(entry_positions(path)) for path in logs]
     assert firsts == [sum(counts[:number]) for number in range(len(logs))]  # dense across segments
-    assert [path.stem for path in indexes] == [path.stem for path in logs[:-1]]  # each sealed segment
+    assert wait_for(lambda: sealed_indexes() == [path.stem for path in logs[:-1]]), sealed_indexes()
     assert at_time == 5
     assert [row["payload"] for row in rows] == [str(n).encode() for n in range(60)]
 
