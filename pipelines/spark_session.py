@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from pipelines.spark_start import signals_held_while_spark_starts
+
 
 def local_spark_session(
     app_name: str = "timestone", master: str = "local[*]", conf: Mapping[str, str] | None = None
@@ -35,7 +37,8 @@ def local_spark_session(
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with signals_held_while_spark_starts():
+        return builder.getOrCreate()
 
 
 def stop_between_batches(query, timeout_s: float = 30.0) -> None:
