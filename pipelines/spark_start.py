@@ -26,8 +26,9 @@ HELD = (signal.SIGINT, signal.SIGTERM)
 @contextmanager
 def signals_held_while_spark_starts() -> Iterator[None]:
     """Hold SIGINT and SIGTERM (saying so once) until the block ends, then raise the first one again under
-    the handlers there were before (or one the block set meanwhile: PySpark's context takes SIGINT).
-    Outside the main thread, where no handler can be set, nothing is held."""
+    the handlers there were before (the command's). With none held, a handler the block set meanwhile
+    stays (PySpark's context takes SIGINT). Outside the main thread, where no handler can be set, nothing
+    is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -46,7 +47,7 @@ def signals_held_while_spark_starts() -> Iterator[None]:
         yield
     finally:
         for signum, handler in before.items():
-            if signal.getsignal(signum) is hold:
+            if held or signal.getsignal(signum) is hold:
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if held:
             signal.raise_signal(held[0])
