@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_edge.runtime.launcher import free_port, wait_for_port
+from tests.processes import children_of, command_line
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
@@ -52,7 +53,7 @@ class StandaloneCluster:
     def executors(self) -> list[int]:
         """The process ids of the executor JVMs the workers run now (one per worker and application)."""
         workers = {p.pid for p in self.processes[1:]}
-        return [pid for pid in _children(workers) if EXECUTOR_CLASS in _command_line(pid)]
+        return [pid for pid in children_of(workers) if EXECUTOR_CLASS in command_line(pid)]
 
     def wait_for_executors(self, count: int, timeout_s: float = 120) -> list[int]:
         deadline = time.monotonic() + timeout_s
@@ -131,27 +132,3 @@ def _wait_for_workers(master_log: Path, count: int, timeout_s: float = 120) -> N
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {count} workers registered with the master")
         time.sleep(0.2)
-
-
-def _children(parents: set[int]) -> list[int]:
-    """Every process whose parent is one of ``parents`` (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) in parents:
-            found.append(int(entry.name))
-    return found
-
-
-def _command_line(pid: int) -> str:
-    try:
-        return (
-            (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""

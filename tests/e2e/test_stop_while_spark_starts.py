@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import children_of, command_line, running
+
 pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parents[2]
+SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"
 STARTING = (
     "from pipelines.spark_session import local_spark_session\n"
     "local_spark_session('stopped-while-starting', 'local[1]')\n"
@@ -27,26 +30,8 @@ STARTING = (
 
 def starting_jvm(parent: int) -> int | None:
     """The process id of the Spark driver JVM ``parent`` is starting (its child), once there is one."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"org.apache.spark.deploy.SparkSubmit" in command:
-            return int(entry.name)
-    return None
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not gone, not a zombie)."""
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    jvms = [pid for pid in children_of([parent]) if SPARK_SUBMIT in command_line(pid)]
+    return jvms[0] if jvms else None
 
 
 def test_ctrl_c_while_spark_starts_stops_the_command_and_the_jvm_it_was_starting():

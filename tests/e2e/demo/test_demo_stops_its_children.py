@@ -14,26 +14,7 @@ from pathlib import Path
 
 import pytest
 
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+from tests.processes import children_of, command_line, running
 
 
 @contextlib.contextmanager
@@ -64,9 +45,7 @@ def demo_and_its_broker(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str],
                 break
         else:
             pytest.fail("the demo printed no broker line:\n" + "".join(output))
-        brokers = [
-            pid for pid in children_of(demo.pid) if "broker" in Path(f"/proc/{pid}/cmdline").read_text()
-        ]
+        brokers = [pid for pid in children_of([demo.pid]) if "broker" in command_line(pid)]
         assert len(brokers) == 1, brokers
         yield demo, brokers[0], output
     finally:
