@@ -83,7 +83,7 @@ def kill_the_job_after_its_fan_out_publishes(
         engine.publisher.publish_many,
         engine.on_action_rows,
         engine.on_reports,
-        engine.tick,
+        engine._tick,
     )
 
     def publishing(messages, *args, **kwargs):
@@ -105,6 +105,8 @@ def kill_the_job_after_its_fan_out_publishes(
         return working
 
     def ticking(*args, **kwargs):
+        # Under the engine's lock: a tick that began before the fan-out died and waited for its lock
+        # must not go on after it (a dead process's ticker does nothing).
         if killed.is_set():
             raise Killed("the actions job is dead")
         return tick(*args, **kwargs)
@@ -112,7 +114,7 @@ def kill_the_job_after_its_fan_out_publishes(
     monkeypatch.setattr(engine.publisher, "publish_many", publishing)
     monkeypatch.setattr(engine, "on_action_rows", dead(on_action_rows))
     monkeypatch.setattr(engine, "on_reports", dead(on_reports))
-    monkeypatch.setattr(engine, "tick", ticking)
+    monkeypatch.setattr(engine, "_tick", ticking)
     return killed
 
 
