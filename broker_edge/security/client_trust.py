@@ -69,7 +69,11 @@ class ClientTrust:
     ) -> str:
         """The words for ``certificate`` (CN ``name``), which the last reload revokes (``revokes``): the CA
         of ``cas`` its CRLs list, checking the chain, else ``whose`` own, by its serial number."""
-        ca = self.revoked_ca(cas)
+        return self._revoked_said(certificate, self.revoked_ca(cas), name, whose)
+
+    def _revoked_said(
+        self, certificate: CertificateId | None, ca: CertificateId | None, name: str | None, whose: str
+    ) -> str:
         if ca is not None:
             return _revoked_ca_said(ca, self.crlfile, name)
         serial = certificate[1] if certificate else 0
@@ -92,8 +96,9 @@ class ClientTrust:
         connection this process dialed) certificate ``certificate`` (CN ``name``) whose chain needs
         ``needs`` and holds the CAs ``cas``: the reason it is counted as and the words that say so, or
         None."""
-        if self.revokes(certificate) or self.revoked_ca(cas) is not None:
-            return "certificate_revoked", self.revocation_said(certificate, cas, name, f"{side} certificate")
+        ca = self.revoked_ca(cas)
+        if ca is not None or self.revokes(certificate):
+            return "certificate_revoked", self._revoked_said(certificate, ca, name, f"{side} certificate")
         if self.lacks(needs):
             return (
                 "certificate_untrusted",
