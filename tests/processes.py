@@ -37,9 +37,14 @@ def command_line(pid: int) -> str:
         return ""
 
 
+def state(pid: int) -> str:
+    """The state letter of ``pid`` (``R``, ``S``, ``T`` stopped, ``Z`` zombie...; "" once it is gone)."""
+    try:
+        return _stat_fields(pid)[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (not gone, not a zombie)."""
-    try:
-        return _stat_fields(pid)[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return state(pid) not in ("", "Z")

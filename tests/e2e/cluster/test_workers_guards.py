@@ -49,6 +49,7 @@ from broker_edge.security.auth import hash_password
 from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.test_workers import member_pids, read_topic, start_workers, stop_workers
 from tests.harness.local_cluster import wait_until
+from tests.processes import running, state
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -353,7 +354,7 @@ def test_a_sigterm_while_its_etcd_starts_stops_the_command_at_once(tmp_path):
 
         def etcd_stopped() -> bool:
             children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True)
-            etcd[:] = [int(pid) for pid in children.stdout.split() if _state(int(pid)) == "T"]
+            etcd[:] = [int(pid) for pid in children.stdout.split() if state(int(pid)) == "T"]
             return bool(etcd)
 
         wait_until(etcd_stopped, 60, "etcd started (and stopped before it serves)")
@@ -369,15 +370,7 @@ def test_a_sigterm_while_its_etcd_starts_stops_the_command_at_once(tmp_path):
     said = log.read_text()
     assert process.returncode == 0, said
     assert "broker started" not in said and "cannot start" not in said, said
-    wait_until(lambda: not any(_alive(pid) for pid in etcd), 10, "etcd stopped")
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return ""
+    wait_until(lambda: not any(running(pid) for pid in etcd), 10, "etcd stopped")
 
 
 def test_its_etcd_killed_is_started_again_and_qos_1_publishes_are_taken_again(first):
@@ -485,20 +478,12 @@ def test_the_command_killed_leaves_nothing_serving(first):
     first.process.wait()
 
     def gone() -> bool:
-        return not any(_alive(pid) for pid in [*pids.values(), *etcd])
+        return not any(running(pid) for pid in [*pids.values(), *etcd])
 
     wait_until(gone, 60, "the members and etcd stopped")
     port = first.port
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -614,7 +599,7 @@ def test_started_again_while_members_of_a_killed_command_still_run_names_them(tm
         os.kill(pids["w1"], signal.SIGSTOP)
         process.kill()
         process.wait()
-        wait_until(lambda: not _alive(pids["w0"]), 30, "w0 stopped")
+        wait_until(lambda: not running(pids["w0"]), 30, "w0 stopped")
         code, said = run_command(config)
         assert code == 2, said
         assert f"w1 (pid {pids['w1']})" in said and "still run" in said, said
@@ -624,7 +609,7 @@ def test_started_again_while_members_of_a_killed_command_still_run_names_them(tm
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)  # its SIGTERM, pending, stops it
-    wait_until(lambda: not any(_alive(pid) for pid in pids.values()), 30, "the members stopped")
+    wait_until(lambda: not any(running(pid) for pid in pids.values()), 30, "the members stopped")
 
 
 def test_a_member_started_again_on_a_full_disk_leaves_its_pid_file_and_serves(tmp_path):
