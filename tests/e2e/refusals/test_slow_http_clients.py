@@ -39,9 +39,8 @@ def test_admin_clients_that_stop_reading_are_closed_and_scrapes_are_served(start
     assert status_of(port, "/health") == 200  # (the endpoint is served from its first connection on)
     stuck = [pipelined_unread(port, "/metrics") for _ in range(2)]
     started = time.monotonic()
-    while not all(
-        unread_bytes(sock) for sock in stuck
-    ):  # (a scrape sent before would take an idle one's place)
+    # both answered before the scrape below: one sent while a client is still idle would take its place
+    while not all(unread_bytes(sock) for sock in stuck):
         assert time.monotonic() - started < 10, "the two clients that stopped reading were never answered"
         time.sleep(0.05)
     assert status_of(port, "/health") == 503  # both are being handled, neither idle
