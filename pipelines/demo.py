@@ -124,6 +124,7 @@ class Children:
     def __init__(self) -> None:
         self.brokers: list[BrokerProcess] = []
         self.stopping = False
+        self._signalled: int | None = None
 
     def install(self) -> None:
         """Take SIGTERM and SIGINT (again after Spark, whose context takes SIGINT for itself)."""
@@ -138,12 +139,19 @@ class Children:
         for broker in reversed(self.brokers):
             broker.stop()
 
+    def exit_if_signalled(self) -> None:
+        """Raise the ``SystemExit`` of a signal taken before, again: the one the handler raised is lost when
+        the signal lands in code that swallows what it raises (a finalizer, for one), and the demo went on
+        as if never told to stop."""
+        if self._signalled is not None:
+            raise SystemExit(128 + self._signalled)
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping:
             for broker in self.brokers:
                 broker.kill()
             os._exit(128 + signum)
-        self.stopping = True
+        self.stopping, self._signalled = True, signum
         print(f"\n{signal.Signals(signum).name}: stopping the demo", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
@@ -416,10 +424,12 @@ def _run_pipelines(
     from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
     from sinks import open_table_store
 
+    children.exit_if_signalled()
     print("  spark       starting a local session ...")
     spark = local_spark_session("timestone-demo")
     spark.sparkContext.setLogLevel("ERROR")
     children.install()
+    children.exit_if_signalled()
     telemetry_config = load_telemetry_config(
         {
             "source": {"brokers": [f"{broker.name}={broker.offsets_url}"]},
