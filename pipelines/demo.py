@@ -161,9 +161,12 @@ def bar(done: int, total: int, width: int = 30) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + f"] {done}/{total}"
 
 
-def _wait(predicate, timeout_s: float, progress: Progress, describe) -> bool:
+def _wait(predicate, timeout_s: float, progress: Progress, describe, children: Children) -> bool:
+    """Show ``describe()`` until ``predicate()`` holds (True) or ``timeout_s`` passed (False); a signal taken
+    meanwhile whose ``SystemExit`` was swallowed stops the wait within one poll."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        children.exit_if_signalled()
         if predicate():
             progress.show(describe())
             progress.done()
@@ -196,7 +199,7 @@ def _describe(summary: dict) -> str:
     )
 
 
-def _follow(store, action_id: str, deadline: float, progress: Progress) -> dict:
+def _follow(store, action_id: str, deadline: float, progress: Progress, children: Children) -> dict:
     """Show the action's progress until it has ended (or the demo's time is up); its final summary."""
     _wait(
         lambda: (
@@ -205,6 +208,7 @@ def _follow(store, action_id: str, deadline: float, progress: Progress) -> dict:
         deadline - time.monotonic(),
         progress,
         lambda: _describe(_state(store, action_id)),
+        children,
     )
     return _state(store, action_id)
 
@@ -260,7 +264,7 @@ def bad_build_rollout(in_fleet: int) -> NewAction:
     )
 
 
-def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress) -> bool:
+def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress, children: Children) -> bool:
     """The bad build's phased rollout (``bad_build_rollout``), followed until it stops on its abort rule
     and rolls back: True when it did."""
     from pipelines.actions.operator import create_action
@@ -273,7 +277,7 @@ def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress)
         f"and the rest; one retry after a failure; abort once 10 % of at least {first_phase} finished "
         "devices failed; roll back to 1.0.0:"
     )
-    final = _follow(store, action_id, deadline, progress)
+    final = _follow(store, action_id, deadline, progress, children)
     print(f"\nOutcome of {action_id}: {final.get('action_state', 'unknown')} in phase {final.get('phase')}")
     print(f"  reason: {final.get('reason')}")
     rollback = final.get("rollback_action_id")
@@ -282,7 +286,7 @@ def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress)
     if rollback is None:
         return True
     print(f"\nThe actions job wrote the rollback {rollback}:")
-    done = _follow(store, rollback, deadline, progress)
+    done = _follow(store, rollback, deadline, progress, children)
     print(
         f"Outcome of the rollback: {done.get('action_state')}, {done.get('succeeded_count')} of "
         f"{done.get('total_count')} devices back on 1.0.0"
@@ -463,6 +467,7 @@ def _run_pipelines(
             deadline - time.monotonic(),
             progress,
             lambda: "  devices " + bar(registered(), args.devices),
+            children,
         ):
             print("timed out waiting for devices", file=sys.stderr)
             return 1
@@ -481,7 +486,7 @@ def _run_pipelines(
             ),
         )
         print(f"\nWrote OTA action {action_id} (firmware 2.0.0 → group canary) to the actions table:")
-        final = _follow(store, action_id, deadline, progress)
+        final = _follow(store, action_id, deadline, progress, children)
         completed = final.get("action_state") == "COMPLETED"
         print(f"\nOutcome of {action_id}: {final.get('action_state', 'unknown')}")
         for name in STATES:
@@ -489,7 +494,7 @@ def _run_pipelines(
         if completed:
             devices = store.read_arrow("devices")
             in_fleet = devices.filter(pc.equal(devices["group"], "fleet")).num_rows
-            completed = _phased_bad_build(store, in_fleet, deadline, progress)
+            completed = _phased_bad_build(store, in_fleet, deadline, progress, children)
         print(
             f"\nDelta tables:  {tables}/<table> (bronze_telemetry, silver_telemetry, device_minute, devices,"
         )

@@ -7,11 +7,13 @@ Spark and ran on to its end. A finalizer plays that place here.
 
 from __future__ import annotations
 
+import io
 import signal
+import time
 
 import pytest
 
-from pipelines.demo import Children
+from pipelines.demo import Children, Progress, _wait
 
 
 class Finalized:
@@ -36,3 +38,25 @@ def test_a_signal_whose_exit_a_finalizer_swallowed_stops_the_demo_at_its_next_st
 
 def test_no_signal_no_exit():
     Children().exit_if_signalled()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_swallowed_signal_ends_the_demos_wait_at_its_next_poll():
+    """The demo waits for its tables and its actions (minutes); a signal whose exit was lost meanwhile stops
+    the wait at its next poll, not when the wait is over."""
+    children = Children()
+    Finalized(children)
+    polls: list[float] = []
+    progress = Progress(stream=io.StringIO())
+    with pytest.raises(SystemExit) as stopped:
+        _wait(lambda: polls.append(time.monotonic()) and False, 2, progress, lambda: "waiting", children)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert polls == []  # stopped before it looked again
+
+
+def test_a_wait_without_a_signal_polls_until_its_condition_holds():
+    polls: list[int] = []
+    progress = Progress(stream=io.StringIO())
+    holds = lambda: polls.append(1) or len(polls) >= 2  # noqa: E731
+    assert _wait(holds, 600, progress, lambda: "waiting", Children())
+    assert len(polls) == 2
