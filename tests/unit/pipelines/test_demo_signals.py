@@ -47,9 +47,14 @@ def test_a_swallowed_signal_ends_the_demos_wait_at_its_next_poll():
     children = Children()
     Finalized(children)
     polls: list[float] = []
+
+    def never() -> bool:
+        polls.append(time.monotonic())
+        return False
+
     progress = Progress(stream=io.StringIO())
     with pytest.raises(SystemExit) as stopped:
-        _wait(lambda: polls.append(time.monotonic()) and False, 2, progress, lambda: "waiting", children)
+        _wait(never, 2, progress, lambda: "waiting", children)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert polls == []  # stopped before it looked again
 
@@ -57,6 +62,10 @@ def test_a_swallowed_signal_ends_the_demos_wait_at_its_next_poll():
 def test_a_wait_without_a_signal_polls_until_its_condition_holds():
     polls: list[int] = []
     progress = Progress(stream=io.StringIO())
-    holds = lambda: polls.append(1) or len(polls) >= 2  # noqa: E731
+
+    def holds() -> bool:
+        polls.append(1)
+        return len(polls) >= 2
+
     assert _wait(holds, 600, progress, lambda: "waiting", Children())
     assert len(polls) == 2
