@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from broker_edge.offsets_api.server import serve
+from broker_edge.runtime.launcher import free_port
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from sources.broker_stores import without_store
 from sources.listed_filters import without_listed
@@ -50,7 +51,7 @@ class EdgeBroker:
         self._thread.start()
         self.store: LogStore = self.run(self._open(directory, config or StorageConfig(group_commit_ms=1)))
         self.runner: web.AppRunner | None = None
-        self.port = self.start_server(0)
+        self.port = self._serve_on_a_free_port()
 
     @staticmethod
     async def _open(directory: Path, config: StorageConfig) -> LogStore:
@@ -87,8 +88,20 @@ class EdgeBroker:
 
         return self.run(retention())
 
+    def _serve_on_a_free_port(self) -> int:
+        """Serve the store on a port below the kernel's ephemeral range (``free_port``), never one the kernel
+        picks: once ``stop_server`` freed it, a server another test starts on port 0 could be given it and
+        answer the source in this one's place (a 404 where the test expects a broker down)."""
+        for _ in range(3):
+            try:
+                self.runner, bound = self.run(serve(self.store, "127.0.0.1", free_port(), self._token))
+                return bound
+            except OSError:  # taken since it was found free: choose again
+                continue
+        raise OSError("no free port below the ephemeral range for the test broker")
+
     def start_server(self, port: int) -> int:
-        """Serve the store on ``port`` (0: any), retrying while the port is still being released."""
+        """Serve the store on ``port`` again, retrying while the port is still being released."""
         deadline = time.monotonic() + 10
         while True:
             try:
