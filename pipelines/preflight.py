@@ -12,7 +12,7 @@ query that fails on it (``pipelines.supervisor``).
 from __future__ import annotations
 
 from broker_edge.offsets_api.client import OffsetsClient
-from broker_edge.offsets_api.errors import OffsetsApiError
+from broker_edge.offsets_api.errors import NO_OFFSETS_API, OffsetsApiError
 from broker_edge.security.client_tls import ClientTls, context_for
 from sources.options import SourceOptions
 
@@ -44,14 +44,18 @@ def _answer(
     """Why the offsets API at ``url`` cannot be read (``member``: as a cluster member's), or None when it
     answered."""
     context = context_for(url, tls)
+    listed = False
     try:
         with OffsetsClient(url, token, timeout_s, context, retries=0) as client:
             client.list_logs(pattern)
+            listed = True
             if member:
                 client.cluster()
     except OffsetsApiError as error:
         if error.status in (401, 403):
             return f"{REFUSED_TOKEN} ({error})"
+        if error.status == 404 and not listed:
+            return f"{error}: {NO_OFFSETS_API}"
         if member and error.status == 404:
             return "no cluster member (a standalone broker goes in brokers, not in bootstrap_servers)"
         return str(error)

@@ -21,10 +21,12 @@ import pyarrow as pa
 
 from broker_edge.offsets_api.client import BatchFetch, OffsetsClient, TopicResult
 from broker_edge.offsets_api.errors import (
+    NO_OFFSETS_API,
     AuthError,
     BrokerUnavailable,
     CorruptRecordError,
     OffsetOutOfRangeError,
+    OffsetsApiError,
     TlsRefused,
     UnknownTopicError,
 )
@@ -81,6 +83,20 @@ class BrokerUnreachableError(RuntimeError):
         )
         self.broker = broker
         self.url = url
+
+
+class BrokerAnswerError(RuntimeError):
+    """A broker's offsets API answered the source's listing with an error (not a refused token); the message
+    names the broker, its URL and, for a 404, that no offsets API answers there."""
+
+    def __init__(self, broker: str, url: str, cause: OffsetsApiError) -> None:
+        hint = f": {NO_OFFSETS_API}" if cause.status == 404 else ""
+        super().__init__(
+            f"timestone source: broker {broker!r} ({url}) answered its listing with {cause}{hint} "
+            "(see the option brokers)"
+        )
+        self.broker = broker
+        self.status = cause.status
 
 
 class BrokerAuthError(PermissionError):

@@ -82,7 +82,13 @@ from .partition_offsets import (
 )
 from .partition_reader import read_positions
 from .removed_topics import RemovedTopics, past_removed, removed_topics
-from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
+from .slice_reader import (
+    BrokerAnswerError,
+    BrokerAuthError,
+    BrokerUnreachableError,
+    FetchSettings,
+    read_slices,
+)
 from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from .topic_cover import listing
 
@@ -587,29 +593,34 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 self._by_partition[broker] = by_partition
 
     def _list_broker(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent]:
-        """A broker's partitions (read by partition) or its logs matching the topics (read by topic)."""
+        """A broker's partitions (read by partition) or its logs matching the topics (read by topic); an error
+        answer (a refused token aside) as a ``BrokerAnswerError`` naming the broker."""
         try:
-            extents = self._list_partitions(broker, client)
-            if extents is not None:
-                return extents
-            fetch = self._fetch[broker]
-            logs: dict[str, LogExtent] = {}
-            stores: set[str | None] = set()
-            sent, keep = listing(self.options.log_patterns)  # (thousands of named topics: a cover)
-            for pattern in sent:
-                for info in fetch.call(partial(client.list_logs, pattern)):
-                    if keep is None or keep(info.topic):
-                        logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
-                stores.add(client.store)
-            if len(stores) > 1:  # replaced between two patterns' listings: listed again next batch
-                raise BrokerUnreachableError(
-                    broker, fetch.url, 0.0, RuntimeError("its store changed while listed")
-                )
-            self._stores[broker] = client.store
-            return logs
+            return self._listing_of(broker, client)
+        except OffsetsApiError as error:
+            raise BrokerAnswerError(broker, self._fetch[broker].url, error) from error
         finally:
             if client is not self._clients.get(broker):
                 client.close()
+
+    def _listing_of(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent]:
+        extents = self._list_partitions(broker, client)
+        if extents is not None:
+            return extents
+        fetch = self._fetch[broker]
+        logs: dict[str, LogExtent] = {}
+        stores: set[str | None] = set()
+        sent, keep = listing(self.options.log_patterns)  # (thousands of named topics: a cover)
+        for pattern in sent:
+            for info in fetch.call(partial(client.list_logs, pattern)):
+                if keep is None or keep(info.topic):
+                    logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+            stores.add(client.store)
+        if len(stores) > 1:  # replaced between two patterns' listings: listed again next batch
+            changed = RuntimeError("its store changed while listed")
+            raise BrokerUnreachableError(broker, fetch.url, 0.0, changed)
+        self._stores[broker] = client.store
+        return logs
 
     def _list_partitions(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent] | None:
         """The broker's partitions when it is read by partition, else None (it is read by topic).

@@ -17,6 +17,14 @@ BUSY = "busy"
 EXPECTATION_FAILED = "expectation_failed"
 
 
+NO_OFFSETS_API = (
+    "no offsets API there (is the URL the broker's offsets_api address, not its admin_http one or another "
+    "server's?)"
+)
+"""What a reader says of a 404 to its listing (``GET /v1/logs``), which every offsets API serves: the
+address is another server's (a broker's admin HTTP port, given for its offsets API, answers so)."""
+
+
 class OffsetsApiError(Exception):
     """An error answer of the offsets API (`status` HTTP status, `code` machine-readable)."""
 

@@ -186,6 +186,32 @@ def test_a_standalone_broker_named_as_a_cluster_member_ends_an_available_now_run
     assert not (tmp_path / "tables").exists()
 
 
+def test_a_brokers_admin_port_given_for_its_offsets_api_ends_an_available_now_run_saying_so(tmp_path, capsys):
+    """A 404 to the listing, which every offsets API serves: another server answers there (the broker's
+    admin HTTP here), said as such for a broker and for a cluster member alike."""
+    no_api = (
+        "no offsets API there (is the URL the broker's offsets_api address, not its admin_http one or "
+        "another server's?)"
+    )
+    with BrokerProcess(tmp_path / "broker") as broker:
+        admin = f"http://127.0.0.1:{broker.admin_port}"
+        argv = ["telemetry", "--config", PIPELINE_YAML, "--available-now"]
+        argv += ["--set", f"telemetry.tables.root={tmp_path / 'tables'}"]
+        status, err = run(capsys, *argv, "--set", f"telemetry.source.brokers=[edge1={admin}]")
+        assert (status, err) == (
+            4,
+            f"timestone pipeline telemetry: broker not answering: edge1 ({admin}): 404 not_found: Not Found: "
+            f"{no_api}; a run with --available-now reads every broker or none\n",
+        )
+        status, err = run(capsys, *argv, "--set", f"telemetry.source.bootstrap_servers=[{admin}]")
+        assert (status, err) == (
+            4,
+            "timestone pipeline telemetry: no member of the cluster answered (bootstrap_servers: "
+            f"{admin}: 404 not_found: Not Found: {no_api})\n",
+        )
+    assert not (tmp_path / "tables").exists()
+
+
 def test_the_actions_job_without_any_broker_answering_stops_before_spark(tmp_path, capsys):
     dead = free_port()
     brokers = f"brokers=[{{name: edge1, mqtt_port: {dead}, offsets_api: 'http://127.0.0.1:{dead}'}}]"
