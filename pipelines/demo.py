@@ -123,13 +123,18 @@ class Children:
 
     def __init__(self) -> None:
         self.brokers: list[BrokerProcess] = []
-        self.stopping = False
         self._signalled: int | None = None
+        """The first signal taken (the demo is stopping), None before any."""
 
     def install(self) -> None:
         """Take SIGTERM and SIGINT (again after Spark, whose context takes SIGINT for itself)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a signal told the demo to stop."""
+        return self._signalled is not None
 
     def add(self, broker: BrokerProcess) -> BrokerProcess:
         self.brokers.append(broker)
@@ -151,7 +156,7 @@ class Children:
             for broker in self.brokers:
                 broker.kill()
             os._exit(128 + signum)
-        self.stopping, self._signalled = True, signum
+        self._signalled = signum
         print(f"\n{signal.Signals(signum).name}: stopping the demo", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
