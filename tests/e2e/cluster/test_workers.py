@@ -137,6 +137,28 @@ def cluster_layout(offsets_api: str) -> dict[str, Any]:
     return layout
 
 
+def settled_layout(offsets_api: str, members: set[str]) -> dict[str, Any]:
+    """The cluster's layout once leadership has spread over ``members`` and stopped moving: each leads
+    within one partition of the other, and two reads a second apart show the same partitions. Leadership
+    spreads a few partitions at a time, each move a replica added, caught up and led before the old one
+    goes; a test that picks a topic by its leader while partitions still move may see it move under it."""
+
+    def counts() -> dict[str, int]:
+        partitions = cluster_layout(offsets_api)["partitions"]
+        return {member: sum(p["leader"] == member for p in partitions) for member in members}
+
+    def settled() -> bool:
+        before = cluster_layout(offsets_api)["partitions"]
+        led = [sum(p["leader"] == member for p in before) for member in members]
+        if min(led) == 0 or max(led) - min(led) > 1:
+            return False
+        time.sleep(1.0)
+        return bool(cluster_layout(offsets_api)["partitions"] == before)
+
+    wait_until(settled, 90, "leadership spread over the members and settled", counts)
+    return cluster_layout(offsets_api)
+
+
 def cluster_members(offsets_api: str) -> list[dict[str, str]]:
     members: list[dict[str, str]] = cluster_layout(offsets_api)["members"]
     return members
@@ -332,12 +354,7 @@ def test_a_v5_device_publishing_through_another_member_is_sent_to_its_partitions
     leader's address as Server Reference [MQTT 5 3.14.2.2.2]. There, its publishes are appended where it is
     connected and it stays."""
     port, offsets_api = redirecting_workers
-    wait_until(  # leadership spreads over the members a few partitions at a time
-        lambda: {p["leader"] for p in cluster_layout(offsets_api)["partitions"]} == {"w-0", "w-1"},
-        60,
-        "both members leading partitions",
-    )
-    layout = cluster_layout(offsets_api)
+    layout = settled_layout(offsets_api, {"w-0", "w-1"})
     addresses = {member["node_id"]: member["mqtt"] for member in layout["members"]}
     assert len(set(addresses.values())) == 2 and f"127.0.0.1:{port}" not in addresses.values()
     partitions = layout["partitions"]
@@ -387,14 +404,9 @@ def test_a_device_publishing_through_another_member_is_handed_over_to_its_partit
     publishes on over the same connection, acknowledged, nothing lost or doubled. A device whose session
     holds something (a subscription) stays where it connected."""
     _, _, offsets_api, workers_dir = workers_on_each_transport
-    wait_until(
-        lambda: {p["leader"] for p in cluster_layout(offsets_api)["partitions"]} == {"w0", "w1"},
-        60,
-        "both members leading partitions",
-    )
+    layout = settled_layout(offsets_api, {"w0", "w1"})
     wait_until(lambda: len(member_pids(workers_dir)) == 2, 30, "both members' process ids")
     pids = member_pids(workers_dir)
-    layout = cluster_layout(offsets_api)
     own_port = {member["node_id"]: int(member["mqtt"].rsplit(":", 1)[1]) for member in layout["members"]}
     partitions = layout["partitions"]
     topics = [t for t in (f"plant/d-{n}/telemetry" for n in range(1000)) if leader_of(partitions, t) == "w1"]
