@@ -15,7 +15,14 @@ import urllib.request
 import pytest
 
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.cluster.test_workers import cluster_layout, leader_of, member_pids, read_topic, workers
+from tests.e2e.cluster.test_workers import (
+    cluster_layout,
+    leader_of,
+    member_pids,
+    read_topic,
+    settled_layout,
+    workers,
+)
 from tests.harness.local_cluster import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,14 +40,9 @@ def test_a_session_resumed_after_its_members_death_gets_the_topics_created_since
     partition the member restoring the session holds no copy of, was never delivered: the acknowledged
     messages of it were skipped without a word. Topics created since are read from their start."""
     _, _, offsets_api, workers_dir = workers
-    wait_until(
-        lambda: {p["leader"] for p in cluster_layout(offsets_api)["partitions"]} == {"w0", "w1"},
-        60,
-        "both members leading partitions",
-    )
+    partitions = settled_layout(offsets_api, {"w0", "w1"})["partitions"]
     wait_until(lambda: len(member_pids(workers_dir)) == 2, 30, "both members' process ids")
     ports = own_ports(offsets_api)
-    partitions = cluster_layout(offsets_api)["partitions"]
     [on_w0, on_w1] = [
         next(t for t in (f"fleet/d{n}/state" for n in range(1000)) if leader_of(partitions, t) == node)
         for node in ("w0", "w1")
