@@ -68,6 +68,7 @@ from broker_edge.storage.persistence import NOT_LOGGED
 from broker_edge.storage.quarantine import LogQuarantined
 
 if TYPE_CHECKING:
+    from broker_edge.engine.connection.inbound import Inbound
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.ports import ClusterPorts, Forwarding, Replication
     from broker_edge.engine.publish_run import PublishRun
@@ -439,6 +440,8 @@ class PublishPath:
             else:
                 elsewhere.add(topic)
         if not elsewhere:
+            if forwarding.moves_publishers:
+                _appended_here(current.entries)
             return local
         parts: dict[tuple[str, bool], list[PendingPublish]] = {}
         here: list[PendingPublish] = []
@@ -448,9 +451,7 @@ class PublishPath:
                 parts.setdefault((message.topic, entry.batch is not None), []).append(entry)
             else:
                 here.append(entry)
-                inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
-                if inbound is not None:
-                    inbound.appended_here = True
+        _appended_here(here)
         current.entries = here
         for (topic, from_peer), entries in parts.items():
             messages = [entry.message for entry in entries if entry.message is not None]
@@ -476,13 +477,10 @@ class PublishPath:
 
     @staticmethod
     def _move_publishers(topic: str, entries: list[PendingPublish], forwarding: Forwarding) -> None:
-        """Publishers whose publishes on ``topic`` its leader acknowledged go there once all their publishes
-        are answered, unless this member appended one of theirs (a device publishing on topics led by
-        several members stays where it is rather than going back and forth): their connection is handed
-        over to the leader when it runs on this host (``cluster.hand_over_connections``), else an MQTT 5
-        publisher is sent there (``cluster.redirect_publishers``) once all its publishes are answered."""
+        """Publishers whose publishes on ``topic`` its leader acknowledged go there (``_move``), each once,
+        unless this member appended one of theirs (a device publishing on topics led by several members
+        stays where it is rather than going back and forth)."""
         moved: set[int] = set()
-        address: str | None = None
         for entry in entries:
             publisher = entry.publisher
             if (
@@ -496,15 +494,16 @@ class PublishPath:
             if inbound is None or inbound.appended_here:
                 continue
             moved.add(id(publisher))
-            if forwarding.hand_over(topic, publisher):  # it moves once its publishes read are answered
-                continue
-            redirect = getattr(publisher, "redirect", None)
-            if not publisher.v5 or redirect is None or publisher.incoming_pending:
-                continue  # answers still to write go first, then it is sent
-            if address is None:
-                address = forwarding.server_for(topic) or ""
-            if address:  # "": this member sends nobody away
-                redirect(address, "the member leading this topic's partition appends its publishes")
+            _move(topic, publisher, inbound, forwarding)
+
+    def move_after_qos2(self, publisher: Publisher, inbound: Inbound) -> None:
+        """The last QoS 2 flow ``publisher`` had open when a publish of its was forwarded and answered has
+        ended (PUBCOMP sent): it goes to that topic's leader now, as it would have then."""
+        topic, inbound.move_due = inbound.move_due, None
+        forwarding = self.forwarding
+        if topic is None or forwarding is None or inbound.appended_here or publisher.state == CLOSED:
+            return
+        _move(topic, publisher, inbound, forwarding)
 
     def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:
         """Record the answer for an entry answered elsewhere; it is acknowledged in its turn."""
@@ -738,3 +737,32 @@ def _refusal_code(exc: BaseException) -> ReasonCode:
 def _wanted(entries: list[PendingPublish]) -> bool:
     """Whether a publisher of ``entries`` is still connected (or the broker itself published one)."""
     return any(entry.publisher is None or entry.publisher.state != CLOSED for entry in entries)
+
+
+def _move(topic: str, publisher: Publisher, inbound: Inbound, forwarding: Forwarding) -> None:
+    """Send ``publisher`` to the member leading ``topic``'s partition: its connection handed over when that
+    member runs on this host (``cluster.hand_over_connections``), else an MQTT 5 publisher sent there
+    (``cluster.redirect_publishers``) once all its publishes are answered. One with a QoS 2 flow open (its
+    PUBREL still to come) is neither yet: it goes once the last such flow ends (``move_after_qos2``)."""
+    session = getattr(publisher, "session", None)
+    if session is not None and session.incoming_qos2:  # a QoS 2 publish of its waits for its PUBREL
+        inbound.move_due = topic
+        return
+    if forwarding.hand_over(topic, publisher):  # it moves once its publishes read are answered
+        return
+    redirect = getattr(publisher, "redirect", None)
+    if not publisher.v5 or redirect is None or publisher.incoming_pending:
+        return  # answers still to write go first; their forwards' answers try again
+    address = forwarding.server_for(topic)
+    if address:  # "" or None: this member sends nobody away
+        redirect(address, "the member leading this topic's partition appends its publishes")
+
+
+def _appended_here(entries: list[PendingPublish]) -> None:
+    """The publishers of ``entries`` appended here (this member leads their topics) stay connected here,
+    wherever their other topics are led (``Inbound.appended_here``)."""
+    for entry in entries:
+        if entry.message is not None:  # not an answer alone (a QoS 2 publish sent again, a refusal)
+            inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
+            if inbound is not None:
+                inbound.appended_here = True

@@ -16,7 +16,7 @@ class Inbound:
     """One connection's PUBLISH rate limiter (None: unlimited) and its QoS 1/2 publishes read and not yet
     answered (``Publisher.incoming_pending``)."""
 
-    __slots__ = ("appended_here", "bucket", "pending", "qos2")
+    __slots__ = ("appended_here", "bucket", "move_due", "pending", "qos2")
 
     def __init__(self, bucket: TokenBucket | None) -> None:
         self.bucket = bucket
@@ -27,6 +27,9 @@ class Inbound:
         place of this one's Receive Maximum, so its PUBREL frees none."""
         self.appended_here = False
         """A cluster member appended one of its publishes (it leads that topic): never sent elsewhere."""
+        self.move_due: str | None = None
+        """The topic of a publish of its another member appended, whose leader it goes to once its open
+        QoS 2 flows end (``PublishPath.move_after_qos2``); None: nothing waits for them."""
 
     def counts_qos2(self, packet_id: int) -> bool:
         """Whether a QoS 2 PUBLISH of ``packet_id`` read on this connection counts in ``pending``."""

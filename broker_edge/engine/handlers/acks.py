@@ -37,9 +37,12 @@ def handle_pubrec(ctx: BrokerContext, conn: Client, session: Session, packet: Pu
 
 def handle_pubrel(ctx: BrokerContext, conn: Client, session: Session, packet: PubRel) -> None:
     if session.release_incoming(packet.packet_id):
-        if conn.terms.v5 and conn.inbound is not None:  # an older client's count ended with its PUBREC
-            conn.inbound.uncount_qos2(packet.packet_id)
+        inbound = conn.inbound
+        if conn.terms.v5 and inbound is not None:  # an older client's count ended with its PUBREC
+            inbound.uncount_qos2(packet.packet_id)
         conn.send_pubcomp(packet.packet_id)
+        if inbound is not None and inbound.move_due is not None and not session.incoming_qos2:
+            ctx.publish_path.move_after_qos2(conn, inbound)  # a cluster member's: to its topic's leader
     else:
         conn.send_pubcomp(packet.packet_id, _NOT_FOUND)
 

@@ -32,7 +32,7 @@ import pytest
 from broker_edge.placement import partition_of
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
+from broker_edge.protocol.packets import Connect, Disconnect, PubAck, PubComp, Publish, PubRec, PubRel
 from broker_edge.runtime.launcher import free_port
 from tests.e2e.broker_clients import RawClient
 from tests.e2e.cluster.proof import socket_owners
@@ -347,11 +347,15 @@ def redirecting_workers(tmp_path):
         etcd.kill()
 
 
-def test_a_v5_device_publishing_through_another_member_is_sent_to_its_partitions_leader(redirecting_workers):
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_v5_device_publishing_through_another_member_is_sent_to_its_partitions_leader(
+    redirecting_workers, qos
+):
     """Every member has an address of its own besides the shared one, which the cluster advertises for it;
     with ``cluster.redirect_publishers`` a v5 device whose publish a member forwarded to the leader of its
     topic's partition is acknowledged, then sent there: DISCONNECT 0x9C (use another server) with the
-    leader's address as Server Reference [MQTT 5 3.14.2.2.2]. There, its publishes are appended where it is
+    leader's address as Server Reference [MQTT 5 3.14.2.2.2]; at QoS 2 once its flow ends (PUBCOMP), the
+    PUBREL being the client's to send where it published. There, its publishes are appended where it is
     connected and it stays."""
     port, offsets_api = redirecting_workers
     layout = settled_layout(offsets_api, {"w-0", "w-1"})
@@ -362,8 +366,14 @@ def test_a_v5_device_publishing_through_another_member_is_sent_to_its_partitions
     topic = next(t for t in topics if leader_of(partitions, t) == "w-1")
     follower = RawClient(int(addresses["w-0"].rsplit(":", 1)[1]), 5)
     assert follower.connect("d-redirected").reason_code == 0
-    follower.send_packet(Publish(topic, b"first", 1, packet_id=1))
-    assert follower.recv() == PubAck(1)
+    follower.send_packet(Publish(topic, b"first", qos, packet_id=1))
+    if qos == 1:
+        assert follower.recv() == PubAck(1)
+    else:
+        assert follower.recv() == PubRec(1)
+        follower.recv_none(0.5)  # its flow open: it stays until it ends
+        follower.send_packet(PubRel(1))
+        assert follower.recv() == PubComp(1)
     disconnect = follower.recv()
     assert isinstance(disconnect, Disconnect) and disconnect.reason_code == 0x9C
     assert disconnect.properties.server_reference == addresses["w-1"]

@@ -22,7 +22,16 @@ from broker_edge.engine.ports import (
     Replication,
 )
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, Publish, PubRec, Subscribe, Subscription
+from broker_edge.protocol.packets import (
+    MQTT_3_1_1,
+    MQTT_5,
+    PubAck,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    Subscription,
+)
 from broker_edge.storage.errors import StorageFailed
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
 from tests.unit.broker_edge.engine.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
@@ -266,6 +275,22 @@ def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsew
     assert not both.closed and not v3.closed
 
 
+def test_a_publisher_with_an_earlier_batch_appended_here_is_not_sent_elsewhere():
+    """A device publishing on a topic this member leads, in a batch of its own, then on one led elsewhere
+    stays: sent to the other leader, it would be sent back by it for the first topic, and so on."""
+    core, store, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    client = _publisher(core)
+    client.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=1))
+    store.make_durable()
+    core.run_soon()
+    assert client.read() == [PubAck(1)]
+    client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=2))
+    forwarding.answer(0)
+    assert client.read() == [PubAck(2)]
+    assert not client.closed
+
+
 def test_a_publisher_whose_leader_runs_on_this_host_is_handed_over_rather_than_sent_away():
     """``cluster.hand_over_connections``: once its forwarded publish is acknowledged, an MQTT 3.1.1 and an
     MQTT 5 publisher alike are handed to the leader on this host (no DISCONNECT, even with
@@ -311,6 +336,53 @@ def test_a_publisher_that_stays_does_not_keep_the_next_one_of_its_batch_from_mov
     forwarding.answer(0)
     assert forwarding.handed_over == [(REMOTE_TOPIC, moving.conn)]
     assert not staying.closed and not moving.closed
+
+
+def test_a_qos_2_publisher_is_sent_to_the_leader_once_its_flow_ends_with_pubcomp():
+    """A QoS 2 publish forwarded and answered leaves its flow open: PUBREC, and the PUBREL still to come,
+    which the client may send only where it published [MQTT-4.3.3-2]. It is sent to the leader once that
+    flow ends: PUBCOMP, then DISCONNECT 0x9C with the leader's address. It stayed where it was, each of its
+    publishes forwarded, for as long as it published QoS 2."""
+    core, _, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    client = _publisher(core)
+    client.send(Publish(REMOTE_TOPIC, b"reading", 2, packet_id=7))
+    forwarding.answer(0)
+    assert client.read() == [PubRec(7)]
+    assert not client.closed
+    answer = client.send(PubRel(7))
+    assert [type(packet).__name__ for packet in answer] == ["PubComp", "Disconnect"]
+    assert answer[0].packet_id == 7
+    assert answer[1].reason_code == 0x9C
+    assert answer[1].properties.server_reference == "127.0.0.1:18830"
+    assert client.closed
+
+
+def test_a_qos_2_publisher_is_handed_over_once_its_last_open_flow_ends_and_not_if_it_appended_here():
+    """``cluster.hand_over_connections``: an MQTT 3.1.1 QoS 2 publisher goes once none of its flows is open
+    (two were), not at the first PUBCOMP; one that meanwhile published on a topic this member leads stays."""
+    core, store, forwarding = _cluster_core()
+    forwarding.on_this_host.add(REMOTE_TOPIC)
+    moving = core.client(MQTT_3_1_1)
+    moving.connect("moving")
+    moving.send(Publish(REMOTE_TOPIC, b"one", 2, packet_id=1), Publish(REMOTE_TOPIC, b"two", 2, packet_id=2))
+    staying = core.client(MQTT_3_1_1)
+    staying.connect("staying")
+    staying.send(Publish(REMOTE_TOPIC, b"three", 2, packet_id=3))
+    forwarding.answer(0)
+    forwarding.answer(1)
+    assert moving.read() == [PubRec(1), PubRec(2)]
+    assert staying.read() == [PubRec(3)]
+    staying.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=4))
+    store.make_durable()
+    core.run_soon()
+    assert staying.read() == [PubAck(4)]
+    assert forwarding.handed_over == []
+    assert [packet.packet_id for packet in moving.send(PubRel(1))] == [1]
+    assert forwarding.handed_over == []  # its second flow is still open
+    assert [packet.packet_id for packet in moving.send(PubRel(2))] == [2]
+    assert [packet.packet_id for packet in staying.send(PubRel(3))] == [3]
+    assert forwarding.handed_over == [(REMOTE_TOPIC, moving.conn)]
 
 
 def _alone() -> tuple[HandDrivenCore, MemoryLog, WireClient, WireClient, WireClient]:
