@@ -478,8 +478,9 @@ class PublishPath:
     @staticmethod
     def _move_publishers(topic: str, entries: list[PendingPublish], forwarding: Forwarding) -> None:
         """Publishers whose publishes on ``topic`` its leader acknowledged go there (``_move``), each once,
-        unless this member appended one of theirs (a device publishing on topics led by several members
-        stays where it is rather than going back and forth)."""
+        unless this member appended a publish of theirs since the last such answer: those stay, this time
+        (a device publishing on topics led by several members stays where it is rather than going back and
+        forth; one whose every publish is forwarded, its topic's leader having moved, goes at the next)."""
         moved: set[int] = set()
         for entry in entries:
             publisher = entry.publisher
@@ -491,9 +492,12 @@ class PublishPath:
             ):
                 continue
             inbound = getattr(publisher, "inbound", None)
-            if inbound is None or inbound.appended_here:
+            if inbound is None:
                 continue
             moved.add(id(publisher))
+            if inbound.appended_here:
+                inbound.appended_here = False
+                continue
             _move(topic, publisher, inbound, forwarding)
 
     def move_after_qos2(self, publisher: Publisher, inbound: Inbound) -> None:
@@ -759,8 +763,8 @@ def _move(topic: str, publisher: Publisher, inbound: Inbound, forwarding: Forwar
 
 
 def _appended_here(entries: list[PendingPublish]) -> None:
-    """The publishers of ``entries`` appended here (this member leads their topics) stay connected here,
-    wherever their other topics are led (``Inbound.appended_here``)."""
+    """The publishers of ``entries`` appended here (this member leads their topics) stay connected here at
+    the next answer to a publish of theirs forwarded elsewhere (``Inbound.appended_here``)."""
     for entry in entries:
         if entry.message is not None:  # not an answer alone (a QoS 2 publish sent again, a refusal)
             inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)

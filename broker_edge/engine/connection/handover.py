@@ -2,8 +2,9 @@
 
 What moves is the socket and what the client's CONNECT settled, never a session's state: only a connection
 whose session holds nothing may move (``may_move``: no Session Expiry Interval, no subscription, nothing in
-flight towards it, no QoS 2 id held, no topic alias set, a small will without properties, not moved here
-already, none of its publishes appended here). Its reading is held first (``HELD_FOR_HANDOVER``); it moves
+flight towards it, no QoS 2 id held, no topic alias set, a small will without properties, none of its
+publishes appended here since its last forwarded one was answered). One moved here moves on when its
+topic's leader moved. Its reading is held first (``HELD_FOR_HANDOVER``); it moves
 once every QoS 1/2 publish it sent is answered (``record_of``), with the bytes read and not yet handled
 (``"unread"``) and the session registry's record the member it leaves wrote for it (``"claim"``: swapped there
 for the new member's own without a read, ``claim_of``); the member taking it in starts it as its own CONNECT
@@ -57,7 +58,7 @@ def may_move(conn: Connection) -> bool:
     session holds and what it is, not what is on its way."""
     terms = conn.terms
     session = conn.session
-    if terms.state != CONNECTED or session is None or conn.handed_in or conn.decoder.failed:
+    if terms.state != CONNECTED or session is None or conn.decoder.failed:
         return False
     if conn.held & ~_MAY_HOLD or conn.held_error is not None or conn.aliases_in or conn.aliases_out:
         return False

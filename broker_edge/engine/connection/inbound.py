@@ -26,7 +26,10 @@ class Inbound:
         ``pending`` until PUBCOMP (None: none): a flow a former connection of its session began took no
         place of this one's Receive Maximum, so its PUBREL frees none."""
         self.appended_here = False
-        """A cluster member appended one of its publishes (it leads that topic): never sent elsewhere."""
+        """A cluster member appended a publish of its (it leads that topic) since the last answer to one it
+        forwarded: it stays connected here at that answer (and the flag goes down), so that a device
+        publishing on topics led by several members does not go back and forth, while one whose topic's
+        leader moved away follows it."""
         self.move_due: str | None = None
         """The topic of a publish of its another member appended, whose leader it goes to once its open
         QoS 2 flows end (``PublishPath.move_after_qos2``); None: nothing waits for them."""

@@ -275,9 +275,11 @@ def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsew
     assert not both.closed and not v3.closed
 
 
-def test_a_publisher_with_an_earlier_batch_appended_here_is_not_sent_elsewhere():
+def test_a_publisher_appended_here_stays_at_the_next_forward_answer_and_goes_at_the_one_after():
     """A device publishing on a topic this member leads, in a batch of its own, then on one led elsewhere
-    stays: sent to the other leader, it would be sent back by it for the first topic, and so on."""
+    stays at that answer: sent to the other leader, it would be sent back by it for the first topic, and so
+    on. One whose every publish since is forwarded (the leader of its topic moved away, or it publishes
+    there only) is sent at the next answer."""
     core, store, forwarding = _cluster_core()
     forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
     client = _publisher(core)
@@ -288,6 +290,27 @@ def test_a_publisher_with_an_earlier_batch_appended_here_is_not_sent_elsewhere()
     client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=2))
     forwarding.answer(0)
     assert client.read() == [PubAck(2)]
+    assert not client.closed
+    client.send(Publish(REMOTE_TOPIC, b"there again", 1, packet_id=3))
+    forwarding.answer(1)
+    answer = client.read()
+    assert [type(packet).__name__ for packet in answer] == ["PubAck", "Disconnect"]
+    assert answer[1].properties.server_reference == "127.0.0.1:18830"
+
+
+def test_a_publisher_on_topics_led_here_and_elsewhere_in_turn_stays():
+    """Every answer to a forwarded publish finds one appended here since the last: it never goes."""
+    core, store, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    client = _publisher(core)
+    for n in range(3):
+        client.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=2 * n + 1))
+        store.make_durable()
+        core.run_soon()
+        assert client.read() == [PubAck(2 * n + 1)]
+        client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=2 * n + 2))
+        forwarding.answer(n)
+        assert client.read() == [PubAck(2 * n + 2)]
     assert not client.closed
 
 
