@@ -56,6 +56,7 @@ from broker_edge.engine.answers import (
     answer,
     answer_all,
 )
+from broker_edge.engine.connection.inbound import MAX_TOPICS_APPENDED_HERE
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
@@ -439,8 +440,9 @@ class PublishPath:
                 local[topic] = messages
             else:
                 elsewhere.add(topic)
+        moves_publishers = forwarding.moves_publishers
         if not elsewhere:
-            if forwarding.moves_publishers:
+            if moves_publishers:
                 _appended_here(current.entries)
             return local
         parts: dict[tuple[str, bool], list[PendingPublish]] = {}
@@ -451,7 +453,8 @@ class PublishPath:
                 parts.setdefault((message.topic, entry.batch is not None), []).append(entry)
             else:
                 here.append(entry)
-        _appended_here(here)
+        if moves_publishers:
+            _appended_here(here)
         current.entries = here
         for (topic, from_peer), entries in parts.items():
             messages = [entry.message for entry in entries if entry.message is not None]
@@ -478,9 +481,7 @@ class PublishPath:
     @staticmethod
     def _move_publishers(topic: str, entries: list[PendingPublish], forwarding: Forwarding) -> None:
         """Publishers whose publishes on ``topic`` its leader acknowledged go there (``_move``), each once,
-        unless this member appended a publish of theirs since the last such answer: those stay, this time
-        (a device publishing on topics led by several members stays where it is rather than going back and
-        forth; one whose every publish is forwarded, its topic's leader having moved, goes at the next)."""
+        unless they stay (``_stays``: this member leads a topic it appended a publish of theirs on)."""
         moved: set[int] = set()
         for entry in entries:
             publisher = entry.publisher
@@ -495,17 +496,15 @@ class PublishPath:
             if inbound is None:
                 continue
             moved.add(id(publisher))
-            if inbound.appended_here:
-                inbound.appended_here = False
-                continue
-            _move(topic, publisher, inbound, forwarding)
+            if not _stays(inbound, forwarding):
+                _move(topic, publisher, inbound, forwarding)
 
     def move_after_qos2(self, publisher: Publisher, inbound: Inbound) -> None:
         """The last QoS 2 flow ``publisher`` had open when a publish of its was forwarded and answered has
         ended (PUBCOMP sent): it goes to that topic's leader now, as it would have then."""
         topic, inbound.move_due = inbound.move_due, None
         forwarding = self.forwarding
-        if topic is None or forwarding is None or inbound.appended_here or publisher.state == CLOSED:
+        if topic is None or forwarding is None or publisher.state == CLOSED or _stays(inbound, forwarding):
             return
         _move(topic, publisher, inbound, forwarding)
 
@@ -763,10 +762,31 @@ def _move(topic: str, publisher: Publisher, inbound: Inbound, forwarding: Forwar
 
 
 def _appended_here(entries: list[PendingPublish]) -> None:
-    """The publishers of ``entries`` appended here (this member leads their topics) stay connected here at
-    the next answer to a publish of theirs forwarded elsewhere (``Inbound.appended_here``)."""
+    """Note the topics of ``entries`` appended here (this member leads them) on their publishers
+    (``Inbound.appended_here``)."""
     for entry in entries:
-        if entry.message is not None:  # not an answer alone (a QoS 2 publish sent again, a refusal)
-            inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
-            if inbound is not None:
-                inbound.appended_here = True
+        message = entry.message
+        if message is None:  # an answer alone (a QoS 2 publish sent again, a refusal)
+            continue
+        inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
+        if inbound is None:
+            continue
+        topics = inbound.appended_here
+        if topics is None:
+            inbound.appended_here = {message.topic}
+        elif len(topics) < MAX_TOPICS_APPENDED_HERE:
+            topics.add(message.topic)
+
+
+def _stays(inbound: Inbound, forwarding: Forwarding) -> bool:
+    """Whether a publisher whose publish was forwarded stays connected here: this member still leads a
+    topic of its it appended (a device publishing on topics led by several members stays put rather than
+    go back and forth). Once it leads none of them (their leadership moved away) they are forgotten, and
+    the publisher follows the leader of the topics it is forwarded."""
+    topics = inbound.appended_here
+    if topics is None:
+        return False
+    if any(forwarding.appends_here(topic) for topic in topics):
+        return True
+    inbound.appended_here = None
+    return False

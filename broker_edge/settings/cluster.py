@@ -237,17 +237,17 @@ class ClusterConfig:
     redirect_publishers: bool = False
     """Send an MQTT 5 publisher to the member leading its topic's partition once a publish of it that this
     member forwarded there is acknowledged (DISCONNECT 0x9C with the leader's MQTT address as Server
-    Reference), unless this member has appended a publish of it since the last answer to one it forwarded:
-    its next publishes are appended where it is connected, with no forwarding. A QoS 2 publisher is sent
-    once its open QoS 2 flows end (after the PUBCOMP)."""
+    Reference), unless this member appended a publish of it on a topic it still leads: its next publishes
+    are appended where it is connected, with no forwarding. A QoS 2 publisher is sent once its open QoS 2
+    flows end (after the PUBCOMP)."""
     hand_over_connections: bool = True
     """Move a client's connection to the member leading its topic's partition when that member runs on the
     same host, once a publish of it that this member forwarded there is acknowledged: the TCP socket goes
     to that member (a Unix socket between them), and the client publishes on, on the same connection,
     where its topic is appended. Only plain TCP connections whose session holds nothing move (no Session
-    Expiry Interval, no subscription, nothing in flight), and not when this member has appended a publish
-    of the client since the last answer to one it forwarded; one moved here moves on when its topic's
-    leader moves. A QoS 2 publisher moves once its open QoS 2 flows end (after the PUBCOMP)."""
+    Expiry Interval, no subscription, nothing in flight), and not when this member appended a publish of
+    the client on a topic it still leads; one moved here moves on when its topic's leader moves. A QoS 2
+    publisher moves once its open QoS 2 flows end (after the PUBCOMP)."""
     hw_checkpoint_interval_ms: int = 5000
     """How often the logs' committed ends are saved (and at stop), so that a restart shows no record that
     was not committed."""

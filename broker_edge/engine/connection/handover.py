@@ -2,9 +2,9 @@
 
 What moves is the socket and what the client's CONNECT settled, never a session's state: only a connection
 whose session holds nothing may move (``may_move``: no Session Expiry Interval, no subscription, nothing in
-flight towards it, no QoS 2 id held, no topic alias set, a small will without properties, none of its
-publishes appended here since its last forwarded one was answered). One moved here moves on when its
-topic's leader moved. Its reading is held first (``HELD_FOR_HANDOVER``); it moves
+flight towards it, no QoS 2 id held, no topic alias set, a small will without properties, no publish of
+it appended here on a topic this member still leads). One moved here moves on when its topic's leader
+moves. Its reading is held first (``HELD_FOR_HANDOVER``); it moves
 once every QoS 1/2 publish it sent is answered (``record_of``), with the bytes read and not yet handled
 (``"unread"``) and the session registry's record the member it leaves wrote for it (``"claim"``: swapped there
 for the new member's own without a read, ``claim_of``); the member taking it in starts it as its own CONNECT

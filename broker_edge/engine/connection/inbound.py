@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from broker_edge.security.limits import TokenBucket
 
-__all__ = ["Inbound"]
+__all__ = ["MAX_TOPICS_APPENDED_HERE", "Inbound"]
+
+MAX_TOPICS_APPENDED_HERE = 64
+"""The most topics ``Inbound.appended_here`` keeps (a gateway's many topics: any 64 of them are enough)."""
 
 
 class Inbound:
@@ -25,11 +28,12 @@ class Inbound:
         """The packet ids of the MQTT 5 client's QoS 2 PUBLISHes read on this connection and counted in
         ``pending`` until PUBCOMP (None: none): a flow a former connection of its session began took no
         place of this one's Receive Maximum, so its PUBREL frees none."""
-        self.appended_here = False
-        """A cluster member appended a publish of its (it leads that topic) since the last answer to one it
-        forwarded: it stays connected here at that answer (and the flag goes down), so that a device
-        publishing on topics led by several members does not go back and forth, while one whose topic's
-        leader moved away follows it."""
+        self.appended_here: set[str] | None = None
+        """Topics of its publishes a cluster member appended (it led them then; at most
+        ``MAX_TOPICS_APPENDED_HERE``; None: none): while it leads one of them, the client stays connected
+        here, whatever it publishes elsewhere (a device publishing on topics led by several members does
+        not go back and forth); once it leads none, the client follows the leader of the topics it is
+        forwarded."""
         self.move_due: str | None = None
         """The topic of a publish of its another member appended, whose leader it goes to once its open
         QoS 2 flows end (``PublishPath.move_after_qos2``); None: nothing waits for them."""

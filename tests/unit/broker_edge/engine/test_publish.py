@@ -275,11 +275,10 @@ def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsew
     assert not both.closed and not v3.closed
 
 
-def test_a_publisher_appended_here_stays_at_the_next_forward_answer_and_goes_at_the_one_after():
+def test_a_publisher_appended_here_stays_while_this_member_leads_that_topic_then_follows_the_other():
     """A device publishing on a topic this member leads, in a batch of its own, then on one led elsewhere
-    stays at that answer: sent to the other leader, it would be sent back by it for the first topic, and so
-    on. One whose every publish since is forwarded (the leader of its topic moved away, or it publishes
-    there only) is sent at the next answer."""
+    stays: sent to the other leader, it would be sent back by it for the first topic, and so on. Once the
+    leadership of the first topic moved away, it goes at the next answer to a forwarded publish."""
     core, store, forwarding = _cluster_core()
     forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
     client = _publisher(core)
@@ -287,30 +286,50 @@ def test_a_publisher_appended_here_stays_at_the_next_forward_answer_and_goes_at_
     store.make_durable()
     core.run_soon()
     assert client.read() == [PubAck(1)]
-    client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=2))
-    forwarding.answer(0)
-    assert client.read() == [PubAck(2)]
+    for n in range(2):
+        client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=2 + n))
+        forwarding.answer(n)
+        assert client.read() == [PubAck(2 + n)]
     assert not client.closed
-    client.send(Publish(REMOTE_TOPIC, b"there again", 1, packet_id=3))
-    forwarding.answer(1)
+    forwarding.here.discard(LOCAL_TOPIC)  # its leadership moved to another member
+    client.send(Publish(REMOTE_TOPIC, b"there again", 1, packet_id=4))
+    forwarding.answer(2)
     answer = client.read()
     assert [type(packet).__name__ for packet in answer] == ["PubAck", "Disconnect"]
     assert answer[1].properties.server_reference == "127.0.0.1:18830"
 
 
 def test_a_publisher_on_topics_led_here_and_elsewhere_in_turn_stays():
-    """Every answer to a forwarded publish finds one appended here since the last: it never goes."""
+    """A device publishing each time on a topic led here and on two led by two other members, their
+    forwards answered one after the other, or on the one led here and one led elsewhere in turns, never
+    goes: it would go back and forth between the members."""
     core, store, forwarding = _cluster_core()
+    other = "site/led-by-a-third"
     forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    forwarding.leaders[other] = "127.0.0.1:18831"
     client = _publisher(core)
+    answered = 0
     for n in range(3):
-        client.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=2 * n + 1))
+        client.send(
+            Publish(LOCAL_TOPIC, b"here", 1, packet_id=3 * n + 1),
+            Publish(REMOTE_TOPIC, b"there", 1, packet_id=3 * n + 2),
+            Publish(other, b"further", 1, packet_id=3 * n + 3),
+        )
         store.make_durable()
         core.run_soon()
-        assert client.read() == [PubAck(2 * n + 1)]
-        client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=2 * n + 2))
-        forwarding.answer(n)
-        assert client.read() == [PubAck(2 * n + 2)]
+        forwarding.answer(answered)
+        forwarding.answer(answered + 1)
+        answered += 2
+        assert client.read() == [PubAck(3 * n + 1), PubAck(3 * n + 2), PubAck(3 * n + 3)]
+    for n in range(3):
+        client.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=10 + 2 * n))
+        store.make_durable()
+        core.run_soon()
+        assert client.read() == [PubAck(10 + 2 * n)]
+        client.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=11 + 2 * n))
+        forwarding.answer(answered)
+        answered += 1
+        assert client.read() == [PubAck(11 + 2 * n)]
     assert not client.closed
 
 
