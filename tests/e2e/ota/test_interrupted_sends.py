@@ -45,10 +45,10 @@ TIMEOUT_S = 10
 """The in-progress timeout of the action an abort rule stops: longer than the rollout takes to its kill."""
 
 
-TICKER_DIES = pytest.mark.filterwarnings(
+pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception in thread actions-ticker:pytest.PytestUnhandledThreadExceptionWarning"
 )
-"""The tests whose ticker thread dies of ``Killed``, as planned: pytest's warning about it says nothing."""
+"""The job's ticker thread dies of ``Killed`` in these tests, as planned: pytest's warning says nothing."""
 
 
 class Killed(BaseException):
@@ -145,7 +145,6 @@ def restart_after(stack: ActionsStack, while_stopped: Callable[[], None]) -> Non
     stack.job = start_actions_job(stack.spark, stack.config, stack.store)
 
 
-@TICKER_DIES
 def test_a_cancel_reaches_the_devices_a_killed_tick_sent_the_action_to(spark, tmp_path, monkeypatch):
     """Three devices that hang after IN_PROGRESS: the fan-out sends the first, the next tick the other two
     and dies. The operator cancels the action while no job runs; the job started again sends the cancel to
@@ -180,7 +179,6 @@ def test_a_cancel_reaches_the_devices_a_killed_tick_sent_the_action_to(spark, tm
         assert (summary(stack.store, "ks-1") or {}).get("action_state") == "CANCELED"
 
 
-@TICKER_DIES
 def test_an_abort_rolls_back_the_devices_a_killed_tick_sent_the_build_to(spark, tmp_path, monkeypatch):
     """The fan-out sends a device the test plays, which reports IN_PROGRESS and nothing more; ticks send the
     build to simulated devices one every two seconds, and one dies after its publish. The devices install it

@@ -118,7 +118,11 @@ class Relay:
             # received but the client had not read yet
             if not writer.is_closing():
                 await writer.drain()
-        writer.close()
+        if forward_hook is None or not self.dropped:
+            writer.close()
+        # after a drop the broker's end is aborted, which ends the pump towards the client: closing the
+        # client's socket there, while bytes the client sent since are unread, would reset it as well; it
+        # had its end of stream (``_drop_all``) and is closed by ``close``
 
     def _drop_all(self) -> None:
         for client, broker in self._writers:
