@@ -47,10 +47,6 @@ class HandedDevice:
         self.client.publish(self.topic, payload, 1)  # returns once acknowledged
         self.sent.append(payload)
 
-    def held_by(self, pids: dict[str, int]) -> str | None:
-        """The member whose process holds the broker's end of its connection."""
-        return socket_owners(pids, self.port).get(self.local_port)
-
 
 def test_a_device_handed_over_moves_on_when_its_partitions_leadership_moves(
     cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
@@ -73,16 +69,19 @@ def test_a_device_handed_over_moves_on_when_its_partitions_leadership_moves(
     for device in devices:
         device.publish()
 
-    def pids() -> dict[str, int]:
-        return {node: b.process.pid for node, b in brokers.items() if b.process is not None}
+    def holders() -> dict[str, str | None]:
+        """Each device's topic → the member whose process holds the broker's end of its connection."""
+        pids = {node: b.process.pid for node, b in brokers.items() if b.process is not None}
+        owners = {port: socket_owners(pids, port) for port in {device.port for device in devices}}
+        return {device.topic: owners[device.port].get(device.local_port) for device in devices}
 
     def each_held_by_its_leader() -> bool:
         state = cluster_state(etcd).partitions
-        held = {device.topic: device.held_by(pids()) for device in devices}
+        held = holders()
         return all(held[d.topic] == state[partition_of(d.topic, count)].leader for d in devices)
 
     wait_until(each_held_by_its_leader, 20, "every device handed to its topic's leader")
-    first_holders = {device.topic: device.held_by(pids()) for device in devices}
+    first_holders = holders()
 
     brokers["d"] = cluster_brokers("d", hand_over_connections=True)
     members = (*NODES, "d")

@@ -143,19 +143,23 @@ def settled_layout(offsets_api: str, members: set[str]) -> dict[str, Any]:
     spreads a few partitions at a time, each move a replica added, caught up and led before the old one
     goes; a test that picks a topic by its leader while partitions still move may see it move under it."""
 
-    def counts() -> dict[str, int]:
-        partitions = cluster_layout(offsets_api)["partitions"]
+    def led(partitions: list[dict[str, Any]]) -> dict[str, int]:
         return {member: sum(p["leader"] == member for p in partitions) for member in members}
 
     def settled() -> bool:
         before = cluster_layout(offsets_api)["partitions"]
-        led = [sum(p["leader"] == member for p in before) for member in members]
-        if min(led) == 0 or max(led) - min(led) > 1:
+        counts = led(before).values()
+        if min(counts) == 0 or max(counts) - min(counts) > 1:
             return False
         time.sleep(1.0)
         return bool(cluster_layout(offsets_api)["partitions"] == before)
 
-    wait_until(settled, 90, "leadership spread over the members and settled", counts)
+    wait_until(
+        settled,
+        90,
+        "leadership spread over the members and settled",
+        lambda: led(cluster_layout(offsets_api)["partitions"]),
+    )
     return cluster_layout(offsets_api)
 
 
