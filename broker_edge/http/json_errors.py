@@ -8,7 +8,9 @@ connection into ``JsonErrorHandler``, which answers ``{"error": "bad_request", "
 ``internal_error`` for a 500) and logs a WARNING without a traceback, limited per reason
 (``observe.refusal_log``); a request target over the parser's bound answers 414 (``uri_too_long``), a
 header over it or too many headers 431 (``request_header_fields_too_large``). A handler's own unexpected
-exception still logs its traceback: that is a bug.
+exception still logs its traceback: that is a bug. A client that closed its connection before its answer
+could be written (a WebSocket client gone during its upgrade, a reader gone before a listing's first bytes)
+is no error of the broker's: said at DEBUG (``client_gone``), where it logged an ERROR traceback per client.
 ``refuse`` answers and logs the same way a request that ``http.guard`` refuses (a body in a
 Content-Encoding). A body whose framing breaks while aiohttp reads what no handler read, after the answer,
 is said the same way too, rather than as an "Unhandled exception" with its traceback. An app's own error
@@ -34,6 +36,7 @@ __all__ = [
     "JsonErrorHandler",
     "answer_errors_in_json",
     "body_error_text",
+    "client_gone",
     "http_error_answer",
     "http_errors_in_json",
     "refuse",
@@ -57,6 +60,9 @@ class JsonErrorHandler(RequestHandler):
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
+        if status == HTTPStatus.INTERNAL_SERVER_ERROR and client_gone(request, exc):
+            log.debug("a client closed its connection before its answer was written (%s)", exc)
+            raise ConnectionError("the client closed its connection") from exc  # aiohttp ends it quietly
         if status == HTTPStatus.INTERNAL_SERVER_ERROR:
             log.error("HTTP request from %s failed", request.remote, exc_info=exc)
             error, text = "internal_error", "the request failed; the broker's log says why"
@@ -75,6 +81,15 @@ class JsonErrorHandler(RequestHandler):
             _log_refusal(peer[0] if peer else None, f"the body cannot be read: {body_error_text(error)}")
             return
         super().log_exception(*args, **kw)
+
+
+def client_gone(request: web.BaseRequest, error: BaseException | None) -> bool:
+    """Whether ``error`` is the client's connection closing under its answer (its transport closed or
+    closing), not a connection of the broker's own failing (a member it asked, refusing)."""
+    if not isinstance(error, ConnectionError):
+        return False
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _oversized(error: BaseException | None) -> tuple[int, str, str] | None:

@@ -50,7 +50,7 @@ from broker_edge.http.guard import (
     start_guarded_site,
     waiting,
 )
-from broker_edge.http.json_errors import http_error_answer
+from broker_edge.http.json_errors import client_gone, http_error_answer
 from broker_edge.http.read_gate import ReadGate, work_in_thread, work_turn
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.security.access import EVERYONE, Access
@@ -171,6 +171,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception as error:
         if isinstance(error, OSError) and not isinstance(error, ConnectionError):
             return unreadable_answer(request, error)
+        if client_gone(request, error):  # nothing to answer: the server's handler says so quietly
+            raise
         log.exception("offsets API request failed: %s %s", request.method, request.path)
         return ApiError(500, "internal_error", "the request failed inside the broker").response()
 
