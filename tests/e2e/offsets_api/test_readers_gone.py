@@ -17,24 +17,13 @@ import pytest
 from broker_edge.offsets_api.requests import ApiLimits
 from broker_edge.security.http_budget import MemoryBudget
 from broker_edge.storage import AppendRecord, LogStore
-from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record
+from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record, status_of
 from tests.tls_certs import client_ssl_context, make_test_pki
 
 MIB = 1 << 20
 BIG_READ = f"/v1/logs/big/records?offset=0&max_bytes={25 * MIB}&format=frames"
 """The whole 24 MiB of the ``big`` log: 24 of a 25 MiB budget."""
 ANOTHER_READ = f"/v1/logs/big/records?offset=0&max_bytes={2 * MIB}&format=frames"
-
-
-def status_of(harness: ApiHarness, target: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", harness.port, timeout=10)
-    try:
-        connection.request("GET", target)
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
 
 
 def reader_that_stops(port: int, target: str) -> socket.socket:
@@ -76,7 +65,7 @@ def test_a_reader_gone_in_the_middle_of_a_listing_leaves_no_error(fleet: ApiHarn
     reset(sock)
     time.sleep(0.3)
 
-    assert status_of(fleet, "/v1/logs?pattern=fleet/00001/%2B") == 200
+    assert status_of(fleet.port, "/v1/logs?pattern=fleet/00001/%2B", timeout_s=10) == 200
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, [r.getMessage() for r in errors]
     assert any("closed its connection" in r.getMessage() for r in caplog.records)
@@ -98,10 +87,10 @@ def test_an_answer_nobody_reads_is_dropped_and_frees_the_budget(big_log: ApiHarn
     stalled = reader_that_stops(big_log.port, BIG_READ)
     another = ANOTHER_READ
     time.sleep(0.2)
-    assert status_of(big_log, another) == 503  # the stalled answer holds 24 of the 25 MiB
+    assert status_of(big_log.port, another, timeout_s=10) == 503  # the stalled answer holds 24 of the 25 MiB
 
     deadline = time.monotonic() + 5
-    while status_of(big_log, another) != 200:
+    while status_of(big_log.port, another, timeout_s=10) != 200:
         assert time.monotonic() < deadline, "the budget is still held by an answer nobody reads"
         time.sleep(0.2)
 

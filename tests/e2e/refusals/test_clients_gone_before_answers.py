@@ -7,7 +7,6 @@ left behind, and the next clients are served."""
 from __future__ import annotations
 
 import base64
-import http.client
 import logging
 import os
 import socket
@@ -18,6 +17,7 @@ import pytest
 
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.offsets_api.api_harness import status_of
 
 UPGRADE = (
     "GET /mqtt HTTP/1.1\r\nHost: broker\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -38,17 +38,6 @@ def send_and_go(port: int, request: str, how: str) -> None:
     elif how == "reset":
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
-
-
-def status_of(port: int, target: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("GET", target)
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
 
 
 def said_gone(caplog: pytest.LogCaptureFixture, how: str) -> bool:
@@ -106,6 +95,6 @@ def test_readers_gone_before_a_listing_of_the_logs_log_no_error(
     for _ in range(10):
         send_and_go(port, LISTING, how)
 
-    assert status_of(port, "/v1/logs") == 200  # the next reader is served
+    assert status_of(port, "/v1/logs", timeout_s=10) == 200  # the next reader is served
     assert not errors(caplog)
     assert said_gone(caplog, how)
