@@ -115,7 +115,7 @@ class TopicCatalog:
             self._create()
             return 0
         if len(data) < HEADER.size or HEADER.unpack_from(data) != (MAGIC, VERSION):
-            raise CatalogDamaged(f"{self.path} is not a topic catalog of version {VERSION}")
+            raise CatalogDamaged(self._refusal(data))
         verified = 0
         if (
             trusted_crc is not None
@@ -234,6 +234,20 @@ class TopicCatalog:
         finally:
             os.close(fd)
         self._file_size = self._size
+
+    def _refusal(self, data: bytes) -> str:
+        """Why a file without this version's header is not read, and what its operator can do."""
+        if len(data) >= HEADER.size and data[: len(MAGIC)] == MAGIC:
+            version = HEADER.unpack_from(data)[1]
+            return (
+                f"{self.path} is a topic catalog of version {version}, and this Timestone reads version "
+                f"{VERSION}: start the Timestone that wrote it"
+            )
+        store = os.path.dirname(os.path.dirname(self.path))
+        return (
+            f"{self.path} is not a topic catalog of version {VERSION} ({len(data)} bytes, its header "
+            f"damaged): put it back from a backup, or move {store} aside to start with an empty store"
+        )
 
     def _create(self) -> None:
         directory = os.path.dirname(self.path)
