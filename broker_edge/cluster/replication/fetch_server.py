@@ -82,6 +82,10 @@ class FetchServer:
         """Whether fetches are answered (between the leader's start and stop)."""
         self.fetches_served = 0
         """HTTP fetches answered (a steady state over the peer link answers none)."""
+        self.diverged: dict[tuple[str, str], float] = {}
+        """(replica, topic) -> when the replica's position first diverged from this log, until it reports
+        one that does not: it is behind the topic all that time, across its sessions (a replica that will
+        not truncate, reopening session after session, is taken out of the in-sync set)."""
         self._reads = ReadsOfTurn(self.store)
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
@@ -235,6 +239,7 @@ class FetchServer:
         store = self.store
         epochs = self.epochs
         partition_of = self.partitions.of
+        diverged = self.diverged
         for number, position in positions:
             answer = answers[number]
             if answer.error != OK:
@@ -260,6 +265,8 @@ class FetchServer:
             if not diverging and offset > end:
                 diverging, end_epoch = True, NO_EPOCH  # ahead of this leader: cut to its end
             if diverging:
+                if not session.observer:
+                    diverged.setdefault((session.replica, topic), now)
                 answer.topics.append(
                     TopicData(
                         topic,
@@ -273,6 +280,8 @@ class FetchServer:
                 session.positions.pop(topic, None)
                 session.sent.pop(topic, None)
                 continue
+            if diverged:
+                diverged.pop((session.replica, topic), None)
             if path_trace.ON and not session.observer:
                 path_trace.mark(f"ack<{session.replica}", topic, session.positions.get(topic, offset), offset)
             session.positions[topic] = offset

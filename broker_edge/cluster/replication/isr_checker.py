@@ -2,7 +2,9 @@
 
 A follower is out of sync when a record of one of the partition's topics has waited for it more than
 ``replica_lag_max_ms`` (it is "behind" a topic from the time the leader had records it had not fetched, or
-since the previous answer it caught up to), or when it has not fetched for that long. The leader then asks
+since the previous answer it caught up to, or since its position of the topic diverged from the leader's
+log, until it reports one that does not: a replica that will not truncate is out of sync, not a partition
+that waits for it), or when it has not fetched for that long. The leader then asks
 the ISR changer (the coordination side, compare-and-swap in etcd) to shrink the ISR, and to expand it again
 once the follower is behind nothing. A partition just taken over gives its followers ``replica_lag_max_ms``
 to show up.
@@ -96,17 +98,24 @@ class IsrChecker:
                     self._change(number, state.epoch, replica, shrink=False)
 
     def lagging_since(self) -> dict[tuple[str, int], float]:
-        """(replica, partition) -> the oldest time it has been behind a topic of the partition."""
+        """(replica, partition) -> the oldest time it has been behind a topic of the partition, or has held
+        a position of it that diverges from this log."""
         result: dict[tuple[str, int], float] = {}
         known = self.partitions.known
+
+        def behind(replica: str, topic: str, since: float) -> None:
+            partition = known(topic)
+            key = (replica, partition.number if partition is not None else -1)
+            if since < result.get(key, float("inf")):
+                result[key] = since
+
         for session in self.fetches.sessions.values():
             if session.observer:
                 continue
             for topic, since in session.behind.items():
-                partition = known(topic)
-                key = (session.replica, partition.number if partition is not None else -1)
-                if since < result.get(key, float("inf")):
-                    result[key] = since
+                behind(session.replica, topic, since)
+        for (replica, topic), since in self.fetches.diverged.items():
+            behind(replica, topic, since)
         return result
 
     def _change(self, partition: int, epoch: int, replica: str, shrink: bool) -> None:
