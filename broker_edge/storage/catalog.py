@@ -237,8 +237,8 @@ class TopicCatalog:
 
     def _refusal(self, data: bytes) -> str:
         """Why a file without this version's header is not read, and what its operator can do."""
-        if len(data) >= HEADER.size and data[: len(MAGIC)] == MAGIC:
-            version = HEADER.unpack_from(data)[1]
+        version = HEADER.unpack_from(data)[1] if len(data) >= HEADER.size else 0
+        if data[: len(MAGIC)] == MAGIC and version > VERSION:
             return (
                 f"{self.path} is a topic catalog of version {version}, and this Timestone reads version "
                 f"{VERSION}: start the Timestone that wrote it"
