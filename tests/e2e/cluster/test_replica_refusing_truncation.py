@@ -20,7 +20,7 @@ import pytest
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
+from tests.e2e.cluster.proof import cluster_state, leadership_spread, wait_settled, wait_until
 from tests.e2e.cluster.test_trust_members import topic_led_by
 from tests.harness.local_cluster import EtcdTarget
 
@@ -34,7 +34,9 @@ def test_a_replica_refusing_to_truncate_leaves_the_in_sync_set_and_publishes_go_
     cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
 ) -> None:
     brokers = {node: cluster_brokers(node, replica_lag_max_ms=LAG_MS) for node in "abc"}
-    wait_settled(etcd, set("abc"), 3)
+    wait_settled(etcd, set("abc"), 3, processes=brokers)
+    # no leadership move under way: one moving this partition to c while it refuses would end the refusals
+    wait_until(lambda: leadership_spread(etcd, ("a", "b", "c")), what="leadership spread over a, b, c")
     topic, number = topic_led_by(etcd, "a", "epochs-lost")
     publisher = PahoClient(brokers["a"].port, "before")
     for n in range(COUNT):
@@ -62,7 +64,9 @@ def test_a_replica_refusing_to_truncate_leaves_the_in_sync_set_and_publishes_go_
     )
     publisher.close()
 
-    assert "c" not in cluster_state(etcd).partitions[number].isr
+    state = cluster_state(etcd).partitions[number]
+    assert state.leader == "a", state
+    assert "c" not in state.isr
     deadline = time.monotonic() + 2 * LAG_MS / 1000
     while time.monotonic() < deadline:  # not added back while it refuses
         assert "c" not in cluster_state(etcd).partitions[number].isr
