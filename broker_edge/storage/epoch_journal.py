@@ -10,9 +10,11 @@ when the journal holds more than twice the lines it folds to, it is rewritten wh
 rename) at load.
 
 Lines are appended to the page cache at once and fsynced by the caller off the event loop (a first
-publish on a new device topic must not wait for a disk sync). Losing the newest lines in a crash is safe
-for what they record: a replica that lacks an epoch truncates earlier than needed and fetches again. A line
-that cannot be read (torn by a crash: without its newline) is skipped.
+publish on a new device topic must not wait for a disk sync), and at the latest before the next checkpoint
+of the committed ends (`replicated_log`): a crash can lose only lines of epochs whose records are not
+committed in the saved checkpoint, and a replica that lacks one of those truncates earlier than needed,
+above its committed end, and fetches again. A line that cannot be read (torn by a crash: without its
+newline) is skipped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Sequence
 
 from .segment import fsync_directory
@@ -40,6 +43,9 @@ class EpochJournal:
         self.path = path
         self._entries: dict[int, list[tuple[int, int]]] | None = None
         self._lines = 0
+        self._unsynced = False
+        """Whether a line was recorded since the last sync began."""
+        self._sync_lock = threading.Lock()
 
     def entries(self, topic_id: int) -> list[tuple[int, int]]:
         """The topic's pairs as last recorded (none for a topic never recorded)."""
@@ -55,18 +61,26 @@ class EpochJournal:
                 file.write(_VERSION + "\n")
             file.write(line)
         self._lines += 1
+        self._unsynced = True
 
     def sync(self) -> None:
-        """fsync the journal and its directory (in a worker thread: it may take a while)."""
-        try:
-            descriptor = os.open(self.path, os.O_RDONLY)
+        """Make every line recorded so far durable: fsync the journal and its directory (in a worker
+        thread: it may take a while). It returns at once when nothing was recorded since the last sync
+        began, once that sync has ended."""
+        with self._sync_lock:
+            if not self._unsynced:
+                return
+            self._unsynced = False  # a line recorded from now on is synced by the next call
             try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-            fsync_directory(os.path.dirname(self.path))
-        except OSError as error:
-            log.error("cannot sync %s: %s", self.path, error)
+                descriptor = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
+                fsync_directory(os.path.dirname(self.path))
+            except OSError as error:
+                self._unsynced = True
+                log.error("cannot sync %s: %s", self.path, error)
 
     def _folded(self) -> dict[int, list[tuple[int, int]]]:
         if self._entries is None:

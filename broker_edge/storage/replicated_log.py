@@ -8,9 +8,10 @@ what readers see, once its in-sync replicas hold the records (``commit_to``). Wh
 the cluster's decision (``cluster.partition``); the store keeps the committed ends and saves them to a
 checkpoint (``hw_checkpoint``), so that a restart does not show readers more than was committed. Once
 enabled (``enable``), readers see each log up to its committed end instead of its durable end. The leader
-epochs of each partition are a journal file the store keeps for the cluster (``epochs_path``). A site whose
-hub holds more of its logs than it does (its data directory was lost) moves them on to the hub's ends
-(``continue_at``).
+epochs of each partition are a journal the store keeps for the cluster (``epoch_journal``), made durable
+before each checkpoint: the epochs of committed records survive any crash the checkpoint survives. A
+site whose hub holds more of its logs than it does (its data directory was lost) moves them on to the
+hub's ends (``continue_at``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from broker_edge.bounds import MAX_OFFSET
 from broker_edge.observe import path_trace
 
 from .entry import RESTART, TRUNCATE
-from .epoch_journal import EPOCHS_FILE
+from .epoch_journal import EPOCHS_FILE, EpochJournal
 from .errors import (
     CorruptRecord,
     InvalidRecord,
@@ -58,6 +59,7 @@ class ReplicatedLog:
         self._checkpoints_taken = 0
         self._checkpoints_written = 0
         self._checkpoint_writing: asyncio.Future[None] | None = None
+        self._epoch_journals: dict[int, EpochJournal] = {}
 
     def enable(self, checkpoint_interval_s: float = 5.0) -> None:
         """From now on readers see each log up to its committed end (`commit`), not its durable end.
@@ -115,6 +117,8 @@ class ReplicatedLog:
             if path_trace.ON:
                 path_trace.mark("checkpoint", "", 0, 1)
             ends = {names[topic_id]: end for topic_id, end in enumerate(committed)}
+            for journal in tuple(self._epoch_journals.values()):  # epochs first: see `epoch_journal`
+                journal.sync()
             try:
                 write_checkpoint(self._store.layout.meta_file(CHECKPOINT_FILE), ends)
             except OSError as error:
@@ -340,8 +344,18 @@ class ReplicatedLog:
         return moved
 
     def epochs_path(self, partition: int) -> str:
-        """The leader-epoch journal of a partition (`epoch_journal`), for a cluster's replicas."""
+        """The path of a partition's leader-epoch journal (`epoch_journal`)."""
         return os.path.join(self._store._partitions[partition].directory, EPOCHS_FILE)
+
+    def epoch_journal(self, partition: int) -> EpochJournal:
+        """The leader-epoch journal of a partition, for a cluster's replicas: one per partition, synced
+        before every checkpoint of the committed ends is written. An epoch is recorded before the records
+        it appends are committed, so the checkpoint never names a committed end whose records' epochs a
+        crash could lose (a replica lacking them would be told to cut committed records, and refuse)."""
+        journal = self._epoch_journals.get(partition)
+        if journal is None:
+            journal = self._epoch_journals[partition] = EpochJournal(self.epochs_path(partition))
+        return journal
 
     def close(self) -> None:
         """The store closes: no more periodic checkpoints; the committed ends are saved now."""

@@ -35,7 +35,7 @@ from typing import Any
 from broker_edge.bounds import MAX_OFFSET
 
 from .config import StorageConfig
-from .epoch_journal import EPOCHS_FILE, EpochJournal
+from .epoch_journal import EPOCHS_FILE
 from .layout import LAYOUT_VERSION, LOG, SEGMENT_FILE, DataLayout, write_layout_file
 from .quarantine import QUARANTINE_FILE, QuarantinedLog, read_list, write_list
 from .record import PREFIX, PREFIX_SIZE, FrameError, check_frame
@@ -268,7 +268,7 @@ def _copy_epochs(directory: str, topic: str, store) -> None:
         if len(parts) == 2 and all(part.isdigit() for part in parts):
             pairs.append((int(parts[0]), int(parts[1])))
     if pairs and topic in store:
-        journal = EpochJournal(store.replicated_log.epochs_path(store.partition_of(topic)))
+        journal = store.replicated_log.epoch_journal(store.partition_of(topic))
         if journal.entries(store.topic_id(topic)) != pairs:
             journal.record(store.topic_id(topic), pairs)
             journal.sync()

@@ -9,11 +9,14 @@ truncated there before following.
 
 The pairs are kept in the journal of the topic's storage partition (`broker_edge.storage.epoch_journal`):
 a change appends the topic's list, once per topic per leader change, and a first publish on a new device
-topic must not wait for a disk sync on the event loop, so the journal's fsync runs in a worker thread.
-Losing the newest pairs in a crash is safe: a replica whose cache lacks an epoch reports an older
-`last_fetched_epoch` (or none), which ends earlier on the leader, so it truncates earlier than needed and
-fetches those records again. A journal that cannot be read is logged and treated as empty, with the same
-effect. A broker that is not in a cluster writes none.
+topic must not wait for a disk sync on the event loop, so the journal's fsync runs in a worker thread; the
+store syncs it again before each checkpoint of the committed ends. Losing the newest pairs in a crash is
+safe: they are of records above the saved committed end, and a replica whose cache lacks an epoch reports
+an older `last_fetched_epoch` (or none), which ends earlier on the leader but not below that committed end,
+so it truncates earlier than needed and fetches those records again. A journal that cannot be read is
+logged and treated as empty: the leader then asks the replica to cut records it holds committed, which it
+refuses, and it stays out of the in-sync set (docs/cluster.md). A broker that is not in a cluster writes
+none.
 """
 
 from __future__ import annotations
@@ -138,25 +141,16 @@ class LeaderEpochs:
     def __init__(self, store: LogStore) -> None:
         self._store = store
         self._caches: dict[str, EpochCache] = {}
-        self._journals: dict[int, EpochJournal] = {}
 
     def for_topic(self, topic: str) -> EpochCache:
         """The cache of `topic`'s log (which must exist)."""
         cache = self._caches.get(topic)
         if cache is None:
             store = self._store
-            cache = self._caches[topic] = EpochCache.load(
-                self._journal(store.partition_of(topic)), store.topic_id(topic), store.durable_end(topic)
-            )
+            journal = store.replicated_log.epoch_journal(store.partition_of(topic))
+            end = store.durable_end(topic)
+            cache = self._caches[topic] = EpochCache.load(journal, store.topic_id(topic), end)
         return cache
-
-    def _journal(self, partition: int) -> EpochJournal:
-        journal = self._journals.get(partition)
-        if journal is None:
-            journal = self._journals[partition] = EpochJournal(
-                self._store.replicated_log.epochs_path(partition)
-            )
-        return journal
 
     def epoch_at(self, topic: str, offset: int) -> int:
         """The epoch that appended `topic`'s record at `offset` (`NO_EPOCH` without a log)."""
