@@ -68,10 +68,12 @@ class TruncationRefused(StorageError):
     without them (an unclean election, or a partition record nobody's controller wrote). Refused unless
     ``FollowerConfig.unclean_election``: the records stay, and the replica does not follow that leader."""
 
-    def __init__(self, topic: str, leader: str, target: int, committed: int) -> None:
+    def __init__(self, topic: str, leader: str, target: int, committed: int, cause: str = "") -> None:
+        """``cause``: why this replica is likely told so, with what to do, when it knows (a sentence)."""
         super().__init__(
             f"{topic!r}: leader {leader} would cut this replica's log to {target}, below its committed end "
             f"{committed}: refused (acknowledged records are never truncated without unclean_election)"
+            + (f"; {cause}" if cause else "")
         )
         self.topic = topic
 
@@ -470,7 +472,7 @@ class Fetcher:
             target = min(target, local_end)
         committed = store.committed_end(topic) if topic in store else 0
         if target < committed and not owner.config.unclean_election:
-            raise TruncationRefused(topic, self.leader, target, committed)
+            raise TruncationRefused(topic, self.leader, target, committed, self._epochs_lost(topic))
         log.warning(
             "%r diverged from the leader %s: truncating from %d to %d",
             topic,
@@ -479,6 +481,19 @@ class Fetcher:
             target,
         )
         owner.epochs.truncate(topic, target)
+
+    def _epochs_lost(self, topic: str) -> str:
+        """What to do when this replica holds committed records of ``topic`` without any leader epoch:
+        its partition's journal was lost or damaged, and the leader cannot tell that those records are its
+        own ("": it holds some, the leader's log differs)."""
+        store = self.owner.store
+        if self.owner.epochs.latest_epoch(topic) != NO_EPOCH:
+            return ""
+        journal = store.replicated_log.epochs_path(store.partition_of(topic))
+        return (
+            f"this replica holds no leader epoch of it ({journal} lost or damaged): stop this broker and "
+            "move its data directory aside, and it copies every partition again from the leaders"
+        )
 
     def _observe(self, response: FetchResponse, lists: bool) -> None:
         """Route the committed records an observer was sent; nothing is persisted. `lists`: the leader

@@ -7,7 +7,8 @@ session. The leader used to count it caught up (its positions were the leader's 
 partition's in-sync set, whose watermark then waited for it: no publish on the partition was acknowledged
 again. The leader now counts a replica behind a topic from the time its position first diverged until it
 reports one that does not, across its sessions: it leaves the in-sync set after `replica_lag_max_ms`, is
-not added back while it refuses, and every publish is acknowledged and kept.
+not added back while it refuses, and every publish is acknowledged and kept; its refusal names the lost
+journal and what to do.
 """
 
 from __future__ import annotations
@@ -44,10 +45,15 @@ def test_a_replica_refusing_to_truncate_leaves_the_in_sync_set_and_publishes_go_
     publisher.close()
     victim = brokers["c"]
     victim.stop()  # acknowledged by all three: c holds them committed
-    (victim.config_path.parent / "data" / "log" / f"{number:02d}" / "leader-epochs").unlink()
+    journal = victim.config_path.parent / "data" / "log" / f"{number:02d}" / "leader-epochs"
+    journal.unlink()
     victim.start()
     refused = f"below its committed end {COUNT}: refused"
     wait_until(lambda: refused in victim.log_path.read_text(), what="c refusing to truncate")
+    assert (
+        f"holds no leader epoch of it ({journal} lost or damaged): stop this broker"
+        in victim.log_path.read_text()
+    )
 
     acknowledged: list[int] = []
     publisher = PahoClient(brokers["a"].port, "after")
