@@ -63,13 +63,13 @@ class EpochJournal:
         self._lines += 1
         self._unsynced = True
 
-    def sync(self) -> None:
+    def sync(self) -> bool:
         """Make every line recorded so far durable: fsync the journal and its directory (in a worker
-        thread: it may take a while). It returns at once when nothing was recorded since the last sync
-        began, once that sync has ended."""
+        thread: it may take a while); whether they are. It returns at once when nothing was recorded since
+        the last sync began, once that sync has ended."""
         with self._sync_lock:
             if not self._unsynced:
-                return
+                return True
             self._unsynced = False  # a line recorded from now on is synced by the next call
             try:
                 descriptor = os.open(self.path, os.O_RDONLY)
@@ -81,6 +81,8 @@ class EpochJournal:
             except OSError as error:
                 self._unsynced = True
                 log.error("cannot sync %s: %s", self.path, error)
+                return False
+            return True
 
     def _folded(self) -> dict[int, list[tuple[int, int]]]:
         if self._entries is None:

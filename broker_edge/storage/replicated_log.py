@@ -117,8 +117,16 @@ class ReplicatedLog:
             if path_trace.ON:
                 path_trace.mark("checkpoint", "", 0, 1)
             ends = {names[topic_id]: end for topic_id, end in enumerate(committed)}
-            for journal in tuple(self._epoch_journals.values()):  # epochs first: see `epoch_journal`
-                journal.sync()
+            journals = tuple(self._epoch_journals.values())
+            unsynced = [journal.path for journal in journals if not journal.sync()]
+            if unsynced:  # epochs first (see `epoch_journal`): no checkpoint without them
+                log.error(
+                    "cannot save the committed ends of the logs while %s cannot be synced (tried again at "
+                    "the next interval)",
+                    ", ".join(unsynced),
+                )
+                self._checkpointed = None
+                return
             try:
                 write_checkpoint(self._store.layout.meta_file(CHECKPOINT_FILE), ends)
             except OSError as error:
@@ -349,9 +357,10 @@ class ReplicatedLog:
 
     def epoch_journal(self, partition: int) -> EpochJournal:
         """The leader-epoch journal of a partition, for a cluster's replicas: one per partition, synced
-        before every checkpoint of the committed ends is written. An epoch is recorded before the records
-        it appends are committed, so the checkpoint never names a committed end whose records' epochs a
-        crash could lose (a replica lacking them would be told to cut committed records, and refuse)."""
+        before every checkpoint of the committed ends is written (none is while one cannot be). An epoch
+        is recorded before the records it appends are committed, so the checkpoint never names a committed
+        end whose records' epochs a crash could lose (a replica lacking them would be told to cut
+        committed records, and refuse)."""
         journal = self._epoch_journals.get(partition)
         if journal is None:
             journal = self._epoch_journals[partition] = EpochJournal(self.epochs_path(partition))

@@ -202,3 +202,29 @@ def test_a_checkpoint_that_failed_is_written_at_the_next_one_though_no_end_moved
     store.replicated_log.checkpoint()  # what the periodic tick does: nothing moved since the truncation
     assert read_checkpoint(path) == {"t": 3}
     store.close()
+
+
+def test_no_checkpoint_is_written_while_an_epoch_journal_cannot_be_synced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint names records committed; their leader epochs must be durable first, or a crash could
+    leave a replica holding committed records without their epoch (its leader would tell it to cut them)."""
+    store = _five_committed(tmp_path)
+    store.replicated_log.checkpoint()
+    path = store.layout.meta_file(CHECKPOINT_FILE)
+    journal = store.replicated_log.epoch_journal(store.partition_of("t"))
+    journal.record(store.topic_id("t"), [(1, 0), (2, 5)])  # a new leader's epoch, then its records
+    store.append_batch("t", [RECORD] * 2)
+    store.flush()
+    store.replicated_log.commit_to("t", 7)
+    Path(journal.path).unlink()  # the journal cannot be opened to be synced: an I/O failure
+
+    with caplog.at_level(logging.ERROR):
+        store.replicated_log.checkpoint()
+    assert read_checkpoint(path) == {"t": 5}
+    assert f"while {journal.path} cannot be synced" in caplog.text
+
+    journal.record(store.topic_id("t"), [(1, 0), (2, 5)])  # written again: it can be synced
+    store.replicated_log.checkpoint()  # what the periodic tick does: nothing moved since
+    assert read_checkpoint(path) == {"t": 7}
+    store.close()
