@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import logging
 import socket
 import ssl
 import threading
@@ -158,3 +159,11 @@ def read_until_closed(sock: socket.socket) -> bytes:
         while chunk := sock.recv(65536):
             data += chunk
     return data
+
+
+def logged_errors(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    """The records among ``records`` at ERROR or with a traceback, but py4j's: a Spark session of an earlier
+    test on the same worker may log its gateway's closed connection while this one runs."""
+    return [
+        r for r in records if not r.name.startswith("py4j") and (r.levelno >= logging.ERROR or r.exc_info)
+    ]

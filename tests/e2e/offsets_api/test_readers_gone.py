@@ -17,7 +17,7 @@ import pytest
 from broker_edge.offsets_api.requests import ApiLimits
 from broker_edge.security.http_budget import MemoryBudget
 from broker_edge.storage import AppendRecord, LogStore
-from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record, status_of
+from tests.e2e.offsets_api.api_harness import ApiHarness, logged_errors, sample_record, status_of
 from tests.tls_certs import client_ssl_context, make_test_pki
 
 MIB = 1 << 20
@@ -66,7 +66,7 @@ def test_a_reader_gone_in_the_middle_of_a_listing_leaves_no_error(fleet: ApiHarn
     time.sleep(0.3)
 
     assert status_of(fleet.port, "/v1/logs?pattern=fleet/00001/%2B", timeout_s=10) == 200
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    errors = logged_errors(caplog.records)
     assert not errors, [r.getMessage() for r in errors]
     assert any("closed its connection" in r.getMessage() for r in caplog.records)
 
@@ -103,7 +103,7 @@ def test_an_answer_nobody_reads_is_dropped_and_frees_the_budget(big_log: ApiHarn
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and len(body) < 24 * MIB  # cut short: never taken whole
     assert any("took none of its answer" in r.getMessage() for r in caplog.records)
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not logged_errors(caplog.records)
 
 
 def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(big_log: ApiHarness):

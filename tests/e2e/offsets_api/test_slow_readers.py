@@ -12,7 +12,7 @@ import time
 from broker_edge.offsets_api.requests import ApiLimits
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, sample_record, status_of
+from tests.e2e.offsets_api.api_harness import TOKEN, ApiHarness, logged_errors, sample_record, status_of
 
 READERS = [
     {"name": "slow-notebook", "token": "slow-secret", "topics": ["#"]},
@@ -80,7 +80,7 @@ def test_an_answer_taken_slower_than_the_minimum_rate_is_dropped_and_frees_the_b
     assert not reader.is_alive() and 0 < got[0] < 6_400_000  # cut short, its connection closed
     lines = [r for r in caplog.records if getattr(r, "reason", None) == "http_slow_reader"]
     assert lines and "slow-notebook" in lines[0].getMessage() and lines[0].peer == "127.0.0.1"
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not logged_errors(caplog.records)
 
 
 def test_a_reader_that_takes_its_answer_at_the_minimum_rate_gets_it_whole(brokers):
@@ -125,4 +125,4 @@ def test_a_listing_taken_slower_than_the_minimum_rate_is_cut_and_its_connection_
         harness.close()
     lines = [r for r in caplog.records if getattr(r, "reason", None) == "http_slow_reader"]
     assert lines and lines[0].peer == "127.0.0.1"
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not logged_errors(caplog.records)
