@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import http.client
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -162,8 +163,11 @@ def read_until_closed(sock: socket.socket) -> bytes:
 
 
 def logged_errors(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
-    """The records among ``records`` at ERROR or with a traceback, but py4j's: a Spark session of an earlier
-    test on the same worker may log its gateway's closed connection while this one runs."""
+    """The records among ``records`` at ERROR or with a traceback, but py4j's (some on the root logger): a
+    Spark session of an earlier test on the same worker may log its gateway's closed connection while this
+    one runs."""
     return [
-        r for r in records if not r.name.startswith("py4j") and (r.levelno >= logging.ERROR or r.exc_info)
+        r
+        for r in records
+        if f"{os.sep}py4j{os.sep}" not in r.pathname and (r.levelno >= logging.ERROR or r.exc_info)
     ]
