@@ -57,6 +57,21 @@ log = logging.getLogger("pipelines.sparkplug_host")
 NUMBERED = ("NDATA", "DBIRTH", "DDATA", "DDEATH")
 
 
+#: A STATE is one flat object: a payload opening more brackets than this is not parsed (the JSON reader
+#: recurses once per level, and finalisers run meanwhile would find the stack all but spent).
+STATE_MAX_BRACKETS = 32
+
+
+def says_online(payload: bytes) -> bool:
+    """Whether a STATE's payload is a JSON object with ``online`` true; anything else says it is not."""
+    if payload.count(b"[") + payload.count(b"{") > STATE_MAX_BRACKETS:
+        return False
+    try:
+        return json.loads(payload).get("online") is True
+    except (ValueError, AttributeError):  # not JSON or not UTF-8; not an object
+        return False
+
+
 def state_payload(online: bool, timestamp_ms: int) -> bytes:
     """A STATE birth (``online`` true) or death: UTF-8 JSON with the keys ``online`` and ``timestamp``."""
     return json.dumps({"online": online, "timestamp": timestamp_ms}).encode()
@@ -242,11 +257,7 @@ class SparkplugHost:
 
     def _own_state(self, payload: bytes) -> None:
         """A STATE on its own id saying it is offline (an old will, a stray publisher): it is online."""
-        try:
-            online = json.loads(payload).get("online")
-        except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
-            online = None
-        if online is not True and self.born and self.client is not None and self.client.connected:
+        if not says_online(payload) and self.born and self.client is not None and self.client.connected:
             self.stats["offline_states_answered"] += 1
             answer = asyncio.get_running_loop().create_task(self._publish_birth())
             self._answers.add(answer)

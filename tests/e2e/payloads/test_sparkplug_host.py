@@ -359,7 +359,8 @@ def test_a_new_nbirth_ends_the_births_of_the_nodes_devices_until_they_are_born_a
 def test_a_state_nested_too_deep_for_json_is_an_offline_state_and_the_host_stays_connected(broker):
     """A STATE on the host's topic of brackets nested past Python's recursion limit raised RecursionError
     out of the host's message handler: its connection failed, and retained, the STATE did it again at
-    every connection, the host never online. It is read as not saying online: answered with the birth."""
+    every connection, the host never online. It is read as not saying online, without being parsed (the
+    recursion's depth left finalisers run meanwhile no stack): answered with the birth."""
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe(TOPIC, 1)
     stray = PahoClient(broker.port, "stray")
