@@ -3,7 +3,8 @@ set up as production is (docs/security.md), with throwaway certificates (``broke
 
 - ``EtcdServer``: one single-member etcd (Debian's ``/usr/bin/etcd``) on free loopback ports, data directory
   of mode 0700; by default with TLS and client certificates (``--client-cert-auth``) and etcd's user
-  auth on (``auth enable``, a root user for the tests' own reads and writes); ``user_for(prefix)`` makes
+  auth on (``auth enable``, a root user for the tests' own reads and writes; password hashes of the least
+  bcrypt cost, ``BCRYPT_FLAGS``); ``user_for(prefix)`` makes
   the user of one cluster, whose role reaches that prefix only, with the same ``etcdctl`` commands the
   docs give. ``pause``/``resume`` freeze it (SIGSTOP) as if it were cut off.
 - ``EtcdTarget``: an etcd and the key prefix of one cluster (several clusters may share one etcd);
@@ -56,6 +57,11 @@ __all__ = [
 ]
 
 WAIT_S = 30.0
+
+BCRYPT_FLAGS = ("--bcrypt-cost", "4")
+"""The cost of the users' password hashes: etcd's least. At its default (10) the authentications (every
+``etcdctl`` call as root, every client a broker or a test connects) took about half of the CPU the tests'
+etcds used. What auth refuses and allows is the same at any cost."""
 
 ETCD_BINARY = shutil.which("etcd") or "/usr/bin/etcd"
 ETCDCTL_BINARY = shutil.which("etcdctl") or "/usr/bin/etcdctl"
@@ -135,6 +141,7 @@ class EtcdServer:
             f"{self.name}={peer}",
             "--initial-cluster-state",
             "new",
+            *BCRYPT_FLAGS,
             *self._tls_flags(),
         ]
         with open(self.log_path, "ab") as log:
