@@ -84,12 +84,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(DurationRecorder(record), "timestone-durations")
 
 
+# The shared session evaluates its queries' expressions as Spark interprets them, without the Java that Spark
+# generates and compiles (Janino) for each query: on the tests' few rows the compiling cost more than the
+# running (README, *Developing*). The jobs the tests start as processes of their own (the demo, the job's
+# process and cluster tests) keep Spark's generated code, as production runs it.
+INTERPRETED_EXPRESSIONS = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one local SparkSession of the test session (starting one costs seconds)."""
     from pipelines.spark_session import local_spark_session
 
-    session = local_spark_session(app_name="timestone-tests", master="local[2]")
+    session = local_spark_session(app_name="timestone-tests", master="local[2]", conf=INTERPRETED_EXPRESSIONS)
     yield session
     session.stop()
 

@@ -1,6 +1,7 @@
 """The suite's own Spark settings reach its JVMs (``tests/spark-conf``, README *Developing*): the shared
 SparkSession's driver, and a driver the tests start as a process of its own, run with the client compiler
-only."""
+only; the shared session interprets its queries' expressions, a driver process generates their code as
+production does."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from tests.conftest import INTERPRETED_EXPRESSIONS
+
 CLIENT_COMPILER_ONLY = "-XX:TieredStopAtLevel=1"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,18 +23,24 @@ def _jvm_arguments(spark: SparkSession) -> list[str]:
     return list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
 
 
+def _code_generation(spark: SparkSession) -> dict[str, str | None]:
+    return {key: spark.conf.get(key) for key in INTERPRETED_EXPRESSIONS}
+
+
 def test_the_shared_session_and_a_driver_process_run_with_the_client_compiler_only(
     spark: SparkSession,
 ) -> None:
     assert CLIENT_COMPILER_ONLY in _jvm_arguments(spark)
+    assert _code_generation(spark) == INTERPRETED_EXPRESSIONS
     printed = subprocess.run(
         [
             sys.executable,
             "-c",
             "from pipelines.spark_session import local_spark_session\n"
-            "from tests.e2e.test_suite_jvms import _jvm_arguments\n"
+            "from tests.e2e.test_suite_jvms import _code_generation, _jvm_arguments\n"
             "session = local_spark_session('jvm-arguments', 'local[1]')\n"
             "print('ARGS', ' '.join(_jvm_arguments(session)))\n"
+            "print('CODEGEN', _code_generation(session))\n"
             "session.stop()\n",
         ],
         cwd=REPO,
@@ -42,3 +51,8 @@ def test_the_shared_session_and_a_driver_process_run_with_the_client_compiler_on
     ).stdout
     arguments = next(line for line in printed.splitlines() if line.startswith("ARGS ")).split()
     assert CLIENT_COMPILER_ONLY in arguments
+    codegen = next(line for line in printed.splitlines() if line.startswith("CODEGEN "))
+    assert (
+        codegen
+        == "CODEGEN {'spark.sql.codegen.wholeStage': 'true', 'spark.sql.codegen.factoryMode': 'FALLBACK'}"
+    )
