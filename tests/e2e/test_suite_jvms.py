@@ -5,6 +5,7 @@ production does."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ def _code_generation(spark: SparkSession) -> dict[str, str | None]:
     return {key: spark.conf.get(key) for key in INTERPRETED_EXPRESSIONS}
 
 
-def test_the_shared_session_and_a_driver_process_run_with_the_client_compiler_only(
+def test_the_shared_session_and_a_driver_process_run_with_the_suites_spark_settings(
     spark: SparkSession,
 ) -> None:
     assert CLIENT_COMPILER_ONLY in _jvm_arguments(spark)
@@ -36,11 +37,12 @@ def test_the_shared_session_and_a_driver_process_run_with_the_client_compiler_on
         [
             sys.executable,
             "-c",
+            "import json\n"
             "from pipelines.spark_session import local_spark_session\n"
             "from tests.e2e.test_suite_jvms import _code_generation, _jvm_arguments\n"
             "session = local_spark_session('jvm-arguments', 'local[1]')\n"
             "print('ARGS', ' '.join(_jvm_arguments(session)))\n"
-            "print('CODEGEN', _code_generation(session))\n"
+            "print('CODEGEN', json.dumps(_code_generation(session)))\n"
             "session.stop()\n",
         ],
         cwd=REPO,
@@ -52,7 +54,7 @@ def test_the_shared_session_and_a_driver_process_run_with_the_client_compiler_on
     arguments = next(line for line in printed.splitlines() if line.startswith("ARGS ")).split()
     assert CLIENT_COMPILER_ONLY in arguments
     codegen = next(line for line in printed.splitlines() if line.startswith("CODEGEN "))
-    assert (
-        codegen
-        == "CODEGEN {'spark.sql.codegen.wholeStage': 'true', 'spark.sql.codegen.factoryMode': 'FALLBACK'}"
-    )
+    assert json.loads(codegen.removeprefix("CODEGEN ")) == {
+        "spark.sql.codegen.wholeStage": "true",
+        "spark.sql.codegen.factoryMode": "FALLBACK",
+    }
