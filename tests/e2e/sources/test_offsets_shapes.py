@@ -496,9 +496,14 @@ class SlowLink:
             self._held -= 1
 
     def close(self) -> None:
-        """Stop accepting, end every connection and wait until each relay has closed its sockets."""
+        """Stop accepting, end every connection and wait until each relay has closed its sockets. The
+        listening socket is shut down before it is closed: closing it alone leaves the acceptor blocked in
+        ``accept`` (Linux wakes it only on ``shutdown``), and the join below waited out its 30 s."""
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
         self._acceptor.join(timeout=30)
+        assert not self._acceptor.is_alive(), "the acceptor still waits in accept"
         for connection in self._sockets:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
