@@ -139,15 +139,23 @@ class FileHandlePool:
         os.close(handle.fd)
 
     def close(self) -> None:
-        """Close every idle descriptor (pinned ones close when released)."""
+        """Close every idle descriptor (pinned ones close when released). A close that fails (``EIO``: a
+        failing disk reports a lost write there) has released its descriptor all the same, so the others
+        are closed too; the first such error is raised once all are."""
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
             for handle in handles:
                 handle.forgotten = True
+        failure: OSError | None = None
         for handle in handles:
             if not handle.users:
-                os.close(handle.fd)
+                try:
+                    os.close(handle.fd)
+                except OSError as error:
+                    failure = failure or error
+        if failure is not None:
+            raise failure
 
     def _checkout(self, path: str, create: bool) -> _Handle:
         with self._lock:

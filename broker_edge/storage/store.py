@@ -240,7 +240,10 @@ class LogStore(Appends, Reads, Admin):
         if self._directory_fd is not None:
             os.close(self._directory_fd)
             self._directory_fd = None
-        self._pool.close()
+        try:
+            self._pool.close()
+        except OSError as error:
+            unwritten.append(f"the log files' last writes ({error})")
         self._read_cache.clear()
         for waiters in [*self._topic_waiters.values(), self._pattern_waiters]:
             for waiter in waiters:

@@ -9,6 +9,8 @@ refuse, out of sync for good. The store syncs every partition's journal before i
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from broker_edge.storage import LogStore, StorageConfig
@@ -25,6 +27,15 @@ def _replicated(path: Path) -> LogStore:
     return store
 
 
+def _open_under(path: Path) -> list[str]:
+    """This process's open files under ``path``."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor, closed by now
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [name for name in names if name.startswith(f"{path}/")]
+
+
 def test_a_checkpoint_makes_the_epochs_of_the_records_it_names_committed_durable_first(
     lazy_mount: LazyMount,
 ) -> None:
@@ -38,6 +49,8 @@ def test_a_checkpoint_makes_the_epochs_of_the_records_it_names_committed_durable
     store.replicated_log.checkpoint()
     journal.record(topic_id, [(2, 0), (5, 3)])  # an epoch of no committed record: no checkpoint since
     lazy_mount.cut_power()
+    store.close()  # its writes fail and are said; every file on the mount is let go all the same
+    assert not _open_under(lazy_mount.path)
     lazy_mount.remount()
 
     again = _replicated(lazy_mount.path / "data")
