@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from .errors import DESCRIPTORS, passing_shortage
@@ -139,23 +139,13 @@ class FileHandlePool:
         os.close(handle.fd)
 
     def close(self) -> None:
-        """Close every idle descriptor (pinned ones close when released). A close that fails (``EIO``: a
-        failing disk reports a lost write there) has released its descriptor all the same, so the others
-        are closed too; the first such error is raised once all are."""
+        """Close every idle descriptor (pinned ones close when released)."""
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
             for handle in handles:
                 handle.forgotten = True
-        failure: OSError | None = None
-        for handle in handles:
-            if not handle.users:
-                try:
-                    os.close(handle.fd)
-                except OSError as error:
-                    failure = failure or error
-        if failure is not None:
-            raise failure
+        _close_all(handle.fd for handle in handles if not handle.users)
 
     def _checkout(self, path: str, create: bool) -> _Handle:
         with self._lock:
@@ -178,8 +168,7 @@ class FileHandlePool:
                 self.opened_total += 1
             handle.users += 1
             to_close += self._evict_locked()
-        for stale in to_close:
-            os.close(stale)
+        _close_all(to_close)
         return handle
 
     def _open_fd(self, path: str, flags: int) -> int:
@@ -211,8 +200,7 @@ class FileHandlePool:
         with self._lock:
             idle = [path for path, handle in self._handles.items() if handle.users == 0]
             fds = [self._handles.pop(path).fd for path in idle]
-        for fd in fds:
-            os.close(fd)
+        _close_all(fds)
         return len(fds)
 
     def _checkin(self, path: str, handle: _Handle) -> None:
@@ -221,9 +209,8 @@ class FileHandlePool:
             close_now = handle.forgotten and handle.users == 0
             to_close = self._evict_locked()
         if close_now:
-            os.close(handle.fd)
-        for stale in to_close:
-            os.close(stale)
+            to_close.append(handle.fd)
+        _close_all(to_close)
 
     def _evict_locked(self) -> list[int]:
         """Close the least recently used idle descriptors beyond the bound.
@@ -238,6 +225,20 @@ class FileHandlePool:
                 break
             closed.append(self._handles.pop(idle).fd)
         return closed
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    """Close every descriptor of ``fds``. A close that fails (``EIO``: a failing disk reports a lost write
+    there) has released its descriptor all the same, so the others are closed too; the first such error is
+    raised once all are."""
+    failure: OSError | None = None
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
 def _pwritev_all(fd: int, buffers: Sequence[bytes | memoryview], position: int) -> int:
