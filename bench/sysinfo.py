@@ -87,6 +87,23 @@ def process_tree(pid: int) -> list[int]:
     return seen
 
 
+def pin_tree(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid`'s process tree held to `cpus` (threads made later inherit it from their maker).
+
+    For a command whose own bounds count the CPUs it may run on (`timestone broker --workers N` takes at most
+    two members per CPU): started free, held to its CPUs once running."""
+    for process in process_tree(pid):
+        try:
+            tasks = list(Path(f"/proc/{process}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:  # (ended meanwhile)
+                continue
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory (VmRSS) of the process tree rooted at `pid`, in bytes."""
     total = 0

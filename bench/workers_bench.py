@@ -4,23 +4,23 @@
         [--only one,rf1,redirect,rf2,rf3] [--against REV]
 
 Five configurations, taking turns in each round, each started fresh with its data in a temporary directory
-and pinned to the first CPU (the publishers on the others): one broker (`one`); `--workers 2` (its own etcd,
-replication factor 1: `rf1`); `--workers 2` joining an etcd the bench runs, with replication factor 1 and
-`cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a Server Reference (so each ends up
-on the member leading its topic's partition: `redirect`); `--workers 2` joining that etcd with replication
-factor 2 (every log on both members, acknowledged once both hold it: `rf2`); `--workers 3` joining it with
-replication factor 3 (`rf3`: every member follows the partitions the two others lead); the publishers of the
-others are MQTT 3.1.1 clients. Members hand a publisher's connection over to the member leading its topic's
-partition (`cluster.hand_over_connections`, on by default; `redirect` turns it off in this checkout, so that
-its publishers are sent away instead). `--only` picks some of them. `--against REV` runs each configuration
-of the broker at git commit REV too (its `broker_edge` first on the broker's PYTHONPATH), taking turns with
-this checkout's, and writes a section of its own (before and after a change, as ratios from one run). P
-publishers, each on its own topic (so the topics spread over the partitions, and over the members that lead
-them), keep W QoS 1 publishes in flight on the one port the kernel spreads over the members; no subscriber.
-Figures: PUBACKs/s over the window, and PUBACKs per second of the CPU of every process of the broker
-(members, and the etcd the command runs) together. On two cores every member shares the first one: what this
-shows is what an acknowledged message costs a cluster on one host against a broker alone, not N members on N
-cores, which needs a many-core machine (`../shared/bigbench`, KIT_MEMBERS).
+and, once it answers, every thread of it pinned to the first CPU (the publishers on the others): one broker
+(`one`); `--workers 2` (its own etcd, replication factor 1: `rf1`); `--workers 2` joining an etcd the bench
+runs, with replication factor 1 and `cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a
+Server Reference (so each ends up on the member leading its topic's partition: `redirect`); `--workers 2`
+joining that etcd with replication factor 2 (every log on both members, acknowledged once both hold it:
+`rf2`); `--workers 3` joining it with replication factor 3 (`rf3`: every member follows the partitions the two
+others lead); the publishers of the others are MQTT 3.1.1 clients. Members hand a publisher's connection over
+to the member leading its topic's partition (`cluster.hand_over_connections`, on by default; `redirect` turns
+it off in this checkout, so that its publishers are sent away instead). `--only` picks some of them.
+`--against REV` runs each configuration of the broker at git commit REV too (its `broker_edge` first on the
+broker's PYTHONPATH), taking turns with this checkout's, and writes a section of its own (before and after a
+change, as ratios from one run). P publishers, each on its own topic (so the topics spread over the
+partitions, and over the members that lead them), keep W QoS 1 publishes in flight on the one port the kernel
+spreads over the members; no subscriber. Figures: PUBACKs/s over the window, and PUBACKs per second of the CPU
+of every process of the broker (members, and the etcd the command runs) together. On two cores every member
+shares the first one: what this shows is what an acknowledged message costs a cluster on one host against a
+broker alone, not N members on N cores, which needs a many-core machine (`../shared/bigbench`, KIT_MEMBERS).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from bench.brokers.timestone import timestone_executable
 from bench.report import RESULTS_DIR, replace_section
 from bench.revisions import short_commit, tree_of
 from bench.stream import FrameScanner
-from bench.sysinfo import cpu_seconds, machine_info, split_cpus
+from bench.sysinfo import cpu_seconds, machine_info, pin_tree, split_cpus
 from tests.harness.local_cluster import EtcdServer
 
 PAYLOAD = bytes(64)
@@ -89,6 +89,9 @@ class Configuration:
     redirect: bool = False
 
 
+_MACHINE_CPUS = os.sched_getaffinity(0)
+"""The CPUs this bench may use, before it holds itself to the load generator's."""
+
 CONFIGURATIONS = (
     Configuration("one", "one broker", 1, 1),
     Configuration("rf1", "--workers 2, replication factor 1 (its own etcd)", 2, 1),
@@ -117,6 +120,8 @@ def started(
         cluster = ""
         if replication > 1 or redirect:
             etcd = EtcdServer(directory / "etcd", secure=False).start()
+            if cpus and etcd.process is not None:  # beside the members, as the etcd `--workers` runs is
+                pin_tree(etcd.process.pid, cpus)
             cluster = (
                 f"cluster:\n  node_id: m\n  etcd: [{etcd.url}]\n  listen: {{host: 127.0.0.1, port: 0}}\n"
                 f"  replication_factor: {replication}\n  min_insync_replicas: {replication}\n"
@@ -134,11 +139,13 @@ def started(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                preexec_fn=lambda: os.sched_setaffinity(0, _MACHINE_CPUS),  # not the load's, which this has
                 env={**os.environ, "PYTHONPATH": str(source)} if source else None,
             )
         try:
             _wait_settled(port, process, directory)
+            if cpus:  # once its members run: `--workers N` allows two members per CPU it may run on
+                pin_tree(process.pid, cpus)
             yield port, process.pid
         finally:
             stop_process_group(process, grace=60)
@@ -271,13 +278,15 @@ async def _load(
 
 
 def measure(
-    label: str, configuration: Configuration, args: argparse.Namespace, source: Path | None = None
+    label: str,
+    configuration: Configuration,
+    args: argparse.Namespace,
+    broker_cpus: set[int] | None,
+    source: Path | None = None,
 ) -> Run:
-    broker_cpus, load_cpus = split_cpus()
+    """One run of ``configuration``, its processes held to ``broker_cpus``; this process is on the others."""
     workers, replication, redirect = configuration.workers, configuration.replication, configuration.redirect
     with started(workers, replication, broker_cpus, redirect, source) as (port, pid):
-        if load_cpus:
-            os.sched_setaffinity(0, load_cpus)
         topics = [f"workers/{os.getpid()}/{n}" for n in range(args.publishers)]
         cpu0 = cpu_seconds(pid)
         began = time.monotonic()
@@ -306,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only: no configuration {', '.join(sorted(unknown))}")
     configurations = [c for c in CONFIGURATIONS if c.key in keys]
+    broker_cpus, load_cpus = split_cpus()  # once: this process then holds itself to the load's CPUs
+    if load_cpus:
+        os.sched_setaffinity(0, load_cpus)
     with tempfile.TemporaryDirectory(prefix="workers-bench-") as scratch:
         sources: dict[str, Path | None] = {"": None}
         if args.against:
@@ -319,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_number in range(args.rounds):
             for configuration, name, source in turns if round_number % 2 == 0 else list(reversed(turns)):
                 label = configuration.label + name
-                runs[label].append(measure(label, configuration, args, source))
+                runs[label].append(measure(label, configuration, args, broker_cpus, source))
     text = render(runs, args, load_before, os.getloadavg(), list(sources))
     print(text)
     replace_section(args.output, _heading(args), text)  # the file's other sections are kept
