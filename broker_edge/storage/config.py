@@ -67,10 +67,11 @@ class StorageConfig:
     synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow under
     load). 0, the default: every window goes to the writer thread (syncing on the loop costs the persisted
     fan-in throughput, since the loop waits for the disk)."""
-    syncfs_min_segments: int = 8
+    syncfs_min_segments: int = 2
     """A window touching at least this many files (segments of several partitions, their open indexes, the
     catalog) is made durable by one syncfs(2) of the store's filesystem instead of an fdatasync per file
-    (Linux >= 5.8, not on FUSE filesystems, where syncfs does not reach the server); 0 turns this off."""
+    (Linux >= 5.8, not on FUSE filesystems, where syncfs does not reach the server); 0 turns this off. A
+    syncfs also reports another program's lost write on that filesystem (a failed sync stops the store)."""
     persist: list[PersistRule] = field(
         default_factory=lambda: [PersistRule("spBv1.0/#", (0, 1, 2)), PersistRule("#")]
     )

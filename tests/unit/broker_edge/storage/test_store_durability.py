@@ -85,7 +85,8 @@ async def _append_and_wait(
 @pytest.mark.parametrize("durability", ["group", "fsync"])
 def test_when_durable_fires_on_the_loop_after_fsync(tmp_path: Path, monkeypatch, durability: Durability):
     spy = FsyncSpy(monkeypatch)
-    store = _open(tmp_path, durability, group_commit_ms=5)
+    # the fdatasync path: a new topic's window touches three files, which the default makes one syncfs
+    store = _open(tmp_path, durability, group_commit_ms=5, syncfs_min_segments=0)
 
     seen = asyncio.run(_append_and_wait(store, tmp_path, 30, spy))
 
@@ -101,13 +102,13 @@ def test_when_durable_fires_on_the_loop_after_fsync(tmp_path: Path, monkeypatch,
 
 def test_fsync_policy_syncs_every_append_and_group_policy_batches(tmp_path: Path, monkeypatch):
     spy = FsyncSpy(monkeypatch)
-    fsync_store = _open(tmp_path / "fsync", "fsync")
+    fsync_store = _open(tmp_path / "fsync", "fsync", syncfs_min_segments=0)  # fdatasyncs only, counted
     asyncio.run(_append_and_wait(fsync_store, tmp_path / "fsync", 20, spy))
     per_append = len(spy.sizes)
     fsync_store.close()
     spy.sizes.clear()
 
-    group_store = _open(tmp_path / "group", "group", group_commit_ms=50)
+    group_store = _open(tmp_path / "group", "group", group_commit_ms=50, syncfs_min_segments=0)
     asyncio.run(_append_and_wait(group_store, tmp_path / "group", 200, spy))
     grouped = len(spy.sizes)
     group_store.close()
@@ -360,6 +361,26 @@ def test_a_window_touching_many_files_is_made_durable_by_one_syncfs(tmp_path: Pa
 
     assert (seen["syncfs"], seen["fdatasyncs"]) == (1, 0)
     assert seen["on_disk"] == dict.fromkeys(topics, 1)
+    store.close()
+
+
+def test_by_default_a_window_of_two_files_or_more_is_one_syncfs_and_a_window_of_one_file_an_fdatasync(
+    tmp_path: Path, monkeypatch
+):
+    """A cluster member's windows touch a few partitions' segments each: one syncfs costs less CPU than
+    their fdatasyncs at once (bench/sync_window_bench.py). The window of a topic's first record touches its
+    segment, the segment's new open index and the catalog; a later window of that topic, the segment alone."""
+    assert syncfs_available()
+    spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
+    store = _open(tmp_path, "group", group_commit_ms=20)
+    assert store.config.syncfs_min_segments == 2
+
+    first = asyncio.run(_one_record_per_topic(store, tmp_path, ["device/1/telemetry"], spies))
+    later = asyncio.run(_one_record_per_topic(store, tmp_path, ["device/1/telemetry"], spies))
+
+    assert (first["syncfs"], first["fdatasyncs"]) == (1, 0)
+    assert (later["syncfs"], later["fdatasyncs"]) == (1, 1)
+    assert later["on_disk"] == {"device/1/telemetry": 2}
     store.close()
 
 

@@ -334,7 +334,9 @@ def test_a_session_opens_only_once_the_replicas_tail_is_durable_so_the_leaders_a
 
     async def body(pair: _Pair) -> None:
         pair.follower_store.close()
-        pair.follower_store = LogStore(tmp_path / "b2-group", StorageConfig(durability="group"))
+        pair.follower_store = LogStore(  # (fdatasyncs: the hold below is on them, not on a syncfs)
+            tmp_path / "b2-group", StorageConfig(durability="group", syncfs_min_segments=0)
+        )
         pair.follower_store.open()
         monkeypatch.setattr(FileHandlePool, "fdatasync", held)
         run = await _append(pair.leader_store, "t", [b"one", b"two", b"three"])
