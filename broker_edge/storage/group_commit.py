@@ -165,11 +165,11 @@ def sync_job(job: Job, pool: FileHandlePool, plan: SyncPlan) -> None:
             if write.always_sync:
                 write.make_durable(pool, True)
         return
-    if plan.syncfs_fd is not None and len(writes) >= plan.syncfs_min_segments:
+    paths = list(dict.fromkeys(write.path for write in writes))
+    if plan.syncfs_fd is not None and len(paths) >= plan.syncfs_min_segments:  # files, not writes
         sync_filesystem(plan.syncfs_fd)
         plan.syncfs_calls += 1
     else:
-        paths = list(dict.fromkeys(write.path for write in writes))
         if len(paths) > 1:
             plan.sync_all(pool, paths)
         for number, write in enumerate(writes):
