@@ -144,8 +144,7 @@ def run(args: argparse.Namespace) -> str:
             shutil.rmtree(scratch, ignore_errors=True)
     head = [
         f"`bench/sync_window_bench.py`, {when_and_where()} {args.windows} windows a run, the methods taking "
-        f"turns {args.rounds} times (each figure the median of the runs); directory: "
-        f"{args.directory or tempfile.gettempdir()}.",
+        f"turns {args.rounds} times (each figure the median of the runs); directory: {args.directory}.",
         "",
         "| neighbour writing (MiB/s) | files a window | made durable | wall ms (median) | wall ms (p99) "
         "| CPU µs a window | CPU µs, each run |",
@@ -160,9 +159,7 @@ def _numbers(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.sync_window_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--files", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2, 3, 4, 8]
-    )
+    parser.add_argument("--files", type=_numbers, default=[1, 2, 3, 4, 8])
     parser.add_argument("--windows", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--neighbour-mib", type=_numbers, default=[0, 100])
