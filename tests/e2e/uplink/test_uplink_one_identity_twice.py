@@ -87,7 +87,11 @@ def first_site_holding(
 
 
 def holds_only(hub: RunningBroker, site: RunningBroker) -> bool:
-    """Whether the hub's copy of plant-c's log is ``site``'s, byte for byte, and holds nothing of another."""
+    """Whether the hub's copy of plant-c's log is ``site``'s, byte for byte, and holds nothing of another.
+
+    Waited for, not asserted once: the site's last publishes become durable (and are uplinked) a moment
+    after the publishing ends, so the two logs can be equal a moment before the site's grows again. A
+    record of another broker in the hub's copy stays there, so it never turns true once one is mixed in."""
     return frames(hub, MIRROR) == frames(site, TOPIC) and not [
         p for p in held(hub, MIRROR) if not p.startswith(b"site-1")
     ]
@@ -106,8 +110,7 @@ def test_a_second_broker_with_a_connected_sites_certificate_is_refused_and_never
         assert wait_for(lambda: refusals() >= 2, 20)
         assert said(caplog, logging.ERROR, HUB_LOG, "site plant-c is already connected from 127.0.0.1")
         assert said(caplog, logging.ERROR, SITE_LOG, "site 'plant-c' is already connected")
-    assert wait_for(lambda: frames(hub, MIRROR)[1:] == frames(first, TOPIC)[1:], 20)
-    assert holds_only(hub, first)
+    assert wait_for(lambda: holds_only(hub, first), 20)
 
 
 def test_a_cut_keeps_the_site_for_its_broker_and_a_second_one_is_refused_meanwhile(
@@ -133,7 +136,6 @@ def test_a_cut_keeps_the_site_for_its_broker_and_a_second_one_is_refused_meanwhi
             assert said(caplog, logging.ERROR, HUB_LOG, "its connection ended without a close")
             wan.heal()
             assert wait_for(lambda: first.call(lambda: link.connected), 20)
-        assert wait_for(lambda: frames(hub, MIRROR)[1:] == frames(first, TOPIC)[1:], 20)
-        assert holds_only(hub, first)
+        assert wait_for(lambda: holds_only(hub, first), 20)
     finally:
         wan.close()
