@@ -116,15 +116,16 @@ class AnswersInTurn:
         """Answers of ``entries`` (in arrival order) may complete out of order: each waits for the earlier
         ones of its publisher."""
         queues = self._queues
+        last: object = None  # a publisher's publishes mostly follow each other: one lookup for each run
+        queue: deque[PendingPublish] = deque()  # replaced at the first entry waited for
         for entry in entries:
             sink = entry.publisher if entry.publisher is not None else entry.batch
             if sink is None or entry.packet_id is None:
                 continue
-            queue = queues.get(sink)
-            if queue is None:
-                queues[sink] = deque((entry,))
-            else:
-                queue.append(entry)
+            if sink is not last:
+                last = sink
+                queue = queues.setdefault(sink, deque())
+            queue.append(entry)
 
     def ready(self, entry: PendingPublish) -> None:
         """``entry``'s answer is known (``reason_code``, ``reason_string``): send it, and the answers behind
@@ -139,6 +140,27 @@ class AnswersInTurn:
             answer(queue.popleft())
         if not queue:
             del self._queues[sink]
+
+    def ready_all(self, entries: Sequence[PendingPublish]) -> None:
+        """``ready`` of each of ``entries`` (a batch, in arrival order), the answers that come due sent with
+        ``answer_all``: a publisher's PUBACKs due together go in one write, as a broker alone's do."""
+        queues = self._queues
+        if not queues:
+            answer_all(entries)
+            return
+        due: list[PendingPublish] = []
+        for entry in entries:
+            sink = entry.publisher if entry.publisher is not None else entry.batch
+            queue = queues.get(sink) if sink is not None else None
+            if queue is None:  # not waited for: in turn already
+                due.append(entry)
+                continue
+            entry.ready = True
+            while queue and queue[0].ready:
+                due.append(queue.popleft())
+            if not queue:
+                del queues[sink]
+        answer_all(due)
 
     def answerer(self) -> Callable[[PendingPublish], None]:
         """What answers a batch's entries as they become known: ``ready``, or ``answer`` itself while no

@@ -260,6 +260,10 @@ class SharedDispatch(Protocol):
         """Serve the shared groups of ``message`` (this broker's members through
         ``Router.deliver_to_group``); returns how many groups it went to, or will."""
 
+    def serves(self, topic: str) -> bool:
+        """Whether a shared group's filter matches ``topic`` (else ``dispatch`` of a message on it serves
+        none)."""
+
     def undelivered(self, message: Message) -> None:
         """A member's session ended holding ``message`` (a copy ``dispatch`` handed here) unacknowledged, and
         no other member here took it: another broker's member gets it, as when a broker has none left."""

@@ -53,8 +53,6 @@ from broker_edge.engine.answers import (
     PendingPublish,
     Publisher,
     acknowledge,
-    answer,
-    answer_all,
 )
 from broker_edge.engine.connection.inbound import MAX_TOPICS_APPENDED_HERE
 from broker_edge.engine.connection.states import CLOSED
@@ -656,7 +654,6 @@ class PublishPath:
         other members get it from their copy of the log): 0x00."""
         router = self.router
         alone = self.forwarding is None
-        ready = self._answers.answerer()
         appends = appended_bytes = 0
         count = len(batch)
         run_end = tried_until = 0  # the entries before them: routed as a run, looked at for one
@@ -680,10 +677,7 @@ class PublishPath:
                 message.frame = None  # routed: recent messages and queues keep no second copy of it
                 if message.retain:
                     entry.reason_string = retained_not_kept(router, message)
-            if ready is not answer:
-                ready(entry)
-        if ready is answer:  # none waits for another: every answer once the batch is routed, in runs
-            answer_all(batch)
+        self._answers.ready_all(batch)  # every answer once the batch is routed, a publisher's in runs
         replays = self.replays
         if replays is not None:
             replays.appended_runs(runs)
@@ -764,18 +758,24 @@ def _move(topic: str, publisher: Publisher, inbound: Inbound, forwarding: Forwar
 def _appended_here(entries: list[PendingPublish]) -> None:
     """Note the topics of ``entries`` appended here (this member leads them) on their publishers
     (``Inbound.appended_here``)."""
+    last: tuple[object, str] | None = None  # a publisher's run on one topic is noted once
     for entry in entries:
         message = entry.message
         if message is None:  # an answer alone (a QoS 2 publish sent again, a refusal)
             continue
-        inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
+        publisher = entry.publisher
+        topic = message.topic
+        if last is not None and last[0] is publisher and last[1] == topic:
+            continue
+        last = (publisher, topic)
+        inbound = getattr(publisher, "inbound", None)  # a client's (a peer has none)
         if inbound is None:
             continue
         topics = inbound.appended_here
         if topics is None:
-            inbound.appended_here = {message.topic}
+            inbound.appended_here = {topic}
         elif len(topics) < MAX_TOPICS_APPENDED_HERE:
-            topics.add(message.topic)
+            topics.add(topic)
 
 
 def _stays(inbound: Inbound, forwarding: Forwarding) -> bool:

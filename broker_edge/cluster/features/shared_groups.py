@@ -233,6 +233,9 @@ class SharedGroups:
                 served += 1
         return served
 
+    def serves(self, topic: str) -> bool:
+        return bool(self.directory.match(topic))
+
     def _dispatch_unlogged(self, message: Message, groups: list[SharedGroup[str]]) -> int:
         me = self.view.node_id
         local_only = message.topic.startswith(LOCAL_ONLY_PREFIX)

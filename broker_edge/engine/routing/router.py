@@ -217,13 +217,14 @@ class Router:
     def publish_run(self, run: PublishRun | LoggedRun) -> int | None:
         """Deliver a run of plain messages of one publisher and topic (``engine.publish_run``) to every
         matching session, as ``publish`` would each of them; how many sessions matched each, or None when
-        shared groups take part (nothing delivered then: each goes through ``publish``).
+        shared groups match its topic (nothing delivered then: each goes through ``publish``).
 
         A run of unlogged QoS 0 messages goes to every session at once (``send_run``: no cursor holds them,
         none waits offline); a run of logged QoS 1 messages goes so to a QoS 0 subscriber with none of a
         session's rare fields set (no log cursors, no ``offset`` property), to every other one each message
         as ``publish`` sends it."""
-        if self._shared_dispatch is not None:
+        shared = self._shared_dispatch
+        if shared is not None and shared.serves(run.topic):
             return None
         match = self.trie.match(run.topic)
         if match.groups:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from broker_edge.engine.answers import AnswersInTurn, ForwardedBatch, PendingPublish, answer_all
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
+from broker_edge.protocol.codec import PacketDecoder
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, PubRec
 from broker_edge.protocol.properties import Properties
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
@@ -128,3 +129,24 @@ def test_a_batch_answered_at_once_keeps_other_answers_in_their_place():
     assert client.read() == [PubAck(1), PubAck(2), PubRec(9), PubAck(3, 0x97)]
     assert old.closed and old.read() == [PubAck(1)]
     assert gone.read() == []
+
+
+def test_a_members_batch_answers_what_came_due_in_turn_and_a_publishers_run_in_one_write():
+    """A cluster member's batches complete in any order: ``ready_all`` of a batch answers what it makes due,
+    each publisher's answers in the order of its publishes, and a publisher's PUBACKs due together as one
+    write, as a broker alone's."""
+    core = make_core()
+    device, other = connected(core, "device"), connected(core, "other")
+    answers = AnswersInTurn()
+    first, second, third, fourth = publishes(device, 4)
+    (alone,) = publishes(other, 1)
+    answers.expect([first, second, third, fourth, alone])
+    answers.ready_all([third, fourth, alone])
+    assert device.read() == [] and other.read() == [PubAck(1)]
+    answers.ready_all([first, second])
+    core.run_soon()
+    written = device.conn.take_output()
+    assert written is not None and len(written) == 1, "the four PUBACKs are one write"
+    decoder = PacketDecoder(role="client", protocol_version=MQTT_5)
+    assert decoder.feed(written[0]) == [PubAck(1), PubAck(2), PubAck(3), PubAck(4)]
+    assert device.conn.incoming_pending == 0 and answers.pending() == 0

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
+from broker_edge.engine.publish_run import LoggedRun
 from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
 from broker_edge.protocol.packets import Will
 from broker_edge.security.limits import LimitsConfig
@@ -31,6 +33,9 @@ class Told:
     def dispatch(self, message: Message) -> int:
         self.dispatched.append(message.payload)
         return 1
+
+    def serves(self, topic: str) -> bool:
+        return topic.startswith("jobs/")
 
     def undelivered(self, message: Message) -> None:
         self.given_back.append(message.payload)
@@ -114,3 +119,24 @@ def test_a_members_wills_go_to_its_wills_port_a_broker_alones_through_its_publis
     told = _joined(member)
     member.publish_will(Will("status/b", b"gone too", 1, False), "b")
     assert told.wills == [b"gone too"] and published == [b"gone"]
+
+
+def _run(topic: str, *payloads: bytes) -> LoggedRun:
+    """Logged QoS 1 messages of one publisher on ``topic``, as the PUBLISH path routes them together."""
+    return LoggedRun([Message(topic, payload, 1, origin="p", offset=n) for n, payload in enumerate(payloads)])
+
+
+def test_a_members_run_goes_to_its_subscribers_at_once_unless_a_shared_group_matches_its_topic():
+    """In a cluster, a run of logged messages on a topic no shared group matches is routed as one run, as a
+    broker alone routes it; on a topic the dispatcher serves, None: each message goes through ``publish``."""
+    router = Router(LimitsConfig())
+    told = _joined(router)
+    subscriber = router.session_type("s")
+    for topic_filter in ("metrics/+", "jobs/+"):
+        router.subscribe(subscriber, topic_filter, topic_filter, None, SubscriptionOptions(1))
+
+    assert router.publish_run(_run("metrics/1", b"a", b"b")) == 1
+    assert _queued(subscriber) == [b"a", b"b"]
+
+    assert router.publish_run(_run("jobs/1", b"c", b"d")) is None
+    assert _queued(subscriber) == [b"a", b"b"] and told.dispatched == []
