@@ -1,7 +1,7 @@
 """Members on one host: `timestone broker --workers 2` against one broker, QoS 1 publishers on one address.
 
     .venv/bin/python -m bench.workers_bench [--publishers 16] [--window 64] [--seconds 6] [--rounds 2]
-        [--only one,rf1,redirect,rf2,rf3] [--against REV]
+        [--only one,rf1,redirect,rf2,rf3] [--against REV] [--cpu-samples DIR]
 
 Five configurations, taking turns in each round, each started fresh with its data in a temporary directory
 and, once it answers, every thread of it pinned to the first CPU (the publishers on the others): one broker
@@ -21,6 +21,8 @@ spreads over the members; no subscriber. Figures: PUBACKs/s over the window, and
 of every process of the broker (members, and the etcd the command runs) together. On two cores every member
 shares the first one: what this shows is what an acknowledged message costs a cluster on one host against a
 broker alone, not N members on N cores, which needs a many-core machine (`../shared/bigbench`, KIT_MEMBERS).
+`--cpu-samples DIR`: every broker process of each run samples where its CPU goes (`bench/cpu_samples.py`,
+into `DIR/<configuration>-<round>`, `-against` for REV's); `python -m bench.cpu_samples --report` reads them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import frames, net
+from bench import cpu_samples, frames, net
 from bench.brokers.base import stop_process_group
 from bench.brokers.timestone import timestone_executable
 from bench.report import RESULTS_DIR, replace_section
@@ -110,10 +112,12 @@ def started(
     cpus: set[int] | None,
     redirect: bool = False,
     source: Path | None = None,
+    samples: Path | None = None,
 ) -> Iterator[tuple[int, int]]:
     """A broker (``workers`` 1) or ``--workers`` members on a free port: (port, pid of the command).
     ``redirect``: with ``cluster.redirect_publishers`` (joining an etcd of the bench's); ``source``: a
-    directory whose ``broker_edge`` runs instead of this checkout's."""
+    directory whose ``broker_edge`` runs instead of this checkout's; ``samples``: the directory where each
+    broker process writes its CPU samples (``bench/cpu_samples.py``)."""
     directory = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     etcd = None
     try:
@@ -131,6 +135,8 @@ def started(
         port = net.free_port()
         config = _config(directory, port, cluster)
         command = [str(timestone_executable()), "broker", "--config", str(config)]
+        if samples is not None:  # the script by its path: ``source``'s broker_edge is still the one imported
+            command[:1] = [sys.executable, str(Path(cpu_samples.__file__)), str(samples)]
         if workers > 1:
             command += ["--workers", str(workers)]
         with open(directory / "broker.log", "wb") as log:
@@ -283,10 +289,11 @@ def measure(
     args: argparse.Namespace,
     broker_cpus: set[int] | None,
     source: Path | None = None,
+    samples: Path | None = None,
 ) -> Run:
     """One run of ``configuration``, its processes held to ``broker_cpus``; this process is on the others."""
     workers, replication, redirect = configuration.workers, configuration.replication, configuration.redirect
-    with started(workers, replication, broker_cpus, redirect, source) as (port, pid):
+    with started(workers, replication, broker_cpus, redirect, source, samples) as (port, pid):
         topics = [f"workers/{os.getpid()}/{n}" for n in range(args.publishers)]
         cpu0 = cpu_seconds(pid)
         began = time.monotonic()
@@ -309,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--against", metavar="REV", help="a commit whose broker runs each configuration too")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "workers.md")
+    parser.add_argument(
+        "--cpu-samples",
+        type=Path,
+        metavar="DIR",
+        help="each run's broker processes sample their CPU into DIR/<configuration>-<round>",
+    )
     args = parser.parse_args(argv)
     keys = args.only.split(",") if args.only else [c.key for c in CONFIGURATIONS]
     unknown = set(keys) - {c.key for c in CONFIGURATIONS}
@@ -331,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         for round_number in range(args.rounds):
             for configuration, name, source in turns if round_number % 2 == 0 else list(reversed(turns)):
                 label = configuration.label + name
-                runs[label].append(measure(label, configuration, args, broker_cpus, source))
+                samples = None
+                if args.cpu_samples is not None:
+                    run_name = f"{configuration.key}{'-against' if source else ''}-{round_number + 1}"
+                    samples = args.cpu_samples / run_name
+                runs[label].append(measure(label, configuration, args, broker_cpus, source, samples))
     text = render(runs, args, load_before, os.getloadavg(), list(sources))
     print(text)
     replace_section(args.output, _heading(args), text)  # the file's other sections are kept
