@@ -128,22 +128,14 @@ class AnswersInTurn:
             queue.append(entry)
 
     def ready(self, entry: PendingPublish) -> None:
-        """``entry``'s answer is known (``reason_code``, ``reason_string``): send it, and the answers behind
-        it that waited for it, unless an earlier one of its publisher is still unknown."""
-        sink = entry.publisher if entry.publisher is not None else entry.batch
-        queue = self._queues.get(sink) if sink is not None else None
-        if queue is None:  # not waited for (a broker alone's): in turn already
-            answer(entry)
-            return
-        entry.ready = True
-        while queue and queue[0].ready:
-            answer(queue.popleft())
-        if not queue:
-            del self._queues[sink]
+        """``entry``'s answer is known (``reason_code``, ``reason_string``): ``ready_all`` of it alone."""
+        self.ready_all((entry,))
 
     def ready_all(self, entries: Sequence[PendingPublish]) -> None:
-        """``ready`` of each of ``entries`` (a batch, in arrival order), the answers that come due sent with
-        ``answer_all``: a publisher's PUBACKs due together go in one write, as a broker alone's do."""
+        """The answers of ``entries`` (in arrival order) are known: send each that no earlier answer of its
+        publisher still waits for, with the answers behind it that waited for it. What comes due goes out
+        with ``answer_all``: a publisher's PUBACKs due together in one write, as a broker alone's, whose
+        answers never wait."""
         queues = self._queues
         if not queues:
             answer_all(entries)
@@ -161,12 +153,6 @@ class AnswersInTurn:
             if not queue:
                 del queues[sink]
         answer_all(due)
-
-    def answerer(self) -> Callable[[PendingPublish], None]:
-        """What answers a batch's entries as they become known: ``ready``, or ``answer`` itself while no
-        answer waits for an earlier one (a broker alone's always), one call fewer per publish. Taken once
-        per batch: only ``expect`` makes answers wait, and answering never calls it."""
-        return self.ready if self._queues else answer
 
     def pending(self) -> int:
         """Answers waiting for an earlier one of their publisher."""

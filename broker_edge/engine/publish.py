@@ -466,10 +466,9 @@ class PublishPath:
         return local
 
     def _forwarded(self, topic: str, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
-        ready = self._answers.answerer()
         for entry, ack in zip(entries, acks, strict=True):
             self._settle(entry, ack)
-            ready(entry)
+        self._answers.ready_all(entries)
         forwarding = self.forwarding
         if forwarding is not None and forwarding.moves_publishers:
             self._move_publishers(topic, entries, forwarding)
@@ -635,14 +634,13 @@ class PublishPath:
             )
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else _refusal_code(exc)
         reason_string = str(exc) if refused else None
-        ready = self._answers.answerer()
         for entry in batch:
             if not entry.settled:
                 if entry.message is not None:
                     self.counters.drop(reason)
                 entry.reason_code = reason_code
                 entry.reason_string = reason_string
-            ready(entry)
+        self._answers.ready_all(batch)
         if self._held_readers:
             self._answered()
 
