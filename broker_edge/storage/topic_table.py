@@ -123,10 +123,13 @@ class TopicTable:
         self.durable_ms = array("q", sealed.newest_ms)
         self.index_ms = array("q", sealed.newest_ms)
         self.start = array("q", start)
+        self.dropped = array("q", dropped)
         for topic_id, offset in sealed.restarts.items():
             if offset > self.start[topic_id]:
                 self.start[topic_id] = offset
-        self.dropped = array("q", dropped)
+            # The snapshot's drops came before the restart (no later segment was sealed by then, so none
+            # was deleted) and the sealed total counts from the restart on, as `restart_live` does.
+            self.dropped[topic_id] = 0
         self.head_last = array("i", [-1]) * count
         self.rule = array("B", [NO_RULE]) * count
         self.truncated = set(sealed.truncated)

@@ -215,3 +215,24 @@ PartitionLogsMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_partition_logs_read_back_what_is_durable = PartitionLogsMachine.TestCase
+
+
+def test_a_log_restarted_after_retention_has_no_bytes_after_a_crash() -> None:
+    """A case the model found: a log whose bytes retention dropped restarts empty, and the segment with its
+    restart is sealed before a crash. Recovery took the bytes dropped before the restart from the snapshot
+    and the total since it from the sealed index, and reported -30 bytes."""
+    machine = PartitionLogsMachine()
+    try:
+        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+        machine.append_batch(topic="plant/5/line-2", sizes=[0])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.close_and_reopen()
+        machine.retention(age=0)
+        machine.restart(topic="plant/5/line-2", ahead=0)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
+        machine.flush()
+        machine.crash(torn=False, unseal=False)
+        assert machine.store.log_info("plant/5/line-2").bytes == 0
+        machine.every_topic_reads_back_what_is_durable()
+    finally:
+        machine.teardown()
