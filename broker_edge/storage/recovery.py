@@ -444,8 +444,7 @@ def _register_sealed(
         )
         if (found_index is None and number < last_sealed) or damaged_index:  # gone between sealed, damaged
             if segment.base < 0 or not segment.base:
-                previous = part.segments[-1] if part.segments else None
-                segment.base = previous.base + previous.row_count if previous is not None else part.next_base
+                segment.base = _following_base(part)
             found_index, damage = _rebuild_index(part, segment, sealed, topics, quarantine)
             loading.indexes_rebuilt += 1
             if damage is not None:
@@ -466,6 +465,14 @@ def _register_sealed(
         open_rows = read_open_index(segment.open_path, pool)
         segment.base = open_rows.base if open_rows is not None and open_rows.number == segment.number else -1
         unsealed.append(segment)
+
+
+def _following_base(part: PartitionLog) -> int:
+    """The first position of a segment whose base nothing on disk records: after the segment loaded before
+    it, and after every segment the snapshot counts (one retention deleted between them included)."""
+    previous = part.segments[-1] if part.segments else None
+    after_previous = previous.base + previous.row_count if previous is not None else 0
+    return max(after_previous, part.next_base)
 
 
 def _damaged_index(part: PartitionLog, segment: Segment, index: SealedIndex, topics: int) -> bool:
@@ -597,8 +604,7 @@ def _load_rows(
     segments after it stay. Damage followed by valid entries is stepped over by the scan, not cut."""
     pool = part.pool
     if segment.base < 0:  # no open index header: it follows the segment before it
-        previous = part.segments[-1] if part.segments else None
-        segment.base = previous.base + previous.row_count if previous is not None else part.next_base
+        segment.base = _following_base(part)
     segment.rows = ActiveIndex()
     part.add_loaded(segment)
     open_rows = read_open_index(segment.open_path, pool)
@@ -757,6 +763,7 @@ def replay_marker(
         # As `LogStore.truncate` did: the cut first, then the marker's row chained where the cut left the
         # topic, carrying the bytes cut from segments sealed now (a segment sealed before the crash may be
         # in memory again, its cut rows dead: its seal will not count them, so neither may the marker).
+        segment.size = position  # (what the rows cut end at: the scan sets the segment's size at its end)
         dropped = part.cut_live(topic_id, marker.offset)
         rows.add_marker(
             topic_id, position, marker.offset, TRUNCATE, dropped, part.marker_prev(topic_id, segment)

@@ -392,8 +392,13 @@ def apply_groups(state: SealedState, index: SealedIndex, quarantine: Quarantine 
         if group.flags & FLAG_RESTART:
             total[topic_id] = group.bytes
             state.restarts[topic_id] = group.first_offset
+            state.cuts.pop(topic_id, None)
         else:
             total[topic_id] += group.bytes - group.dropped
+            if group.flags & FLAG_TRUNCATED:
+                cut = state.cuts.get(topic_id)
+                if cut is None or group.first_offset < cut[0]:
+                    state.cuts[topic_id] = (group.first_offset, total[topic_id] - group.bytes)
         if group.newest_time > newest_ms[topic_id]:
             newest_ms[topic_id] = group.newest_time
         if group.flags & FLAG_TRUNCATED:

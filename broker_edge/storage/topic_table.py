@@ -130,6 +130,10 @@ class TopicTable:
             # The snapshot's drops came before the restart (no later segment was sealed by then, so none
             # was deleted) and the sealed total counts from the restart on, as `restart_live` does.
             self.dropped[topic_id] = 0
+        for topic_id, (offset, total_then) in sealed.cuts.items():
+            if self.start[topic_id] > offset:
+                self.start[topic_id] = offset
+                self.dropped[topic_id] = total_then
         self.head_last = array("i", [-1]) * count
         self.rule = array("B", [NO_RULE]) * count
         self.truncated = set(sealed.truncated)
@@ -144,13 +148,17 @@ class SealedState:
     """Per topic, what the sealed segments say: its newest segment, its first offset there, its end, its
     bytes and newest time. Owned by the sealer thread once the store is open."""
 
-    __slots__ = ("end", "head_first", "head_seg", "newest_ms", "restarts", "total", "truncated")
+    __slots__ = ("cuts", "end", "head_first", "head_seg", "newest_ms", "restarts", "total", "truncated")
 
     def __init__(self, topics: int = 0) -> None:
         self.truncated: set[int] = set()
         self.restarts: dict[int, int] = {}
         """Topics whose log restarted at a later offset in a sealed segment applied since the snapshot: their
         start (the snapshot's start column has the earlier ones)."""
+        self.cuts: dict[int, tuple[int, int]] = {}
+        """Topics truncated in a sealed segment applied since the snapshot (and not restarted after): the
+        lowest offset cut to and the topic's total bytes right after that cut. A cut below the snapshot's
+        start empties the log there, as `ReplicatedLog.truncate_to` did live."""
         self.head_seg = array("i", [NO_SEGMENT]) * topics
         self.head_first = array("q", bytes(8 * topics))
         self.end = array("q", bytes(8 * topics))

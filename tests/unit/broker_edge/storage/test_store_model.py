@@ -82,14 +82,20 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         self.pending = {}
 
     @precondition(lambda self: not self.pending)
-    @rule(topic=st.sampled_from(TOPICS), back=st.integers(0, 5))
-    def truncate(self, topic: str, back: int) -> None:
+    @rule(topic=st.sampled_from(TOPICS), back=st.integers(0, 5), under=st.integers(0, 3))
+    def truncate(self, topic: str, back: int, under: int) -> None:
+        """Cut the log `back` records from its end, or (`under`) that far below its start, as a replica
+        whose retention went past what its new leader has is cut: its log is then empty from there."""
         if topic not in self.store:
             return
-        end = self._end(topic)
-        offset = max(self.starts.get(topic, 0), end - back)
+        start = self.starts.get(topic, 0)
+        offset = max(start - under, 0) if under else max(start, self._end(topic) - back)
         self.store.replicated_log.truncate_to(topic, offset)
-        del self.durable.setdefault(topic, [])[offset - self.starts.get(topic, 0) :]
+        if offset < start:
+            self.starts[topic] = offset
+            self.durable[topic] = []
+        else:
+            del self.durable.setdefault(topic, [])[offset - start :]
 
     @precondition(lambda self: not self.pending)
     @rule(topic=st.sampled_from(TOPICS), ahead=st.integers(0, 20))
@@ -217,6 +223,30 @@ PartitionLogsMachine.TestCase.settings = settings(
 test_partition_logs_read_back_what_is_durable = PartitionLogsMachine.TestCase
 
 
+def test_a_log_cut_below_its_start_keeps_its_start_after_a_crash() -> None:
+    """A log whose start retention moved up is cut below it, and the segment with the cut is sealed before a
+    crash: recovery kept the snapshot's start above the log's end (a record appended at the cut's offset
+    could never be read) and its bytes dropped before the cut (negative bytes)."""
+    machine = PartitionLogsMachine()
+    try:
+        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+        machine.append_batch(topic="plant/5/line-2", sizes=[10, 10])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.close_and_reopen()
+        machine.retention(age=0)
+        assert machine.store.start_offset("plant/5/line-2") == 2
+        machine.truncate(topic="plant/5/line-2", back=0, under=1)
+        machine.append_batch(topic="plant/5/line-2", sizes=[10])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
+        machine.flush()
+        machine.crash(torn=False, unseal=False)
+        info = machine.store.log_info("plant/5/line-2")
+        assert (info.start_offset, info.end_offset) == (1, 2)
+        machine.every_topic_reads_back_what_is_durable()
+    finally:
+        machine.teardown()
+
+
 def test_a_log_restarted_after_retention_has_no_bytes_after_a_crash() -> None:
     """A case the model found: a log whose bytes retention dropped restarts empty, and the segment with its
     restart is sealed before a crash. Recovery took the bytes dropped before the restart from the snapshot
@@ -233,6 +263,49 @@ def test_a_log_restarted_after_retention_has_no_bytes_after_a_crash() -> None:
         machine.flush()
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/5/line-2").bytes == 0
+        machine.every_topic_reads_back_what_is_durable()
+    finally:
+        machine.teardown()
+
+
+def test_a_cut_replayed_at_open_takes_off_the_bytes_it_cut() -> None:
+    """A truncation found in a segment replayed at open cut its records by their sizes, the last one's
+    taken against the segment's size before the scan had set it: the log's bytes came back wrong (negative
+    once the segment was sealed)."""
+    machine = PartitionLogsMachine()
+    try:
+        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+        machine.restart(topic="plant/1/line-1", ahead=1)
+        machine.append_batch(topic="plant/1/line-1", sizes=[0])
+        machine.flush()
+        machine.truncate(topic="plant/1/line-1", back=0, under=1)
+        assert machine.store.log_info("plant/1/line-1").bytes == 0
+        machine.crash(torn=False, unseal=False)
+        assert machine.store.log_info("plant/1/line-1").bytes == 0
+        machine.close_and_reopen()
+        assert machine.store.log_info("plant/1/line-1").bytes == 0
+        machine.every_topic_reads_back_what_is_durable()
+    finally:
+        machine.teardown()
+
+
+def test_a_segment_after_one_retention_deleted_keeps_its_positions_after_a_crash() -> None:
+    """Retention deletes a segment whose records a truncation cut (not the oldest one), and a crash loses
+    the next segment's seal: its positions were taken to follow the segment loaded before it, one too low,
+    and a whole-partition read met a damaged entry."""
+    machine = PartitionLogsMachine()
+    try:
+        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.close_and_reopen()
+        machine.append_batch(topic="plant/2/line-2", sizes=[0])
+        machine.close_and_reopen()
+        machine.truncate(topic="plant/2/line-2", back=1, under=0)
+        machine.crash(torn=False, unseal=False)
+        machine.retention(age=7)
+        machine.flush()
+        machine.crash(torn=False, unseal=True)
+        machine.read_partitions()
         machine.every_topic_reads_back_what_is_durable()
     finally:
         machine.teardown()
