@@ -23,6 +23,7 @@ from .topic_table import SealedState, Snapshot, TopicTable
 __all__ = [
     "Evidence",
     "check_catalog_end",
+    "find_missing_segments",
     "lost_ends",
     "refuse_without_catalog",
     "report_missing_segments",
@@ -150,20 +151,30 @@ def _damaged(index: SealedIndex) -> bool:
     return True
 
 
-def report_missing_segments(
+@dataclass(slots=True)
+class SegmentLosses:
+    """Records of segment files gone, found before the unsealed segments are replayed and reported after
+    (`report_missing_segments`): a truncation or restart among them may have cut those records first."""
+
+    by_segment: dict[tuple[int, int], list[tuple[int, int, int]]]
+    """(partition, segment number) → (topic id, first offset, end offset) of each log's records lost."""
+    orphaned: set[tuple[int, int]]
+    """Of those, the segments whose sealed index is still there."""
+
+
+def find_missing_segments(
     parts: list[PartitionLog],
     found: list[list[tuple[Segment, SealedIndex | None]]],
     snapshot,
     table: TopicTable,
     evidence: Evidence,
-    repairs: Mapping[int, PartitionRepair],
-) -> None:
+) -> SegmentLosses:
     """Segment files gone while records of theirs are still their topics' (at or above the topic's start:
-    retention deletes a segment only once none is): logged at ERROR with the records lost, counted in the
-    partition's repair. Found by a sealed index left without its data (precise), or, for a segment whose
-    index went too, by a topic whose newest segment it was; a segment gone from the middle of a topic's
-    chain without either is found at the first read that needs it (``partition_locate``). The readers'
-    walk steps over missing segments to the older ones, so every record still on disk is served."""
+    retention deletes a segment only once none is). Found by a sealed index left without its data
+    (precise), or, for a segment whose index went too, by a topic whose newest segment it was; a segment
+    gone from the middle of a topic's chain without either is found at the first read that needs it
+    (``partition_locate``). The readers' walk steps over missing segments to the older ones, so every
+    record still on disk is served."""
     starts = snapshot.start if snapshot is not None else array("q")
 
     def start_of(topic_id: int) -> int:
@@ -200,7 +211,24 @@ def report_missing_segments(
         first = max(table.head_first[topic_id], start_of(topic_id))
         if table.next[topic_id] > first:
             losses.setdefault((partition, head), []).append((topic_id, first, table.next[topic_id]))
-    for (partition, number), lost in sorted(losses.items()):
+    return SegmentLosses(losses, orphaned)
+
+
+def report_missing_segments(
+    parts: list[PartitionLog],
+    losses: SegmentLosses,
+    table: TopicTable,
+    marked: set[int],
+    repairs: Mapping[int, PartitionRepair],
+) -> None:
+    """The records `find_missing_segments` found gone, logged at ERROR and counted in each partition's
+    repair, but for the logs a truncation or restart replayed since (`marked`, `table.truncated`) emptied
+    there: retention deletes a segment whose records all were cut, not only the oldest."""
+    orphaned = losses.orphaned
+    for (partition, number), found_lost in sorted(losses.by_segment.items()):
+        lost = [loss for loss in found_lost if loss[0] not in marked and loss[0] not in table.truncated]
+        if not lost:
+            continue
         repair = repairs[partition]
         repair.missing_segments.append(number)
         records = sum(end - first for _topic, first, end in lost)

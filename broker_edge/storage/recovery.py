@@ -38,6 +38,7 @@ from .file_pool import FileHandlePool
 from .lost_files import (
     Evidence,
     check_catalog_end,
+    find_missing_segments,
     lost_ends,
     refuse_without_catalog,
     report_missing_segments,
@@ -166,7 +167,7 @@ def open_partitions(
         for part in parts
     }
     opened.repairs.extend(repairs.values())
-    report_missing_segments(parts, found, snapshot, table, evidence, repairs)
+    losses = find_missing_segments(parts, found, snapshot, table, evidence)
     for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
         repair = repairs[part.number]
         if part.number in opened.failed:
@@ -184,6 +185,7 @@ def open_partitions(
             opened.failed[part.number] = unreadable
             continue
         part.resume_active()
+    report_missing_segments(parts, losses, table, opened.marked, repairs)
     report_short_segments(parts, evidence, repairs)
     for number, why in sorted(opened.failed.items()):
         _refuse_if_not_damage(number, why)
