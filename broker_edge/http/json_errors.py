@@ -14,7 +14,8 @@ is no error of the broker's: said at DEBUG (``client_gone``), where it logged an
 ``refuse`` answers and logs the same way a request that ``http.guard`` refuses (a body in a
 Content-Encoding). A body whose framing breaks while aiohttp reads what no handler read, after the answer,
 is said the same way too, rather than as an "Unhandled exception" with its traceback. An app's own error
-statuses (no route, another method) leave in JSON as well (``http_errors_in_json``).
+statuses (no route, another method) leave in JSON as well (``http_errors_in_json``). A refused request's
+connection closes only once its answer has reached the client (``lingering_close``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
+from broker_edge.http.lingering_close import linger_on_close
 from broker_edge.observe.refusal_log import RefusalLog
 
 __all__ = [
@@ -72,6 +74,8 @@ class JsonErrorHandler(RequestHandler):
             _log_refusal(request.remote, text)
         if request.writer.output_size > 0:  # an answer was on its way: the connection is broken
             raise ConnectionError("response already sent, cannot send the error")
+        if status != HTTPStatus.INTERNAL_SERVER_ERROR:
+            linger_on_close(self)  # the rest of the refused request unread must not reset the answer
         return _answer(status, error, text)
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
@@ -124,6 +128,8 @@ def refuse(
     the parser's refusals are; the connection is closed after it."""
     text = _first_line(text)
     _log_refusal(request.remote, text)
+    if request.protocol is not None:
+        linger_on_close(request.protocol)
     return _answer(status, error, text)
 
 
