@@ -9,18 +9,14 @@
 set -u
 K=$(cd "$(dirname "$0")" && pwd); OUT=${OUT:-/tmp/profout}; mkdir -p "$OUT"
 LOAD=${LOAD_CPUS:-4-15}; SMALL=${SMALL:-0}
-if [ -n "${KIT_LOCAL:-}" ]; then PY="$(cat "$K/src/CHECKOUT")/.venv/bin/python"; LOAD=${LOAD_CPUS:-1}; SMALL=1; export PYTHONPATH=$K/src:$K
-else PY=python3; timeout 150 $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$K"/wheels/*.whl >"$OUT/pip.log" 2>&1 || { echo pip failed; tail -3 "$OUT/pip.log"; exit 3; }
-  export PYTHONPATH=/tmp/site:$K/src:$K; fi
-ulimit -n 65536 2>/dev/null || ulimit -n 20000
+. "$K/kit_broker.sh"
+kit_python
+[ -n "${KIT_LOCAL:-}" ] && { LOAD=${LOAD_CPUS:-1}; SMALL=1; }
 PORT=23883
 one() {  # TAG LOADER ARGS...
   local tag=$1; shift; PORT=$((PORT + 10)); local d; d=$(mktemp -d /tmp/prof.XXXXXX)
-  printf 'listeners:\n  - {name: default, type: tcp, host: 127.0.0.1, port: %s}\nstorage:\n  directory: %s/data\noffsets_api: {port: %s}\nadmin_http: {port: %s}\nlimits:\n  max_connections: 100000\n  new_connections_per_second: 0\n  messages_per_second_per_client: 0\n  max_topics_per_client: 0\n  max_topics_per_identity: 0\n  max_offline_messages: 1000000\n  max_offline_bytes: 1073741824\n  outgoing_buffer_bytes: 268435456\nlogging:\n  level: WARNING\n' \
-    "$PORT" "$d" $((PORT + 1)) $((PORT + 2)) >"$d/b.yaml"
-  (cd "$d" && exec taskset -c 1 "$PY" "$K/cpu_samples.py" "$d/samples" broker --config "$d/b.yaml") >"$d/broker.log" 2>&1 &
-  local bp=$! i
-  for i in $(seq 1 100); do (echo >/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
+  start_kit_broker "$d" "$PORT" "$K/cpu_samples.py" "$d/samples" broker
+  local bp=$BROKER_PID
   local loader=$1; shift
   timeout 90 taskset -c "$LOAD" "$PY" "$K/$loader" "$@" --port$( [ "$loader" = kitload.py ] && echo s) "$PORT" --pid "$bp" --label "$tag" 2>"$d/load.err" | tail -1 >"$d/load.json"
   cat "$d/load.json" >>"$OUT/loads.jsonl"

@@ -5,18 +5,14 @@
 #   cp bench/kit/*.sh .bigbench/ && cd .bigbench && OUT=/tmp/turns bash one_broker_turns.sh
 set -u
 K=$(cd "$(dirname "$0")" && pwd); OUT=${OUT:-/tmp/layout}; mkdir -p "$OUT"
-if [ -n "${KIT_LOCAL:-}" ]; then PY="$(cat "$K/src/CHECKOUT")/.venv/bin/python"; export PYTHONPATH=$K/src:$K; T=2
-else PY=python3; timeout 150 $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$K"/wheels/*.whl >"$OUT/pip.log" 2>&1 || exit 3
-  export PYTHONPATH=/tmp/site:$K/src:$K; T=8; fi
-ulimit -n 65536 2>/dev/null || ulimit -n 20000
+. "$K/kit_broker.sh"
+kit_python
+T=8; [ -n "${KIT_LOCAL:-}" ] && T=2
 PORT=24883
 one() {  # LOADCPUS P
   PORT=$((PORT + 10)); local d; d=$(mktemp -d /tmp/lay.XXXXXX)
-  printf 'listeners:\n  - {name: default, type: tcp, host: 127.0.0.1, port: %s}\nstorage:\n  directory: %s/data\noffsets_api: {port: %s}\nadmin_http: {port: %s}\nlimits:\n  max_connections: 100000\n  new_connections_per_second: 0\n  messages_per_second_per_client: 0\n  max_topics_per_client: 0\n  max_topics_per_identity: 0\n  max_offline_messages: 1000000\n  max_offline_bytes: 1073741824\n  outgoing_buffer_bytes: 268435456\nlogging:\n  level: WARNING\n' \
-    "$PORT" "$d" $((PORT + 1)) $((PORT + 2)) >"$d/b.yaml"
-  (cd "$d" && exec taskset -c 1 "$PY" -m broker_edge.runtime.main --config "$d/b.yaml") >"$d/broker.log" 2>&1 &
-  local bp=$! i
-  for i in $(seq 1 100); do (echo >/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
+  start_kit_broker "$d" "$PORT" -m broker_edge.runtime.main
+  local bp=$BROKER_PID
   timeout 60 taskset -c "$1" "$PY" "$K/kitload.py" --ports "$PORT" --pid "$bp" -P "$2" -W 64 -S 100 --duration $T --warmup 2 \
     --procs 6 --topic-fmt 'cl/{i}' --prefix cs --label "load on $1, P $2" 2>"$d/load.err" | tail -1 >>"$OUT/layout.jsonl"
   kill -TERM "$bp"; wait "$bp"
