@@ -578,11 +578,13 @@ class PartitionLog(Locating):
 
     # -- truncation ----------------------------------------------------------------------------------
 
-    def cut_live(self, topic_id: int, offset: int) -> int:
+    def cut_live(self, topic_id: int, offset: int, below: int = -1) -> tuple[int, int]:
         """Cut the topic's log to `[.., offset)` in memory (rows killed, head moved back); returns the bytes
-        of
-        its records cut from sealed segments (what a truncation marker carries). The caller moved nothing."""
+        of its records cut from sealed segments (what a truncation marker carries) and those cut from rows of
+        segments numbered below `below` (at open: segments a crash took the seal of). The caller moved
+        nothing."""
         table = self.table
+        dropped_below = 0
         table.truncated.add(topic_id)
         steps = self._steps(topic_id, offset - 1) if offset > 0 else self._steps(topic_id, -1)
         dropped_sealed = 0
@@ -598,7 +600,10 @@ class PartitionLog(Locating):
                 assert rows is not None
                 found, _previous = rows.rows_of(topic_id, last_row, offset, upto)
                 if found:
-                    dropped_rows += sum(rows.size_of(row, segment.size) - HEAD_SIZE for row in found)
+                    cut = sum(rows.size_of(row, segment.size) - HEAD_SIZE for row in found)
+                    dropped_rows += cut
+                    if segment.number < below:
+                        dropped_below += cut
                     rows.kill(topic_id, found)
                 if first < offset:
                     kept, _ = rows.rows_of(topic_id, last_row, first, offset)
@@ -625,7 +630,7 @@ class PartitionLog(Locating):
         else:
             table.head_seg[topic_id], table.head_first[topic_id], table.head_last[topic_id] = new_head
         table.total[topic_id] -= dropped_sealed + dropped_rows
-        return dropped_sealed
+        return dropped_sealed, dropped_below
 
     def restart_live(self, topic_id: int, offset: int, number: int) -> None:
         """Empty the topic's log in memory to go on at `offset` (its rows in memory killed); its (empty)

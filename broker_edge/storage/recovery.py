@@ -766,7 +766,13 @@ def replay_marker(
         # topic, carrying the bytes cut from segments sealed now (a segment sealed before the crash may be
         # in memory again, its cut rows dead: its seal will not count them, so neither may the marker).
         segment.size = position  # (what the rows cut end at: the scan sets the segment's size at its end)
-        dropped = part.cut_live(topic_id, marker.offset)
+        dropped, unsealed = part.cut_live(topic_id, marker.offset, segment.number)
+        # What the marker carried and no segment here gave back: records cut from sealed segments that
+        # retention deleted since. The sealed total still counts them, so they are taken off it too.
+        deleted = marker.dropped - dropped - unsealed
+        if deleted > 0:
+            table.total[topic_id] -= deleted
+            dropped += deleted
         rows.add_marker(
             topic_id, position, marker.offset, TRUNCATE, dropped, part.marker_prev(topic_id, segment)
         )

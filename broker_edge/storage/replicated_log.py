@@ -279,7 +279,7 @@ class ReplicatedLog:
         committed = table.end(topic_id)
         part = self._store._partitions[table.partition[topic_id]]
         self._store._settle_seals()
-        dropped = part.cut_live(topic_id, offset)
+        dropped, _ = part.cut_live(topic_id, offset)
         part.append_marker(topic_id, TRUNCATE, offset, dropped)
         self._store._committer.touched(part)
         self._store._committer.flush()

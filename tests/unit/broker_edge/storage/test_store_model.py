@@ -22,11 +22,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker_edge.storage import LogStore, OffsetOutOfRange, StorageConfig
-from broker_edge.storage.record import decode_frame
+from broker_edge.storage.record import BODY_HEAD, PREFIX_SIZE, decode_frame
 from broker_edge.storage.topic_table import SNAPSHOT_FILE, read_snapshot
 
 TOPICS = [f"plant/{n}/line-{n % 3}" for n in range(7)] + ["devices/ünï/status", "x"]
 BASE_TIME = 1_700_000_000_000
+FRAMING = PREFIX_SIZE + BODY_HEAD.size + len("c")
+"""The bytes a record of the model takes in a log besides its payload (its client id is "c")."""
 
 
 def _payload(topic: str, offset: int, size: int) -> bytes:
@@ -198,7 +200,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
             end = start + len(records)
             info = store.log_info(topic)
             assert (info.start_offset, info.end_offset) == (start, end), topic
-            assert info.bytes >= sum(len(payload) for payload, _time in records)
+            assert info.bytes == sum(FRAMING + len(payload) for payload, _time in records), info
             got = store.read(topic, start, 10_000, 1 << 30) if end > start else []
             assert [r.offset for r in got] == list(range(start, end)), topic
             assert [r.payload for r in got] == [payload for payload, _time in records], topic
@@ -313,6 +315,28 @@ def test_a_segment_after_one_retention_deleted_keeps_its_positions_after_a_crash
             machine.crash(torn=False, unseal=True)
         assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         machine.read_partitions()
+        machine.every_topic_reads_back_what_is_durable()
+    finally:
+        machine.teardown()
+
+
+def test_a_cut_whose_records_retention_deleted_takes_off_their_bytes_after_a_crash() -> None:
+    """A case the model found: a log is cut to nothing, retention then deletes the sealed segment that held
+    the records cut, and a crash comes before the segment with the cut is sealed. The replayed cut found no
+    segment to take the records' bytes from, so the log came back empty with 30 bytes; the marker carries
+    them."""
+    machine = PartitionLogsMachine()
+    try:
+        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+        machine.append_batch(topic="plant/3/line-0", sizes=[0])
+        machine.close_and_reopen()
+        machine.truncate(topic="plant/3/line-0", back=0, under=1)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.retention(age=0)
+        machine.crash(torn=False, unseal=False)
+        assert machine.store.log_info("plant/3/line-0").bytes == 0
+        machine.close_and_reopen()
+        assert machine.store.log_info("plant/3/line-0").bytes == 0
         machine.every_topic_reads_back_what_is_durable()
     finally:
         machine.teardown()
