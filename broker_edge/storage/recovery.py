@@ -768,8 +768,10 @@ def replay_marker(
         segment.size = position  # (what the rows cut end at: the scan sets the segment's size at its end)
         dropped, unsealed = part.cut_live(topic_id, marker.offset, segment.number)
         # What the marker carried and no segment here gave back: records cut from sealed segments that
-        # retention deleted since. The sealed total still counts them, so they are taken off it too.
-        deleted = marker.dropped - dropped - unsealed
+        # retention deleted since. The sealed total still counts them, so they are taken off it too (never
+        # more than the log has left: a segment sealed again without the records cut gave nothing back
+        # either, and its seal never counted them).
+        deleted = min(marker.dropped - dropped - unsealed, table.total[topic_id] - table.dropped[topic_id])
         if deleted > 0:
             table.total[topic_id] -= deleted
             dropped += deleted

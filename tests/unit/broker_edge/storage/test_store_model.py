@@ -1,7 +1,7 @@
-"""The model-based crash test of the partition logs: whatever the mix of appends to many topics, flushes,
-truncations, restarts, retention, clean closes and crashes, every topic reads back exactly what the model
-says is durable, at dense offsets, over several partitions with segments so small that they roll, seal and
-checkpoint all the time.
+"""The model-based crash test of the partition logs: whatever the mix of appends to many topics (a leader's
+and a follower's), flushes, truncations, restarts, retention by age and by size, clean closes and crashes,
+every topic reads back exactly what the model says is durable, at dense offsets and with exact bytes, over
+several partitions with segments so small that they roll, seal and checkpoint all the time.
 
 A crash drops the store without closing it: what was buffered and not flushed is lost (the model forgets
 it), and sometimes a torn entry is left at the end of a partition's last segment (bytes a write left
@@ -11,10 +11,12 @@ written). Reopening must repair all of that and lose nothing that was flushed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker_edge.storage import LogStore, OffsetOutOfRange, StorageConfig
-from broker_edge.storage.record import BODY_HEAD, PREFIX_SIZE, decode_frame
+from broker_edge.storage.record import BODY_HEAD, PREFIX_SIZE, decode_frame, encode_frames
 from broker_edge.storage.topic_table import SNAPSHOT_FILE, read_snapshot
 
 TOPICS = [f"plant/{n}/line-{n % 3}" for n in range(7)] + ["devices/ünï/status", "x"]
@@ -33,6 +35,11 @@ FRAMING = PREFIX_SIZE + BODY_HEAD.size + len("c")
 
 def _payload(topic: str, offset: int, size: int) -> bytes:
     return (f"{topic}@{offset}:".encode() * (size // 8 + 1))[:size]
+
+
+def _bytes_of(records: list[tuple[bytes, int]]) -> int:
+    """What a log of the model's `records` holds in bytes (`LogInfo.bytes`)."""
+    return sum(FRAMING + len(payload) for payload, _time in records)
 
 
 class PartitionLogsMachine(RuleBasedStateMachine):
@@ -69,13 +76,22 @@ class PartitionLogsMachine(RuleBasedStateMachine):
     def _end(self, topic: str) -> int:
         return self.starts.get(topic, 0) + len(self.durable.get(topic, []))
 
-    @rule(topic=st.sampled_from(TOPICS), sizes=st.lists(st.integers(0, 120), min_size=1, max_size=6))
-    def append_batch(self, topic: str, sizes: list[int]) -> None:
+    @rule(
+        topic=st.sampled_from(TOPICS),
+        sizes=st.lists(st.integers(0, 120), min_size=1, max_size=6),
+        follower=st.booleans(),
+    )
+    def append_batch(self, topic: str, sizes: list[int], follower: bool) -> None:
+        """Append records of `sizes` as a leader, or (`follower`) a leader's frames taken verbatim."""
         self.clock += 7
         offset = self._end(topic) + len(self.pending.get(topic, []))
         payloads = [_payload(topic, offset + n, size) for n, size in enumerate(sizes)]
         records = [(payload, 1, False, "c", (), None, None, None, None, None) for payload in payloads]
-        assert self.store.append_batch(topic, records, self.clock) == offset
+        if follower:
+            frames = b"".join(encode_frames(offset, self.clock, records))
+            assert self.store.replicated_log.append_at(topic, frames) == offset
+        else:
+            assert self.store.append_batch(topic, records, self.clock) == offset
         self.pending.setdefault(topic, []).extend((payload, self.clock) for payload in payloads)
 
     @rule()
@@ -111,12 +127,25 @@ class PartitionLogsMachine(RuleBasedStateMachine):
 
     @rule(age=st.integers(0, 400))
     def retention(self, age: int) -> None:
-        """Keep records newer than `age` ms before the clock (whole groups go; the model follows the store).
-        The store's configuration is changed for the pass (its per-rule settings are cached: cleared)."""
-        self.store.config.retention_ms = age
+        """Keep records newer than `age` ms before the clock (whole groups go: the model follows)."""
+        for records, cut in self._retention_pass("retention_ms", age):
+            assert all(time < self.clock - age for _payload_, time in records[:cut])
+
+    @rule(limit=st.integers(0, 400))
+    def retention_by_size(self, limit: int) -> None:
+        """Keep at most `limit` bytes of each log (its oldest sealed groups go first): a log within the limit
+        keeps every record, and the bytes of what stays are what the store then says."""
+        for records, _cut in self._retention_pass("retention_bytes", limit):
+            assert _bytes_of(records) > limit
+
+    def _retention_pass(self, setting: str, value: int) -> Iterator[tuple[list[tuple[bytes, int]], int]]:
+        """One retention pass with the store's `setting` at `value` for it (its per-rule settings are cached:
+        cleared); yields each log's durable records and how many of them it dropped, which the model then
+        forgets (the store says where each log starts)."""
+        setattr(self.store.config, setting, value)
         self.store._log_configs.clear()
         self.store.apply_retention(now_ms=self.clock)
-        self.store.config.retention_ms = None
+        setattr(self.store.config, setting, None)
         self.store._log_configs.clear()
         for topic in list(self.durable):
             if topic not in self.store:
@@ -125,9 +154,8 @@ class PartitionLogsMachine(RuleBasedStateMachine):
             old_start = self.starts.get(topic, 0)
             assert start >= old_start
             if start > old_start:
-                cut = start - old_start
-                assert all(time < self.clock - age for _payload_, time in self.durable[topic][:cut])
-                del self.durable[topic][:cut]
+                yield self.durable[topic], start - old_start
+                del self.durable[topic][: start - old_start]
                 self.starts[topic] = start
 
     @rule()
@@ -200,7 +228,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
             end = start + len(records)
             info = store.log_info(topic)
             assert (info.start_offset, info.end_offset) == (start, end), topic
-            assert info.bytes == sum(FRAMING + len(payload) for payload, _time in records), info
+            assert info.bytes == _bytes_of(records), info
             got = store.read(topic, start, 10_000, 1 << 30) if end > start else []
             assert [r.offset for r in got] == list(range(start, end)), topic
             assert [r.payload for r in got] == [payload for payload, _time in records], topic
@@ -227,60 +255,61 @@ PartitionLogsMachine.TestCase.settings = settings(
 test_partition_logs_read_back_what_is_durable = PartitionLogsMachine.TestCase
 
 
+@contextlib.contextmanager
+def _machine() -> Iterator[PartitionLogsMachine]:
+    """The machine on a store of one partition with tiny segments, for a case it found, step by step."""
+    machine = PartitionLogsMachine()
+    try:
+        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+        yield machine
+    finally:
+        machine.teardown()
+
+
 def test_a_log_cut_below_its_start_keeps_its_start_after_a_crash() -> None:
     """A log whose start retention moved up is cut below it, and the segment with the cut is sealed before a
     crash: recovery kept the snapshot's start above the log's end (a record appended at the cut's offset
     could never be read) and its bytes dropped before the cut (negative bytes)."""
-    machine = PartitionLogsMachine()
-    try:
-        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
-        machine.append_batch(topic="plant/5/line-2", sizes=[10, 10])
-        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+    with _machine() as machine:
+        machine.append_batch(topic="plant/5/line-2", sizes=[10, 10], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
         machine.close_and_reopen()
         machine.retention(age=0)
         assert machine.store.start_offset("plant/5/line-2") == 2
         machine.truncate(topic="plant/5/line-2", back=0, under=1)
-        machine.append_batch(topic="plant/5/line-2", sizes=[10])
-        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
+        machine.append_batch(topic="plant/5/line-2", sizes=[10], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0], follower=False)
         machine.flush()
         machine.crash(torn=False, unseal=False)
         info = machine.store.log_info("plant/5/line-2")
         assert (info.start_offset, info.end_offset) == (1, 2)
         machine.every_topic_reads_back_what_is_durable()
-    finally:
-        machine.teardown()
 
 
 def test_a_log_restarted_after_retention_has_no_bytes_after_a_crash() -> None:
     """A case the model found: a log whose bytes retention dropped restarts empty, and the segment with its
     restart is sealed before a crash. Recovery took the bytes dropped before the restart from the snapshot
     and the total since it from the sealed index, and reported -30 bytes."""
-    machine = PartitionLogsMachine()
-    try:
-        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
-        machine.append_batch(topic="plant/5/line-2", sizes=[0])
-        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+    with _machine() as machine:
+        machine.append_batch(topic="plant/5/line-2", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
         machine.close_and_reopen()
         machine.retention(age=0)
         machine.restart(topic="plant/5/line-2", ahead=0)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0], follower=False)
         machine.flush()
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/5/line-2").bytes == 0
         machine.every_topic_reads_back_what_is_durable()
-    finally:
-        machine.teardown()
 
 
 def test_a_cut_replayed_at_open_takes_off_the_bytes_it_cut() -> None:
     """A truncation found in a segment replayed at open cut its records by their sizes, the last one's
     taken against the segment's size before the scan had set it: the log's bytes came back wrong (negative
     once the segment was sealed)."""
-    machine = PartitionLogsMachine()
-    try:
-        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
+    with _machine() as machine:
         machine.restart(topic="plant/1/line-1", ahead=1)
-        machine.append_batch(topic="plant/1/line-1", sizes=[0])
+        machine.append_batch(topic="plant/1/line-1", sizes=[0], follower=False)
         machine.flush()
         machine.truncate(topic="plant/1/line-1", back=0, under=1)
         assert machine.store.log_info("plant/1/line-1").bytes == 0
@@ -289,8 +318,6 @@ def test_a_cut_replayed_at_open_takes_off_the_bytes_it_cut() -> None:
         machine.close_and_reopen()
         assert machine.store.log_info("plant/1/line-1").bytes == 0
         machine.every_topic_reads_back_what_is_durable()
-    finally:
-        machine.teardown()
 
 
 def test_a_segment_after_one_retention_deleted_keeps_its_positions_after_a_crash(
@@ -300,12 +327,10 @@ def test_a_segment_after_one_retention_deleted_keeps_its_positions_after_a_crash
     the next segment's seal: its positions were taken to follow the segment loaded before it, one too low,
     and a whole-partition read met a damaged entry. The open also said the deleted segment's records were
     lost: the truncation that cut them was in the segment replayed after that was reported."""
-    machine = PartitionLogsMachine()
-    try:
-        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+    with _machine() as machine:
+        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
         machine.close_and_reopen()
-        machine.append_batch(topic="plant/2/line-2", sizes=[0])
+        machine.append_batch(topic="plant/2/line-2", sizes=[0], follower=False)
         machine.close_and_reopen()
         machine.truncate(topic="plant/2/line-2", back=1, under=0)
         machine.crash(torn=False, unseal=False)
@@ -316,8 +341,6 @@ def test_a_segment_after_one_retention_deleted_keeps_its_positions_after_a_crash
         assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         machine.read_partitions()
         machine.every_topic_reads_back_what_is_durable()
-    finally:
-        machine.teardown()
 
 
 def test_a_cut_whose_records_retention_deleted_takes_off_their_bytes_after_a_crash() -> None:
@@ -325,18 +348,31 @@ def test_a_cut_whose_records_retention_deleted_takes_off_their_bytes_after_a_cra
     the records cut, and a crash comes before the segment with the cut is sealed. The replayed cut found no
     segment to take the records' bytes from, so the log came back empty with 30 bytes; the marker carries
     them."""
-    machine = PartitionLogsMachine()
-    try:
-        machine.open_store(partitions=1, segment_bytes=200, checkpoint=100)
-        machine.append_batch(topic="plant/3/line-0", sizes=[0])
+    with _machine() as machine:
+        machine.append_batch(topic="plant/3/line-0", sizes=[0], follower=False)
         machine.close_and_reopen()
         machine.truncate(topic="plant/3/line-0", back=0, under=1)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
         machine.retention(age=0)
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/3/line-0").bytes == 0
         machine.close_and_reopen()
         assert machine.store.log_info("plant/3/line-0").bytes == 0
         machine.every_topic_reads_back_what_is_durable()
-    finally:
-        machine.teardown()
+
+
+def test_a_crash_after_a_cut_keeps_the_bytes_of_the_segments_sealed_before_it() -> None:
+    """A case the model found: a log cut to nothing, then two crashes. The first undoes the seal of the
+    segment with the records cut (which the sealer made durable before the cut's marker: a store must come
+    back right all the same), so the open replays them and the cut, and seals that segment again without
+    them; after the second, the replayed cut took the records' bytes off once more (-139 bytes)."""
+    with _machine() as machine:
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 49], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
+        machine.flush()
+        machine.truncate(topic="plant/0/line-0", back=0, under=1)
+        machine.crash(torn=False, unseal=True)
+        assert machine.store.log_info("plant/0/line-0").bytes == 0
+        machine.crash(torn=False, unseal=False)
+        assert machine.store.log_info("plant/0/line-0").bytes == 0
+        machine.every_topic_reads_back_what_is_durable()
