@@ -584,11 +584,11 @@ class PartitionLog(Locating):
         segments numbered below `below` (at open: segments a crash took the seal of). The caller moved
         nothing."""
         table = self.table
-        dropped_below = 0
         table.truncated.add(topic_id)
         steps = self._steps(topic_id, offset - 1) if offset > 0 else self._steps(topic_id, -1)
         dropped_sealed = 0
         dropped_rows = 0
+        dropped_below = 0
         new_head: tuple[int, int, int] | None = None  # segment, first offset, last row
         caps = live_ends(steps, table.next[topic_id])  # records past a newer group's start are dead already
         for number, step in enumerate(steps):
