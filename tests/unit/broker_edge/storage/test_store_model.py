@@ -81,7 +81,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         sizes=st.lists(st.integers(0, 120), min_size=1, max_size=6),
         follower=st.booleans(),
     )
-    def append_batch(self, topic: str, sizes: list[int], follower: bool) -> None:
+    def append_batch(self, topic: str, sizes: list[int], follower: bool = False) -> None:
         """Append records of `sizes` as a leader, or (`follower`) a leader's frames taken verbatim."""
         self.clock += 7
         offset = self._end(topic) + len(self.pending.get(topic, []))
@@ -138,15 +138,16 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         for records, _cut in self._retention_pass("retention_bytes", limit):
             assert _bytes_of(records) > limit
 
-    def _retention_pass(self, setting: str, value: int) -> Iterator[tuple[list[tuple[bytes, int]], int]]:
+    def _retention_pass(self, setting: str, value: int) -> list[tuple[list[tuple[bytes, int]], int]]:
         """One retention pass with the store's `setting` at `value` for it (its per-rule settings are cached:
-        cleared); yields each log's durable records and how many of them it dropped, which the model then
-        forgets (the store says where each log starts)."""
+        cleared). For each log whose start moved: its durable records before the pass and how many of them
+        the pass dropped, which the model then forgets (the store says where each log starts)."""
         setattr(self.store.config, setting, value)
         self.store._log_configs.clear()
         self.store.apply_retention(now_ms=self.clock)
         setattr(self.store.config, setting, None)
         self.store._log_configs.clear()
+        moved: list[tuple[list[tuple[bytes, int]], int]] = []
         for topic in list(self.durable):
             if topic not in self.store:
                 continue
@@ -154,9 +155,10 @@ class PartitionLogsMachine(RuleBasedStateMachine):
             old_start = self.starts.get(topic, 0)
             assert start >= old_start
             if start > old_start:
-                yield self.durable[topic], start - old_start
+                moved.append((self.durable[topic][:], start - old_start))
                 del self.durable[topic][: start - old_start]
                 self.starts[topic] = start
+        return moved
 
     @rule()
     def close_and_reopen(self) -> None:
@@ -271,14 +273,14 @@ def test_a_log_cut_below_its_start_keeps_its_start_after_a_crash() -> None:
     crash: recovery kept the snapshot's start above the log's end (a record appended at the cut's offset
     could never be read) and its bytes dropped before the cut (negative bytes)."""
     with _machine() as machine:
-        machine.append_batch(topic="plant/5/line-2", sizes=[10, 10], follower=False)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/5/line-2", sizes=[10, 10])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
         machine.close_and_reopen()
         machine.retention(age=0)
         assert machine.store.start_offset("plant/5/line-2") == 2
         machine.truncate(topic="plant/5/line-2", back=0, under=1)
-        machine.append_batch(topic="plant/5/line-2", sizes=[10], follower=False)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0], follower=False)
+        machine.append_batch(topic="plant/5/line-2", sizes=[10])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
         machine.flush()
         machine.crash(torn=False, unseal=False)
         info = machine.store.log_info("plant/5/line-2")
@@ -291,12 +293,12 @@ def test_a_log_restarted_after_retention_has_no_bytes_after_a_crash() -> None:
     restart is sealed before a crash. Recovery took the bytes dropped before the restart from the snapshot
     and the total since it from the sealed index, and reported -30 bytes."""
     with _machine() as machine:
-        machine.append_batch(topic="plant/5/line-2", sizes=[0], follower=False)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/5/line-2", sizes=[0])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
         machine.close_and_reopen()
         machine.retention(age=0)
         machine.restart(topic="plant/5/line-2", ahead=0)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
         machine.flush()
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/5/line-2").bytes == 0
@@ -309,7 +311,7 @@ def test_a_cut_replayed_at_open_takes_off_the_bytes_it_cut() -> None:
     once the segment was sealed)."""
     with _machine() as machine:
         machine.restart(topic="plant/1/line-1", ahead=1)
-        machine.append_batch(topic="plant/1/line-1", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/1/line-1", sizes=[0])
         machine.flush()
         machine.truncate(topic="plant/1/line-1", back=0, under=1)
         assert machine.store.log_info("plant/1/line-1").bytes == 0
@@ -328,9 +330,9 @@ def test_a_segment_after_one_retention_deleted_keeps_its_positions_after_a_crash
     and a whole-partition read met a damaged entry. The open also said the deleted segment's records were
     lost: the truncation that cut them was in the segment replayed after that was reported."""
     with _machine() as machine:
-        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
         machine.close_and_reopen()
-        machine.append_batch(topic="plant/2/line-2", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/2/line-2", sizes=[0])
         machine.close_and_reopen()
         machine.truncate(topic="plant/2/line-2", back=1, under=0)
         machine.crash(torn=False, unseal=False)
@@ -349,10 +351,10 @@ def test_a_cut_whose_records_retention_deleted_takes_off_their_bytes_after_a_cra
     segment to take the records' bytes from, so the log came back empty with 30 bytes; the marker carries
     them."""
     with _machine() as machine:
-        machine.append_batch(topic="plant/3/line-0", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/3/line-0", sizes=[0])
         machine.close_and_reopen()
         machine.truncate(topic="plant/3/line-0", back=0, under=1)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
         machine.retention(age=0)
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/3/line-0").bytes == 0
@@ -367,8 +369,8 @@ def test_a_crash_after_a_cut_keeps_the_bytes_of_the_segments_sealed_before_it() 
     back right all the same), so the open replays them and the cut, and seals that segment again without
     them; after the second, the replayed cut took the records' bytes off once more (-139 bytes)."""
     with _machine() as machine:
-        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 49], follower=False)
-        machine.append_batch(topic="plant/0/line-0", sizes=[0], follower=False)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 49])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
         machine.flush()
         machine.truncate(topic="plant/0/line-0", back=0, under=1)
         machine.crash(torn=False, unseal=True)
