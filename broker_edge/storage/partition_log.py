@@ -322,18 +322,15 @@ class PartitionLog(Locating):
 
     def _segment_for(self, total: int, count: int, newest: int) -> Segment:
         """The active segment, rolled first when `count` entries of `total` bytes at time `newest` do not
-        belong in it (its size, its age or its rows' room)."""
+        belong in it: its size or its age once it holds records, its rows' room even while it is empty (an
+        empty one a roll left has room for `segment_bytes`' rows, a batch may have more)."""
         segment = self.active
         if (
             segment is None
             or (
-                segment.size
-                and (
-                    segment.size + total > self.config.segment_bytes
-                    or newest >= self._roll_at
-                    or (0 if segment.rows is None else len(segment.rows)) + count > segment.capacity
-                )
+                segment.size and (segment.size + total > self.config.segment_bytes or newest >= self._roll_at)
             )
+            or (0 if segment.rows is None else len(segment.rows)) + count > segment.capacity
             or segment.size + total > MAX_SEGMENT_BYTES
         ):
             segment = self._roll(count)

@@ -78,7 +78,9 @@ class PartitionLogsMachine(RuleBasedStateMachine):
 
     @rule(
         topic=st.sampled_from(TOPICS),
-        sizes=st.lists(st.integers(0, 120), min_size=1, max_size=6),
+        # up to 10 records: a batch of more than a fresh segment's rows (7 at 200 bytes) rolls into a
+        # segment it fills to its last row, so that the next truncation's marker starts one of its own
+        sizes=st.lists(st.integers(0, 120), min_size=1, max_size=10),
         follower=st.booleans(),
     )
     def append_batch(self, topic: str, sizes: list[int], follower: bool = False) -> None:
@@ -377,4 +379,61 @@ def test_a_crash_after_a_cut_keeps_the_bytes_of_the_segments_sealed_before_it() 
         assert machine.store.log_info("plant/0/line-0").bytes == 0
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/0/line-0").bytes == 0
+        machine.every_topic_reads_back_what_is_durable()
+
+
+def test_a_cut_whose_marker_starts_a_segment_keeps_its_bytes_through_retention_and_crashes() -> None:
+    """A log is cut to nothing while the active segment, which holds its newest records, has no row left:
+    the marker starts the next segment, and the segment it leaves is sealed without the records cut. The
+    cut's bytes come off once whatever follows: the sealed segment with its older records deleted by
+    retention, then crashes that undo the seals not yet in a snapshot."""
+    with _machine() as machine:
+        machine.append_batch(topic="plant/3/line-0", sizes=[0])
+        machine.close_and_reopen()
+        machine.append_batch(topic="x", sizes=[0])
+        machine.append_batch(topic="plant/3/line-0", sizes=[0] * 7)  # a segment of its own, every row taken
+        machine.flush()
+        store = machine.store
+        (part,) = store.partition_logs
+        full = part.active
+        assert full is not None and full.rows is not None and len(full.rows) == full.capacity
+        machine.truncate(topic="plant/3/line-0", back=0, under=1)
+        assert part.active is not full and full.sealed is not None
+        assert store.log_info("plant/3/line-0").bytes == 0
+        machine.crash(torn=False, unseal=True)
+        assert machine.store.log_info("plant/3/line-0").bytes == 0
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.flush()
+        machine.retention(age=14)  # the segment with the log's first record goes, the cut one stays
+        assert [s.number for s in machine.store.partition_logs[0].segments if s.number <= full.number] == [
+            full.number - 1,
+            full.number,
+        ]
+        machine.crash(torn=False, unseal=True)
+        assert machine.store.log_info("plant/3/line-0").bytes == 0
+        machine.close_and_reopen()
+        machine.every_topic_reads_back_what_is_durable()
+        machine.read_partitions()
+
+
+def test_a_batch_of_more_rows_than_an_empty_active_segment_holds_goes_to_a_segment_of_its_own() -> None:
+    """A case the model found: retention rolls a partition's segment, leaving an empty active one with room
+    for 7 rows (200 bytes), and a batch of 8 records came: only a segment holding records was rolled for a
+    batch too many for its rows, so the 8 went into the empty one and its open index refused them at the
+    next checkpoint (`more rows than the segment can hold`), failing the close. The batch now starts a
+    segment made for it, the empty one sealed with no rows."""
+    with _machine() as machine:
+        machine.restart(topic="plant/0/line-0", ahead=0)
+        machine.crash(torn=False, unseal=False)
+        machine.retention(age=0)
+        (part,) = machine.store.partition_logs
+        empty = part.active
+        assert empty is not None and empty.size == 0 and empty.capacity == 7
+        machine.append_batch(topic="plant/0/line-0", sizes=[0] * 8)
+        assert part.active is not empty and part.active.capacity == 8
+        machine.close_and_reopen()
+        machine.read_partitions()
+        machine.every_topic_reads_back_what_is_durable()
+        machine.crash(torn=True, unseal=True)
+        machine.read_partitions()
         machine.every_topic_reads_back_what_is_durable()
