@@ -4,10 +4,14 @@ told where the log starts now, and offsets go on where they were."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from broker_edge.offsets_api.client import OffsetOutOfRangeError
-from tests.e2e.broker_clients import PahoClient, wait_for
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Publish
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import offsets_client, publish_numbered, read_log
 
 DEVICES = [f"fleet/device-{number}/telemetry" for number in range(3)]
@@ -81,3 +85,43 @@ def test_a_fleet_back_after_retention_is_said_in_one_line_per_interval_not_one_p
     assert broker.drops("retention") == 12
     said = [r for r in caplog.records if r.levelname == "WARNING" and "went by retention" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_a_burst_after_a_quiet_partition_rolled_goes_into_a_segment_of_its_own(brokers, caplog):
+    """A quiet partition's segment is rolled by age, leaving an empty active segment with room for
+    `segment_bytes` / 33 + 1 rows (125 of 4 KiB). A device's burst of twice that many QoS 1 publishes on one
+    topic, read in one turn, is one batch: it went into the empty segment, whose open index then refused the
+    rows past its room at its next checkpoint (ERROR, a traceback) and the broker stopped without its
+    clean-shutdown marker. It now starts a segment made for it: every publish acknowledged, nothing logged
+    at ERROR, a clean restart that serves every record."""
+    storage = {
+        "segment_bytes": 4096,
+        "index_checkpoint_bytes": 4096,  # the active segment's open index written every 4 KiB
+        "segment_ms": 300,
+        "retention_interval_s": 0.1,
+        "partitions": 1,
+    }
+    limits = {"receive_maximum": 1000}  # the burst in flight at once, so that one read takes it whole
+    broker = brokers(storage=storage, limits=limits)
+    topic = DEVICES[0]
+    publish_numbered(broker, topic, 3)
+    assert broker.broker.store is not None
+    part = broker.broker.store.partition_logs[0]
+    assert wait_for(lambda: len(part.segments) > 1 and part.active is not None and part.active.size == 0, 10)
+    empty = part.active
+    assert empty is not None and empty.capacity == 4096 // 33 + 1
+    burst = 2 * empty.capacity
+    device = RawClient(broker.port, version=4)
+    device.connect("burst")
+    device.send(b"".join(encode(Publish(topic, b"x", 1, packet_id=n), 4) for n in range(1, burst + 1)))
+    assert [device.recv().packet_id for _ in range(burst)] == list(range(1, burst + 1))
+    device.close()
+    broker.stop()
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="broker_edge.storage.store"):
+        again = brokers(storage=storage, limits=limits)
+    assert [r.getMessage() for r in caplog.records if "after a clean shutdown" in r.getMessage()]
+    assert [row["offset"] for row in read_log(offsets_client(again), topic)] == list(range(3 + burst))
+    assert not len(empty.rows or ())  # the empty segment was sealed with no rows (its rows None then)
