@@ -591,7 +591,7 @@ def _load_rows(
     segment: Segment,
     topics: int,
     repair: PartitionRepair,
-    loading,
+    loading: _Loading,
     last: bool,
     quarantine: Quarantine,
 ) -> bool:
@@ -614,7 +614,7 @@ def _load_rows(
     if open_rows is not None and open_rows.number == segment.number:
         segment.capacity = open_rows.capacity
         if len(open_rows.topic_ids):
-            start = _replay_open_rows(part, segment, open_rows, topics, quarantine, loading.marked)
+            start = _replay_open_rows(part, segment, open_rows, topics, quarantine, loading)
     scanner = SegmentScanner(
         pool,
         segment.log_path,
@@ -628,7 +628,9 @@ def _load_rows(
         lambda topic_id, position, offset, time, size: replay_row(
             part, segment, topic_id, position, offset, time, size, quarantine
         ),
-        lambda marker, position: replay_marker(part, segment, marker, position, quarantine, loading.marked),
+        lambda marker, position: replay_marker(
+            part, segment, marker, position, quarantine, loading.marked, loading.sealed
+        ),
         segment.rows.add_skipped,
     )
     loading.records_scanned += report.scanned
@@ -673,7 +675,7 @@ def _load_rows(
 
 
 def _replay_open_rows(
-    part: PartitionLog, segment: Segment, rows, topics: int, quarantine: Quarantine, with_markers: set[int]
+    part: PartitionLog, segment: Segment, rows, topics: int, quarantine: Quarantine, loading: _Loading
 ) -> int:
     """Replay the open index's durable rows (checked against the data at the last one); returns the byte
     position after them (0 when they cannot be trusted: everything is scanned)."""
@@ -699,7 +701,7 @@ def _replay_open_rows(
                 marker = parse_marker(data, 0)
             except EntryError:
                 return position
-            replay_marker(part, segment, marker, position, quarantine, with_markers)
+            replay_marker(part, segment, marker, position, quarantine, loading.marked, loading.sealed)
             continue
         replay_row(part, segment, marked, position, table.next[marked], times[row], size, quarantine)
     return end
@@ -750,9 +752,11 @@ def replay_marker(
     position: int,
     quarantine: Quarantine,
     marked: set[int],
+    sealed: SealedState,
 ) -> None:
     """A truncation or restart found at open: its row, and the topic's log cut or restarted again (nothing
-    for a topic set aside, or that this marker sets aside); the topic goes to `marked`."""
+    for a topic set aside, or that this marker sets aside); the topic goes to `marked`. `sealed` is what
+    the sealed segments said before any row was loaded."""
     table = part.table
     topic_id = marker.topic_id
     if quarantine.past_ceiling(topic_id, marker.offset, "a marker"):
@@ -768,11 +772,13 @@ def replay_marker(
         segment.size = position  # (what the rows cut end at: the scan sets the segment's size at its end)
         dropped, unsealed = part.cut_live(topic_id, marker.offset, segment.number)
         # What the marker carried and no segment here gave back: records cut from sealed segments that
-        # retention deleted since. The sealed total still counts them, so they are taken off it too (never
-        # more than the log has left: a segment sealed again without the records cut gave nothing back
-        # either, and its seal never counted them).
+        # retention deleted since. The sealed total still counts them, so they are taken off it too. Only
+        # when the sealed state reaches past the cut: a segment whose seal a crash undid is sealed again at
+        # open without the records the replayed cut took, so after a later crash no seal counts them (nor
+        # gives them back), and the marker's bytes are no longer owed. Never more than the log has left.
+        counted_past_cut = topic_id < len(sealed) and sealed.end[topic_id] > marker.offset
         deleted = min(marker.dropped - dropped - unsealed, table.total[topic_id] - table.dropped[topic_id])
-        if deleted > 0:
+        if deleted > 0 and counted_past_cut:
             table.total[topic_id] -= deleted
             dropped += deleted
         rows.add_marker(
