@@ -125,10 +125,12 @@ class TopicTable:
         self.start = array("q", start)
         self.dropped = array("q", dropped)
         for topic_id, offset in sealed.restarts.items():
-            if offset > self.start[topic_id]:
-                self.start[topic_id] = offset
-            # The snapshot's drops came before the restart (no later segment was sealed by then, so none
-            # was deleted) and the sealed total counts from the restart on, as `restart_live` does.
+            # The log starts at the restart, below the snapshot's start too: a restart's group applied
+            # since the snapshot came after it (the segment holding it was sealed later), and its offset is
+            # also where a cut below the start left it, restarted or not. The snapshot's drops came before
+            # the restart (no later segment was sealed by then, so none was deleted) and the sealed total
+            # counts from the restart on, as `restart_live` does.
+            self.start[topic_id] = offset
             self.dropped[topic_id] = 0
         for topic_id, (offset, total_then) in sealed.cuts.items():
             if self.start[topic_id] > offset:

@@ -462,3 +462,26 @@ def test_a_crash_after_a_partial_cut_keeps_the_bytes_of_the_records_before_it() 
         machine.crash(torn=False, unseal=False)
         assert machine.store.log_info("plant/0/line-0").bytes == 4 * FRAMING
         machine.every_topic_reads_back_what_is_durable()
+
+
+def test_a_log_restarted_then_cut_below_its_start_keeps_the_cut_start_after_a_crash() -> None:
+    """A case the model found: retention moves a log's start to 5, it restarts empty at 6, and a cut below
+    its start empties it from 4; records 4 and 5 follow, and a crash comes after the segment with the
+    restart and the cut is sealed but before a snapshot counts it. That segment's group says the log
+    restarted at 4 (the cut's offset), and the open kept the snapshot's start of 5, higher: record 4 was
+    never served again."""
+    with _machine() as machine:
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0, 0, 0, 0])
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.flush()
+        machine.retention(age=0)
+        assert machine.store.start_offset("plant/0/line-0") == 5
+        machine.restart(topic="plant/0/line-0", ahead=0)
+        machine.restart(topic="plant/0/line-0", ahead=0)  # one more marker: the next records roll
+        machine.truncate(topic="plant/0/line-0", back=0, under=2)
+        machine.append_batch(topic="plant/0/line-0", sizes=[0, 0])
+        machine.flush()
+        machine.crash(torn=False, unseal=False)
+        info = machine.store.log_info("plant/0/line-0")
+        assert (info.start_offset, info.end_offset) == (4, 6)
+        machine.every_topic_reads_back_what_is_durable()
