@@ -45,7 +45,17 @@ def pointed(prev: int) -> tuple[int, int]:
 class ActiveIndex:
     """The rows of one segment, appended in log order."""
 
-    __slots__ = ("dead", "hot", "marker_dropped", "offsets", "positions", "prevs", "times", "topic_ids")
+    __slots__ = (
+        "dead",
+        "hot",
+        "marked",
+        "marker_dropped",
+        "offsets",
+        "positions",
+        "prevs",
+        "times",
+        "topic_ids",
+    )
 
     def __init__(self) -> None:
         self.topic_ids = array("I")
@@ -59,6 +69,8 @@ class ActiveIndex:
         """Rows a truncation or restart cut off (never served, left out of the sealed index)."""
         self.marker_dropped: dict[int, int] = {}
         """Each truncation marker's row -> the bytes it cut from sealed segments (markers are rare)."""
+        self.marked: set[int] = set()
+        """Topics with a marker row here."""
 
     def __len__(self) -> int:
         return len(self.topic_ids)
@@ -123,6 +135,7 @@ class ActiveIndex:
         self.times.append(kind)
         self.prevs.append(prev)
         self.marker_dropped[row] = dropped
+        self.marked.add(topic_id)
         return row
 
     def _chain(self, last_row: int) -> array:

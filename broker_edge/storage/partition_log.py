@@ -439,11 +439,15 @@ class PartitionLog(Locating):
         self.pending_bytes += len(entry)
 
     def leave_active_segment(self, topic_id: int) -> None:
-        """Roll the active segment when it holds the topic's newest records, before the topic continues past
-        a gap in its offsets: the gap then falls between two segments' groups (a sealed group is dense, and
-        would hold an entry for every offset of the gap)."""
+        """Roll the active segment when it holds the topic's newest records or a marker of it, before the
+        topic continues past a gap in its offsets: the gap then falls between two segments' groups (a sealed
+        group is dense, and would hold an entry for every offset of the gap; with a marker before it, the
+        seal took the log's end, or the cut below the gap, from that marker)."""
         active = self.active
-        if active is not None and self.table.head_seg[topic_id] == active.number:
+        if active is not None and (
+            self.table.head_seg[topic_id] == active.number
+            or (active.rows is not None and topic_id in active.rows.marked)
+        ):
             self._roll(1)
 
     def roll_if_old(self, now_ms: int) -> bool:

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from broker_edge.storage import LogStore, OffsetOutOfRange, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, OffsetOutOfRange, StorageConfig
 from broker_edge.storage.record import BODY_HEAD, PREFIX_SIZE, decode_frame, encode_frames
 from broker_edge.storage.topic_table import SNAPSHOT_FILE, read_snapshot
 
@@ -39,9 +39,18 @@ def _payload(topic: str, offset: int, size: int) -> bytes:
     return (f"{topic}@{offset}:".encode() * (size // 8 + 1))[:size]
 
 
-def _bytes_of(records: list[tuple[bytes, int]]) -> int:
-    """What a log of the model's `records` holds in bytes (`LogInfo.bytes`)."""
-    return sum(FRAMING + len(payload) for payload, _time in records)
+Entry = tuple[bytes, int] | None
+"""A log's entry in the model at one offset: a record's (payload, time), or None for an offset of a gap."""
+
+
+def _bytes_of(records: list[Entry]) -> int:
+    """What a log of the model's `records` holds in bytes (`LogInfo.bytes`): a gap holds none."""
+    return sum(FRAMING + len(entry[0]) for entry in records if entry is not None)
+
+
+def _held(start: int, records: list[Entry]) -> list[tuple[int, bytes, int]]:
+    """(offset, payload, time) of each record the log holds, the gaps left out."""
+    return [(start + n, entry[0], entry[1]) for n, entry in enumerate(records) if entry is not None]
 
 
 class PartitionLogsMachine(RuleBasedStateMachine):
@@ -67,8 +76,8 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         )
         self.store = LogStore(self.directory, self.config)
         self.store.open()
-        self.durable: dict[str, list[tuple[bytes, int]]] = {}
-        """Per topic: (payload, time) of every record from offset `start`."""
+        self.durable: dict[str, list[Entry]] = {}
+        """Per topic: the entry at every offset from `start` (a record's payload and time, or a gap)."""
         self.pending: dict[str, list[tuple[bytes, int]]] = {}
         self.starts: dict[str, int] = {}
         self.clock = BASE_TIME
@@ -126,6 +135,21 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         else:
             del self.durable.setdefault(topic, [])[offset - start :]
 
+    def continue_past_gap(self, topic: str, ahead: int) -> None:
+        """Go on `ahead` offsets past the log's end, as a site whose log was lost does (`continue_at`): the
+        offsets between are a gap, never served; a log that holds nothing starts there instead. (Not a rule
+        yet: a log cut inside a sealed segment's group and then continued past a gap before any record
+        serves the cut records again, docs/commitlog.md.)"""
+        assert not self.pending
+        end = self._end(topic)
+        moved = self.store.replicated_log.continue_at({topic: end + ahead})
+        assert moved == {topic: end}, moved  # the end it had (0 for a log not made yet)
+        if self.durable.get(topic):  # offsets from its start to its end, records or a gap's
+            self.durable[topic] += [None] * ahead
+        else:
+            self.starts[topic] = end + ahead
+            self.durable[topic] = []
+
     @precondition(lambda self: not self.pending)
     @rule(topic=st.sampled_from(TOPICS), ahead=st.integers(0, 20))
     def restart(self, topic: str, ahead: int) -> None:
@@ -138,7 +162,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
     def retention(self, age: int) -> None:
         """Keep records newer than `age` ms before the clock (whole groups go: the model follows)."""
         for records, cut in self._retention_pass("retention_ms", age):
-            assert all(time < self.clock - age for _payload_, time in records[:cut])
+            assert all(entry[1] < self.clock - age for entry in records[:cut] if entry is not None)
 
     @rule(limit=st.integers(0, 400))
     def retention_by_size(self, limit: int) -> None:
@@ -147,7 +171,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         for records, _cut in self._retention_pass("retention_bytes", limit):
             assert _bytes_of(records) > limit
 
-    def _retention_pass(self, setting: str, value: int) -> list[tuple[list[tuple[bytes, int]], int]]:
+    def _retention_pass(self, setting: str, value: int) -> list[tuple[list[Entry], int]]:
         """One retention pass with the store's `setting` at `value` for it (its per-rule settings are cached:
         cleared). For each log whose start moved: its durable records before the pass and how many of them
         the pass dropped, which the model then forgets (the store says where each log starts)."""
@@ -156,7 +180,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         self.store.apply_retention(now_ms=self.clock)
         setattr(self.store.config, setting, None)
         self.store._log_configs.clear()
-        moved: list[tuple[list[tuple[bytes, int]], int]] = []
+        moved: list[tuple[list[Entry], int]] = []
         for topic in list(self.durable):
             if topic not in self.store:
                 continue
@@ -223,9 +247,9 @@ class PartitionLogsMachine(RuleBasedStateMachine):
                 assert read.next_position > position
                 position = read.next_position
         expected = {
-            topic: [(self.starts.get(topic, 0) + n, payload) for n, (payload, _time) in enumerate(records)]
+            topic: [(offset, payload) for offset, payload, _time in _held(self.starts.get(topic, 0), records)]
             for topic, records in self.durable.items()
-            if records
+            if _held(self.starts.get(topic, 0), records)
         }
         assert served == expected
 
@@ -240,14 +264,14 @@ class PartitionLogsMachine(RuleBasedStateMachine):
             info = store.log_info(topic)
             assert (info.start_offset, info.end_offset) == (start, end), topic
             assert info.bytes == _bytes_of(records), info
-            got = store.read(topic, start, 10_000, 1 << 30) if end > start else []
-            assert [r.offset for r in got] == list(range(start, end)), topic
-            assert [r.payload for r in got] == [payload for payload, _time in records], topic
-            if records:
-                middle = len(records) // 2
-                assert store.read(topic, start + middle, 1)[0].payload == records[middle][0]
-                newest = records[-1][1]
-                expected = start + next(n for n, (_p, time) in enumerate(records) if time >= newest)
+            held = _held(start, records)
+            got = _read_over_gaps(store, topic, start, end)
+            assert [(r.offset, r.payload) for r in got] == [(offset, p) for offset, p, _time in held], topic
+            if held:
+                offset, payload, _time = held[len(held) // 2]
+                assert store.read(topic, offset, 1)[0].payload == payload
+                newest = held[-1][2]
+                expected = next(offset for offset, _p, time in held if time >= newest)
                 assert store.offset_for_timestamp(topic, newest) == expected
             try:
                 store.read(topic, end + 1, 1)
@@ -255,6 +279,23 @@ class PartitionLogsMachine(RuleBasedStateMachine):
                 pass
             else:
                 raise AssertionError(f"{topic}: a read past the end must be refused")
+
+
+def _read_over_gaps(store: LogStore, topic: str, start: int, end: int) -> list:
+    """Every record of `topic` from `start` to `end`, a read at a gap told where the log goes on."""
+    got: list = []
+    offset = start
+    while offset < end:
+        try:
+            batch = store.read(topic, offset, 10_000, 1 << 30)
+        except CorruptRecord as gap:
+            assert gap.next_offset > offset, gap
+            offset = gap.next_offset
+            continue
+        assert batch, (topic, offset)
+        got += batch
+        offset = batch[-1].offset + 1
+    return got
 
 
 PartitionLogsMachine.TestCase.settings = settings(
@@ -484,4 +525,29 @@ def test_a_log_restarted_then_cut_below_its_start_keeps_the_cut_start_after_a_cr
         machine.crash(torn=False, unseal=False)
         info = machine.store.log_info("plant/0/line-0")
         assert (info.start_offset, info.end_offset) == (4, 6)
+        machine.every_topic_reads_back_what_is_durable()
+
+
+def test_a_log_continued_past_two_gaps_keeps_its_end_and_offsets_once_sealed() -> None:
+    """A case the model found once it went on past gaps (`continue_at`, as a site whose log was lost): a
+    log continued twice with no record between has both markers in one segment, and its seal kept the
+    first one's offset as the group's start. A clean restart gave the log the end of the first gap (2, not
+    3), so offsets were handed out again, and records appended after the second gap were indexed one
+    offset too low."""
+    with _machine() as machine:
+        machine.append_batch(topic="plant/0/line-0", sizes=[0])
+        machine.close_and_reopen()
+        machine.continue_past_gap(topic="plant/0/line-0", ahead=1)
+        machine.continue_past_gap(topic="plant/0/line-0", ahead=1)
+        machine.append_batch(topic="plant/0/line-0", sizes=[5, 6])
+        machine.flush()
+        machine.close_and_reopen()
+        info = machine.store.log_info("plant/0/line-0")
+        assert (info.start_offset, info.end_offset) == (0, 5)
+        held = _held(0, machine.durable["plant/0/line-0"])
+        assert [(r.offset, r.payload) for r in machine.store.read("plant/0/line-0", 3, 2)] == [
+            (offset, payload) for offset, payload, _time in held[1:]
+        ]
+        machine.every_topic_reads_back_what_is_durable()
+        machine.crash(torn=False, unseal=True)
         machine.every_topic_reads_back_what_is_durable()
