@@ -628,9 +628,7 @@ def _load_rows(
         lambda topic_id, position, offset, time, size: replay_row(
             part, segment, topic_id, position, offset, time, size, quarantine
         ),
-        lambda marker, position: replay_marker(
-            part, segment, marker, position, quarantine, loading.marked, loading.sealed
-        ),
+        lambda marker, position: replay_marker(part, segment, marker, position, quarantine, loading),
         segment.rows.add_skipped,
     )
     loading.records_scanned += report.scanned
@@ -701,7 +699,7 @@ def _replay_open_rows(
                 marker = parse_marker(data, 0)
             except EntryError:
                 return position
-            replay_marker(part, segment, marker, position, quarantine, loading.marked, loading.sealed)
+            replay_marker(part, segment, marker, position, quarantine, loading)
             continue
         replay_row(part, segment, marked, position, table.next[marked], times[row], size, quarantine)
     return end
@@ -751,18 +749,16 @@ def replay_marker(
     marker: Marker,
     position: int,
     quarantine: Quarantine,
-    marked: set[int],
-    sealed: SealedState,
+    loading: _Loading,
 ) -> None:
     """A truncation or restart found at open: its row, and the topic's log cut or restarted again (nothing
-    for a topic set aside, or that this marker sets aside); the topic goes to `marked`. `sealed` is what
-    the sealed segments said before any row was loaded."""
+    for a topic set aside, or that this marker sets aside); the topic goes to `loading.marked`."""
     table = part.table
     topic_id = marker.topic_id
     if quarantine.past_ceiling(topic_id, marker.offset, "a marker"):
         _dead_row(segment, position)
         return
-    marked.add(topic_id)
+    loading.marked.add(topic_id)
     rows = segment.rows
     assert rows is not None
     if marker.kind == TRUNCATE:
@@ -771,12 +767,10 @@ def replay_marker(
         # in memory again, its cut rows dead: its seal will not count them, so neither may the marker).
         segment.size = position  # (what the rows cut end at: the scan sets the segment's size at its end)
         dropped, unsealed = part.cut_live(topic_id, marker.offset, segment.number)
-        # What the marker carried and no segment here gave back: records cut from sealed segments that
-        # retention deleted since. The sealed total still counts them, so they are taken off it too. Only
-        # when the sealed state reaches past the cut: a segment whose seal a crash undid is sealed again at
-        # open without the records the replayed cut took, so after a later crash no seal counts them (nor
-        # gives them back), and the marker's bytes are no longer owed. Never more than the log has left.
-        counted_past_cut = topic_id < len(sealed) and sealed.end[topic_id] > marker.offset
+        # What the marker carried and no segment gave back: records cut from sealed segments retention
+        # deleted since, which the sealed total still counts, when it reaches past the cut (a segment sealed
+        # again at open without the records cut never does). Never more than the log has left.
+        counted_past_cut = topic_id < len(loading.sealed) and loading.sealed.end[topic_id] > marker.offset
         deleted = min(marker.dropped - dropped - unsealed, table.total[topic_id] - table.dropped[topic_id])
         if deleted > 0 and counted_past_cut:
             table.total[topic_id] -= deleted
