@@ -160,7 +160,8 @@ class ActiveIndex:
     def rows_of(self, topic_id: int, last_row: int, first_offset: int, stop: int) -> tuple[list[int], int]:
         """The topic's rows holding offsets `[first_offset, stop)` found walking back from `last_row`, oldest
         first, and the `prev` of its first row here when the walk reached it (else `last_row`'s own prev is
-        irrelevant: 0). A row whose offset is below `first_offset` ends the walk."""
+        irrelevant: 0). A row whose offset is below `first_offset` ends the walk. A chain may end at a
+        truncation's marker (`PartitionLog.hold_cut`): that row is no record and is left out."""
         offsets = self.offsets
         hot = self.hot.get(topic_id)
         if hot is not None:
@@ -174,14 +175,14 @@ class ActiveIndex:
                 high = bisect_left(hot, stop, key=offsets.__getitem__)
             return (list(hot[low:high]) if high > low else []), self.prevs[hot[0]] if reached_first else 0
         rows: list[int] = []
-        prevs = self.prevs
+        prevs, topic_ids = self.prevs, self.topic_ids
         row = last_row
         while True:
             offset = offsets[row]
             if offset < first_offset:
                 rows.reverse()
                 return rows, 0
-            if offset < stop:
+            if offset < stop and topic_ids[row] == topic_id:  # (not a truncation's marker at the head)
                 rows.append(row)
             previous = prevs[row]
             if previous < 0:

@@ -114,7 +114,8 @@ class PartitionLog(Locating):
         """Segments whose sealed index a read or retention found damaged: made again at open."""
         """Segments found at open with their sealed index but without their data (see `discover`)."""
         self.lost_segments: set[int] = set()
-        """Segments found missing from a topic's chain at a read (logged once each)."""
+        """Segments found missing from a topic's chain at a read (logged once each), and those retention
+        deleted (no read needs them: a read in a gap walks past them, and says nothing)."""
         self.next_number = 0
         self.next_base = 0
         """The base position of a first segment (when retention deleted every earlier one)."""
@@ -270,7 +271,8 @@ class PartitionLog(Locating):
                     assert rows is not None
                     columns = rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
                     add_topic, add_position, add_offset, add_time, add_prev = (c.append for c in columns)
-                    hot, number, row = rows.hot, segment.number, len(rows.topic_ids)
+                    hot, number, topic_ids = rows.hot, segment.number, rows.topic_ids
+                    row = len(topic_ids)
             position = segment.size
             segment.pending.append(entry)
             segment.pending_rows += 1
@@ -285,6 +287,7 @@ class PartitionLog(Locating):
                 head == number
                 and head_last[topic_id] >= 0
                 and (offset - head_first[topic_id] < HOT - 1 or topic_id in hot)
+                and topic_ids[head_last[topic_id]] == topic_id  # (not a truncation's marker: `link`)
             ):
                 prev = head_last[topic_id]  # the chain goes on here (a busy topic's rows kept as well)
             else:
@@ -391,15 +394,21 @@ class PartitionLog(Locating):
         table = self.table
         number = segment.number
         head = table.head_seg[topic_id]
-        if head == number:
-            last = table.head_last[topic_id]
+        last = table.head_last[topic_id]
+        if head == number and last >= 0 and rows.topic_ids[last] != topic_id:
+            # The head is a truncation's marker here (`hold_cut`): these records, at its offset, start the
+            # chain where the marker's goes on (the group they make holds the cut as well).
+            prev = rows.prevs[last]
+            count_before = 0
+            table.head_seg[topic_id] = number
+            table.head_first[topic_id] = offset
+        elif head == number:
             prev = last if last >= 0 else NO_PREVIOUS
             count_before = offset - table.head_first[topic_id]
         else:
             if head == NO_SEGMENT:
                 prev = NO_PREVIOUS
             elif self.segment_in_memory(head):
-                last = table.head_last[topic_id]
                 prev = pointer(head, last) if last >= 0 else NO_PREVIOUS  # an empty group: a restart
             else:
                 prev = pointer(head, UNKNOWN_ROW)
@@ -419,8 +428,8 @@ class PartitionLog(Locating):
             return pointer(head, last) if last >= 0 else NO_PREVIOUS
         return pointer(head, UNKNOWN_ROW)
 
-    def append_marker(self, topic_id: int, kind: int, offset: int, dropped: int) -> None:
-        """Buffer a marker of the topic (made durable by the caller's flush)."""
+    def append_marker(self, topic_id: int, kind: int, offset: int, dropped: int) -> tuple[Segment, int]:
+        """Buffer a marker of the topic (made durable by the caller's flush); returns its segment and row."""
         entry = encode_marker(topic_id, kind, offset, dropped)
         segment = self.active
         if (
@@ -432,11 +441,26 @@ class PartitionLog(Locating):
         rows = segment.rows
         assert rows is not None
         prev = self.marker_prev(topic_id, segment)
-        rows.add_marker(topic_id, segment.size, offset, kind, dropped, prev)
+        row = rows.add_marker(topic_id, segment.size, offset, kind, dropped, prev)
         segment.pending.append(entry)
         segment.pending_rows += 1
         segment.size += len(entry)
         self.pending_bytes += len(entry)
+        return segment, row
+
+    def hold_cut(self, topic_id: int, segment: Segment, row: int, offset: int) -> None:
+        """Make the truncation marker at `row` of `segment` (its cut at `offset` made by `cut_live`) the
+        topic's head when the cut left the head in a sealed segment. A sealed group keeps the records cut
+        from it, and without this only the log's end would say where its live ones stop: a gap, moving the
+        end on, would serve them again. As the head (an empty group at `offset` whose chain goes on to the
+        sealed one) the marker caps that group at the cut for every read, and so does its sealed index
+        (`segment_scan.apply_groups`)."""
+        table = self.table
+        head = table.head_seg[topic_id]
+        if head != NO_SEGMENT and not self.segment_in_memory(head):
+            table.head_seg[topic_id] = segment.number
+            table.head_first[topic_id] = offset
+            table.head_last[topic_id] = row
 
     def leave_active_segment(self, topic_id: int) -> None:
         """Roll the active segment when it holds the topic's newest records or a marker of it, before the
@@ -608,7 +632,7 @@ class PartitionLog(Locating):
                     rows.kill(topic_id, found)
                 if first < offset:
                     kept, _ = rows.rows_of(topic_id, last_row, first, offset)
-                    new_head = (segment.number, first, kept[-1] if kept else -1)
+                    new_head = (segment.number, first, kept[-1] if kept else last_row)  # (else: a marker)
                     break
             else:
                 group = step[1]

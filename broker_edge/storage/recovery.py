@@ -775,9 +775,11 @@ def replay_marker(
         if deleted > 0 and counted_past_cut:
             table.total[topic_id] -= deleted
             dropped += deleted
-        rows.add_marker(
+        row = rows.add_marker(
             topic_id, position, marker.offset, TRUNCATE, dropped, part.marker_prev(topic_id, segment)
         )
+        if marker.offset < table.next[topic_id]:  # a cut (a gap's marker, past the end, cuts nothing)
+            part.hold_cut(topic_id, segment, row, marker.offset)
         table.next[topic_id] = table.durable[topic_id] = marker.offset
         if table.start[topic_id] > marker.offset:
             table.start[topic_id] = marker.offset

@@ -280,7 +280,8 @@ class ReplicatedLog:
         part = self._store._partitions[table.partition[topic_id]]
         self._store._settle_seals()
         dropped, _ = part.cut_live(topic_id, offset)
-        part.append_marker(topic_id, TRUNCATE, offset, dropped)
+        segment, row = part.append_marker(topic_id, TRUNCATE, offset, dropped)
+        part.hold_cut(topic_id, segment, row, offset)
         self._store._committer.touched(part)
         self._store._committer.flush()
         table.next[topic_id] = table.durable[topic_id] = offset

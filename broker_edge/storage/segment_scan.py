@@ -381,9 +381,10 @@ def apply_groups(state: SealedState, index: SealedIndex, quarantine: Quarantine 
             topic_id, group.first_offset + group.count, f"sealed index {index.number}: a group ending"
         ):
             continue
-        if group.count == 0 and group.flags == FLAG_TRUNCATED:
-            # Only a truncation marker: the topic's head stays in the segment its chain goes on in (as
-            # `cut_live` left it), so that retention may delete this segment.
+        if group.count == 0 and group.flags == FLAG_TRUNCATED and group.first_offset >= end[topic_id]:
+            # Only a gap's marker (past the log's end, cutting nothing): the topic's head stays in the
+            # segment its chain goes on in, so that retention may delete this segment. A truncation's
+            # marker is the head (`PartitionLog.hold_cut`): it caps the groups before it at its cut.
             head_seg[topic_id] = group.previous_segment
         else:
             head_seg[topic_id] = number

@@ -296,3 +296,55 @@ def test_continue_at_moves_logs_below_their_offset_on_in_one_flush_durably(
         reopened.read("held", 5)
     assert reopened.start_offset("absent") == 7
     reopened.close()
+
+
+@pytest.mark.parametrize("gap", ["append_at", "continue_at"])
+@pytest.mark.parametrize("restart", ["none", "close", "crash", "sealed"])
+def test_a_log_cut_inside_a_sealed_group_and_moved_past_a_gap_never_serves_the_cut_records(
+    tmp_path: Path, small_segments: StorageConfig, gap: str, restart: str
+):
+    """A follower's truncation inside a segment sealed already keeps its cut when the log then goes on past
+    a gap before any record (a leader's gap, or `continue_at`): the cut records stay unread, in memory, once
+    the truncation's segment is sealed, and after a close or a crash."""
+    source = _store(tmp_path / "source", small_segments)
+    for number in range(6):
+        source.append("t", make_record(number))
+    source.replicated_log.restart_at("gap", 20)  # the leader's log with a gap: records 20 on
+    for number in range(3):
+        source.append("gap", make_record(number))
+    source.flush()
+    store = _store(tmp_path / "follower", small_segments)
+    store.replicated_log.append_at("t", b"".join(source.replicated_log.read_frames("t", 0, 1 << 30)[0]))
+    for number in range(60):  # the segment holding "t" rolls and is sealed
+        store.append("other", make_record(number))
+    store.flush()
+    store.wait_sealed()
+    store.replicated_log.truncate_to("t", 2)
+    if gap == "append_at":
+        frames = b"".join(source.replicated_log.read_frames("gap", 20, 1 << 30)[0])
+        assert store.replicated_log.append_at("t", frames, at=20) == 20
+    else:
+        assert store.replicated_log.continue_at({"t": 20}) == {"t": 2}
+    store.flush()
+    if restart == "sealed":  # the segments of the cut and the gap are sealed too
+        for number in range(60):
+            store.append("other", make_record(number))
+        store.flush()
+        store.wait_sealed()
+    if restart in ("close", "crash", "sealed"):
+        if restart == "close":
+            store.close()
+        store = _store(tmp_path / "follower", small_segments)
+
+    end = 23 if gap == "append_at" else 20
+    assert store.durable_end("t") == end
+    assert [r.offset for r in store.read("t", 0, 100, 1 << 30)] == [0, 1]
+    with pytest.raises(CorruptRecord) as missing:
+        store.read("t", 2, 100, 1 << 30)
+    assert missing.value.next_offset == 20  # the gap's end (the log's, when nothing follows it)
+    assert store.replicated_log.read_frames("t", 0, 1 << 30)[1] == 2
+    assert store.replicated_log.next_held("t", 2) == 20
+    if gap == "append_at":
+        assert [r.offset for r in store.read("t", 20, 100, 1 << 30)] == [20, 21, 22]
+    store.close()
+    source.close()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import LogStore, OffsetOutOfRange, PersistRule, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, OffsetOutOfRange, PersistRule, StorageConfig
 from broker_edge.storage.retention import SLICE_GROUPS
 from broker_edge.storage.sealed_index import GROUP, HEADER
 from tests.unit.broker_edge.storage.log_helpers import (
@@ -113,9 +114,12 @@ def _fill(store: LogStore, topic: str, until_segments: int) -> None:
 
 
 @pytest.mark.parametrize("restart", ["close", "crash"])
-def test_a_segment_holding_only_a_truncation_marker_of_a_live_topic_may_go(tmp_path: Path, restart: str):
-    """The topic's chain goes from its marker back to the segment of its remaining records: deleting the
-    segment of the marker (nothing else of it alive) loses none of them, before or after a restart."""
+def test_a_segment_holding_only_a_truncation_marker_goes_with_the_records_before_its_cut(
+    tmp_path: Path, restart: str, caplog: pytest.LogCaptureFixture
+):
+    """A truncation's marker caps the sealed group it cut, whose records past the cut stay on disk: its
+    segment stays while the topic's records before the cut live, though nothing else in it does, so that a
+    log moved on past a gap serves none of the cut records, before and after a restart. It goes with them."""
     store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
     store.open()
     for number in range(4):
@@ -130,17 +134,34 @@ def test_a_segment_holding_only_a_truncation_marker_of_a_live_topic_may_go(tmp_p
 
     report = store.apply_retention(now_ms=BASE_TIME_MS)
 
-    assert report.segments_deleted == 1
-    assert [s.number for s in store.partition_logs[0].segments] == [0, 2]
-    assert_matches(store.read("kept", 0)[0], 0)
+    assert report.segments_deleted == 0
+    assert [s.number for s in store.partition_logs[0].segments] == [0, 1, 2]
+    assert store.replicated_log.continue_at({"kept": 10}) == {"kept": 1}
     if restart == "close":
         store.close()
     else:
         store.file_pool.close()
-    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096))
+    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=1000))
     reopened.open()
+    assert_matches(reopened.read("kept", 0)[0], 0)
     assert [record.offset for record in reopened.read("kept", 0)] == [0]
-    assert reopened.log_info("kept").end_offset == 1
+    with pytest.raises(CorruptRecord) as missing:
+        reopened.read("kept", 1)
+    assert missing.value.next_offset == 10
+
+    report = reopened.apply_retention(now_ms=BASE_TIME_MS + 10_000)  # record 0 is past retention
+
+    numbers = [s.number for s in reopened.partition_logs[0].segments]
+    assert report.segments_deleted >= 2 and not {0, 1} & set(numbers)  # (and 2, if the close sealed it)
+    assert reopened.start_offset("kept") == 1
+    caplog.clear()
+    with pytest.raises(CorruptRecord) as missing:  # the gap: its walk passes segments retention deleted
+        reopened.read("kept", 1)
+    assert missing.value.next_offset == 10
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # (none is lost)
+    assert reopened.append("kept", make_record(10)) == 10
+    reopened.flush()
+    assert [record.offset for record in reopened.read("kept", 10)] == [10]
     reopened.close()
 
 
