@@ -57,6 +57,8 @@ class Locating:
     by_number: dict[int, Segment]
     segments: list[Segment]
     lost_segments: set[int]
+    deleted_segments: set[int]
+    deleted_below: int
     names: list[str]
     directory: str
     number: int
@@ -97,9 +99,11 @@ class Locating:
             raise CorruptRecord("", offset, self._next_present(topic_id, steps, offset, stop), "missing")
         return pieces
 
-    def _steps(self, topic_id: int, offset: int) -> list[tuple]:
+    def _steps(self, topic_id: int, offset: int, read: bool = True) -> list[tuple]:
         """The topic's groups from its newest back to the first starting at or below `offset`: (segment, last
-        row, first offset) for segments in memory, (segment, group) for sealed ones."""
+        row, first offset) for segments in memory, (segment, group) for sealed ones. A segment missing from
+        the chain is said (`_older_holding`) on a `read` only: a cut or retention walking past one needs
+        none of its records."""
         table = self.table
         number = table.head_seg[topic_id]
         row = table.head_last[topic_id]
@@ -107,7 +111,7 @@ class Locating:
         while number >= 0:
             segment = self.by_number.get(number)
             if segment is None:
-                found = self._older_holding(topic_id, number, offset)
+                found = self._older_holding(topic_id, number, offset, say=read)
                 if found is None:
                     break
                 segment, row = found, UNKNOWN_ROW
@@ -142,15 +146,21 @@ class Locating:
         return steps
 
     def _older_holding(
-        self, topic_id: int, missing: int, offset: int, present: bool = False
+        self, topic_id: int, missing: int, offset: int, present: bool = False, say: bool = True
     ) -> Segment | None:
         """The newest sealed segment older than segment `missing` that holds the topic, when a chain names
-        `missing` and its file is gone (damage; retention deletes a segment only once every record of it is
-        below its topic's start, where no read walks), or, `present`, is there without the topic's records
-        (emptied or replaced by other data: its index was made again from what it holds). The walk goes on
-        there: every record still on disk is served, those of the missing segment read as missing. Logged
-        once per segment."""
-        if offset >= self.table.start[topic_id] and missing not in self.lost_segments:
+        `missing` and its file is gone (damage, or retention, which deletes a segment once every record of
+        it is below its topic's start: a read in a gap walks past it), or, `present`, is there without the
+        topic's records (emptied or replaced by other data: its index was made again from what it holds).
+        The walk goes on there: every record still on disk is served, those of the missing segment read as
+        missing. Logged once per segment; never a segment retention deleted."""
+        if (
+            say
+            and offset >= self.table.start[topic_id]
+            and missing not in self.lost_segments
+            and missing not in self.deleted_segments
+            and missing >= self.deleted_below
+        ):
             self.lost_segments.add(missing)
             self._say_lost(topic_id, missing, offset, present)
         for segment in reversed(self.segments):
@@ -195,7 +205,7 @@ class Locating:
         if topic_id not in self.table.truncated:
             return end
         newer = min(self.table.next[topic_id], end)
-        for step in self._steps(topic_id, group.first_offset):
+        for step in self._steps(topic_id, group.first_offset, read=False):
             if step[0] is segment:
                 return newer
             newer = min(newer, step[2] if len(step) == 3 else step[1].first_offset)

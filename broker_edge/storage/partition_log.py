@@ -114,8 +114,12 @@ class PartitionLog(Locating):
         """Segments whose sealed index a read or retention found damaged: made again at open."""
         """Segments found at open with their sealed index but without their data (see `discover`)."""
         self.lost_segments: set[int] = set()
-        """Segments found missing from a topic's chain at a read (logged once each), and those retention
-        deleted (no read needs them: a read in a gap walks past them, and says nothing)."""
+        """Segments found missing from a topic's chain at a read (logged once each)."""
+        self.deleted_segments: set[int] = set()
+        """Segments retention deleted (its account's, from the open on): no read needs their records (a read
+        in a gap walks past them, and says nothing)."""
+        self.deleted_below = 0
+        """Every segment numbered below it is gone and in retention's account."""
         self.next_number = 0
         self.next_base = 0
         """The base position of a first segment (when retention deleted every earlier one)."""
@@ -610,7 +614,7 @@ class PartitionLog(Locating):
         nothing."""
         table = self.table
         table.truncated.add(topic_id)
-        steps = self._steps(topic_id, offset - 1) if offset > 0 else self._steps(topic_id, -1)
+        steps = self._steps(topic_id, max(offset - 1, -1), read=False)
         dropped_sealed = 0
         dropped_rows = 0
         dropped_below = 0
@@ -661,7 +665,7 @@ class PartitionLog(Locating):
         """Empty the topic's log in memory to go on at `offset` (its rows in memory killed); its (empty)
         head is segment `number`, the one holding the restart marker."""
         table = self.table
-        for step in self._steps(topic_id, -1):
+        for step in self._steps(topic_id, -1, read=False):
             if len(step) == 3:
                 segment, last_row, first = step
                 rows = segment.rows

@@ -79,15 +79,8 @@ class PartitionRepair:
 
     @property
     def repaired(self) -> bool:
-        return bool(
-            self.bytes_dropped
-            or self.bytes_skipped
-            or self.segments_dropped
-            or self.damaged_records
-            or self.damaged_segments
-            or self.missing_segments
-            or self.records_lost
-        )
+        damage = self.bytes_dropped or self.bytes_skipped or self.segments_dropped or self.records_lost
+        return bool(damage or self.damaged_records or self.damaged_segments or self.missing_segments)
 
 
 @dataclass(slots=True)
@@ -766,10 +759,12 @@ def replay_marker(
         # topic, carrying the bytes cut from segments sealed now (a segment sealed before the crash may be
         # in memory again, its cut rows dead: its seal will not count them, so neither may the marker).
         segment.size = position  # (what the rows cut end at: the scan sets the segment's size at its end)
-        dropped, unsealed = part.cut_live(topic_id, marker.offset, segment.number)
-        # What the marker carried and no segment gave back: records cut from sealed segments retention
-        # deleted since, which the sealed total still counts, when it reaches past the cut (a segment sealed
-        # again at open without the records cut never does). Never more than the log has left.
+        cut = marker.offset < table.next[topic_id]  # (a gap's marker, past the end, cuts nothing: no walk)
+        table.truncated.add(topic_id)
+        dropped, unsealed = part.cut_live(topic_id, marker.offset, segment.number) if cut else (0, 0)
+        # What the marker carried and no segment gave back: records cut from sealed segments retention deleted
+        # since, which the sealed total counts when it reaches past the cut (a segment sealed again at open
+        # without the records cut never does). Never more than the log has left.
         counted_past_cut = topic_id < len(loading.sealed) and loading.sealed.end[topic_id] > marker.offset
         deleted = min(marker.dropped - dropped - unsealed, table.total[topic_id] - table.dropped[topic_id])
         if deleted > 0 and counted_past_cut:
@@ -778,7 +773,7 @@ def replay_marker(
         row = rows.add_marker(
             topic_id, position, marker.offset, TRUNCATE, dropped, part.marker_prev(topic_id, segment)
         )
-        if marker.offset < table.next[topic_id]:  # a cut (a gap's marker, past the end, cuts nothing)
+        if cut:
             part.hold_cut(topic_id, segment, row, marker.offset)
         table.next[topic_id] = table.durable[topic_id] = marker.offset
         if table.start[topic_id] > marker.offset:

@@ -171,7 +171,8 @@ def _oldest_groups(
 ) -> list[tuple[Segment, Group]]:
     """The topic's sealed groups from the one holding `start` on, oldest first (in-memory ones left out),
     up to a segment whose groups are `unusable` (its records are not known: none after it is past)."""
-    steps = [(step[0], step[1]) for step in reversed(part._steps(topic_id, start)) if len(step) == 2]
+    chain = part._steps(topic_id, start, read=False)
+    steps = [(step[0], step[1]) for step in reversed(chain) if len(step) == 2]
     for number, (segment, _group) in enumerate(steps):
         if segment in unusable:
             return steps[:number]

@@ -153,6 +153,9 @@ class LogStore(Appends, Reads, Admin):
             os.path.join(self.layout.log, ACCOUNT_FILE), self.config.durability != "none", self._partitions
         )
         self._removed.open()
+        for part in self._partitions:  # (what a read in a gap walks past says nothing)
+            part.deleted_segments.update(self._removed.deleted.get(part.number, ()))
+            part.deleted_below = self._removed.floor.get(part.number, 0)
         table = self._table
         report.logs = len(table)
         report.records = sum(table.durable) - sum(table.start)

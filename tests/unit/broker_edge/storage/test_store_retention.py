@@ -163,6 +163,15 @@ def test_a_segment_holding_only_a_truncation_marker_goes_with_the_records_before
     reopened.flush()
     assert [record.offset for record in reopened.read("kept", 10)] == [10]
     reopened.close()
+    again = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=1000))
+    again.open()
+    caplog.clear()
+    with pytest.raises(CorruptRecord) as missing:  # retention's account says which segments it deleted
+        again.read("kept", 1)
+    assert missing.value.next_offset == 10
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [record.offset for record in again.read("kept", 10)] == [10]
+    again.close()
 
 
 def test_a_start_moved_inside_a_segment_that_stays_survives_a_crash(tmp_path: Path):
