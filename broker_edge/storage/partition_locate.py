@@ -11,6 +11,7 @@ written last from memory, older entries by preads, near ones merged into one).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, pointed
@@ -57,8 +58,7 @@ class Locating:
     by_number: dict[int, Segment]
     segments: list[Segment]
     lost_segments: set[int]
-    deleted_segments: set[int]
-    deleted_below: int
+    retention_deleted: Callable[[int], bool]
     names: list[str]
     directory: str
     number: int
@@ -158,8 +158,7 @@ class Locating:
             say
             and offset >= self.table.start[topic_id]
             and missing not in self.lost_segments
-            and missing not in self.deleted_segments
-            and missing >= self.deleted_below
+            and not self.retention_deleted(missing)
         ):
             self.lost_segments.add(missing)
             self._say_lost(topic_id, missing, offset, present)

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -115,11 +115,9 @@ class PartitionLog(Locating):
         """Segments found at open with their sealed index but without their data (see `discover`)."""
         self.lost_segments: set[int] = set()
         """Segments found missing from a topic's chain at a read (logged once each)."""
-        self.deleted_segments: set[int] = set()
-        """Segments retention deleted (its account's, from the open on): no read needs their records (a read
-        in a gap walks past them, and says nothing)."""
-        self.deleted_below = 0
-        """Every segment numbered below it is gone and in retention's account."""
+        self.retention_deleted: Callable[[int], bool] = _none_deleted
+        """Whether retention deleted a segment (its account's answer, once the store is open): no read needs
+        its records (a read in a gap walks past it, and says nothing)."""
         self.next_number = 0
         self.next_base = 0
         """The base position of a first segment (when retention deleted every earlier one)."""
@@ -764,6 +762,11 @@ class PartitionLog(Locating):
         for segment in self.segments[:-1]:
             if segment.rows is not None:
                 segment.state = ROLLED
+
+
+def _none_deleted(_number: int) -> bool:
+    """`PartitionLog.retention_deleted` until the store's account is open."""
+    return False
 
 
 def _skip_chunk(entries: int, average: int) -> int:

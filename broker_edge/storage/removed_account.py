@@ -157,6 +157,10 @@ class RemovedAccount:
         column = self.removed_below
         return column[topic_id] if topic_id < len(column) else 0
 
+    def deleted_segment(self, partition: int, number: int) -> bool:
+        """Whether retention deleted segment `number` of `partition` (below its floor, or named)."""
+        return number < self.floor.get(partition, 0) or number in self.deleted.get(partition, ())
+
     def from_position(self, partition: int) -> int:
         return self.accounted_from.get(partition, 0)
 

@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -154,8 +155,7 @@ class LogStore(Appends, Reads, Admin):
         )
         self._removed.open()
         for part in self._partitions:  # (what a read in a gap walks past says nothing)
-            part.deleted_segments.update(self._removed.deleted.get(part.number, ()))
-            part.deleted_below = self._removed.floor.get(part.number, 0)
+            part.retention_deleted = partial(self._removed.deleted_segment, part.number)
         table = self._table
         report.logs = len(table)
         report.records = sum(table.durable) - sum(table.start)

@@ -150,7 +150,6 @@ class Admin(StoreState):
             part.next_base = max(part.next_base, segment.base + segment.row_count)
             part.segments.remove(segment)
             del part.by_number[segment.number]
-            part.deleted_segments.add(segment.number)
             self._recent.forget((part.number, segment.number))
         assert self._sealer is not None
         self._sealer.delete_after_snapshot(segments)
