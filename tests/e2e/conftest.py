@@ -26,6 +26,7 @@ from broker_edge.config import load_dataclass
 from broker_edge.runtime.broker import Broker
 from broker_edge.settings.broker import BrokerConfig
 from tests.e2e.broker_clients import close_all
+from tests.e2e.tuned_collector import collector_tuned_as_a_broker
 
 
 class RunningBroker:
@@ -202,6 +203,14 @@ def brokers(tmp_path: Path) -> Iterator[Callable[..., RunningBroker]]:
     close_all()
     for broker in running:
         broker.stop()
+
+
+@pytest.fixture
+def tuned_collector() -> Iterator[None]:
+    """This process's collector tuned as a broker process's for one test (`collector_tuned_as_a_broker`):
+    a bound on an in-process broker's loop stalls then holds the broker's, not the test heap's."""
+    with collector_tuned_as_a_broker():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -214,6 +214,7 @@ def _least_worst_of_floods(port: int, kind: str) -> float:
     return min(worsts)
 
 
+@pytest.mark.usefixtures("tuned_collector")
 def test_a_flood_of_huge_subscribes_leaves_another_publishers_pubacks_prompt(brokers):
     """Connections each writing three 1 MiB SUBSCRIBEs of 200,000 filters back to back are closed at the
     first one's 257th filter; another client's QoS 1 PUBLISHes get their PUBACK within ``PUBACK_BOUND_S``
@@ -224,6 +225,7 @@ def test_a_flood_of_huge_subscribes_leaves_another_publishers_pubacks_prompt(bro
     assert worst < PUBACK_BOUND_S, f"a PUBACK waited {worst:.3f} s behind the SUBSCRIBEs"
 
 
+@pytest.mark.usefixtures("tuned_collector")
 def test_a_flood_of_publishes_with_huge_user_property_lists_leaves_pubacks_prompt(brokers):
     broker = brokers(limits={"messages_per_second_per_client": 0, "new_connections_per_second": 0})
     worst = _least_worst_of_floods(broker.port, "publish")

@@ -6,7 +6,6 @@ answer was made, generous against a busy machine (held whole, it was 0.3 to 0.9 
 from __future__ import annotations
 
 import asyncio
-import gc
 import http.client
 import json
 import time
@@ -14,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.process.gc_tuning import RuntimeConfig, tune_garbage_collector
 from broker_edge.storage import AppendRecord, LogStore
 from tests.e2e.offsets_api.api_harness import ApiHarness
+from tests.e2e.tuned_collector import collector_tuned_as_a_broker
 
 RECORDS = 100_000
 LONGEST_HOLD_S = 0.1
@@ -27,20 +26,17 @@ def dense(tmp_path_factory: pytest.TempPathFactory):
     """An API over one log of 100,000 small records, in a process whose collector is tuned as the broker
     tunes its own (``runtime``: the heap frozen, rarer young collections): full collections of an
     untuned heap take the loop for 100 ms whatever it runs."""
-    threshold = gc.get_threshold()
-    tune_garbage_collector(RuntimeConfig())
-    harness = ApiHarness(Path(tmp_path_factory.mktemp("dense")))
+    with collector_tuned_as_a_broker():
+        harness = ApiHarness(Path(tmp_path_factory.mktemp("dense")))
 
-    async def fill(store: LogStore) -> None:
-        for number in range(RECORDS):
-            store.append("dense", AppendRecord(payload=b"%040d" % number, qos=1, client_id="dev"))
-        await store.wait_durable()
+        async def fill(store: LogStore) -> None:
+            for number in range(RECORDS):
+                store.append("dense", AppendRecord(payload=b"%040d" % number, qos=1, client_id="dev"))
+            await store.wait_durable()
 
-    harness.run(fill(harness.store))
-    yield harness
-    harness.close()
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
+        harness.run(fill(harness.store))
+        yield harness
+        harness.close()
 
 
 class LoopWatch:
