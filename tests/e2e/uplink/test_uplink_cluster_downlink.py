@@ -14,7 +14,7 @@ from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, hub_cluster, member_store
 from tests.e2e.uplink.uplink_harness import log_frames, pki_in, site_section
-from tests.harness.local_cluster import EtcdTarget, cluster_state, wait_until
+from tests.harness.local_cluster import ClusterState, EtcdTarget, cluster_state, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,20 +22,25 @@ SITE = "plant-d"
 
 
 def groups_led(target: EtcdTarget) -> list[tuple[str, str]]:
-    """Two members, each with a downlinked topic (``actions/groups/<n>``) it leads and alone holds (read once
-    no copy is moving: a member that missed a lease renewal on a loaded machine has its partitions moved)."""
-    wait_until(
-        lambda: all(len(p.replicas) == 1 for p in cluster_state(target).partitions.values()),
-        what="one replica per partition",
-    )
-    state = cluster_state(target)
+    """Two members, each with a downlinked topic (``actions/groups/<n>``) it leads and alone holds, from a
+    state read with no copy moving and every partition led by its one replica (the same read: a member that
+    missed a lease renewal on a loaded machine has its partitions moved between two reads)."""
+    settled: list[ClusterState] = []
+
+    def one_replica_each() -> bool:
+        state = cluster_state(target)
+        if all(p.leader is not None and p.replicas == (p.leader,) for p in state.partitions.values()):
+            settled.append(state)
+        return bool(settled)
+
+    wait_until(one_replica_each, what="one replica per partition, its leader")
+    state = settled[0]
     found: dict[str, str] = {}
     for n in range(1000):
         topic = f"actions/groups/line-{n}"
-        partition = state.partitions[partition_of(topic, PARTITIONS)]
-        assert partition.replicas == (partition.leader,)  # one replica: the other members hold no copy
-        if partition.leader is not None:
-            found.setdefault(partition.leader, topic)
+        leader = state.partitions[partition_of(topic, PARTITIONS)].leader
+        assert leader is not None
+        found.setdefault(leader, topic)
         if len(found) == 2:
             return sorted(found.items())
     raise AssertionError(f"no two members lead a topic: {found}")
