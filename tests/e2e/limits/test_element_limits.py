@@ -35,7 +35,7 @@ from broker_edge.protocol.packets import (
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient
-from tests.e2e.limits.cpu_waits import round_trip_s
+from tests.harness.cpu_waits import round_trip_s
 
 FILTERS = 256
 USER_PROPERTIES = 128

@@ -27,7 +27,7 @@ from broker_edge.protocol.packets import (
     Unsubscribe,
 )
 from tests.e2e.broker_clients import TIMEOUT, RawClient
-from tests.e2e.limits.cpu_waits import round_trip_s
+from tests.harness.cpu_waits import round_trip_s
 
 LOGS = 3000
 PAIRS = 150

@@ -27,8 +27,8 @@ from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore
 from broker_edge.storage.mirrored import append_mirrored
 from tests.e2e.broker_clients import wait_for
-from tests.e2e.limits.cpu_waits import round_trip_s
 from tests.e2e.uplink.uplink_harness import hub_section, pki_in, site_section
+from tests.harness.cpu_waits import round_trip_s
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,6 +1,6 @@
-"""Round trips measured without the time their threads waited for a CPU: on a busy machine (a parallel
-test's Spark) that wait is the machine's, not a stall of the broker a bound is about. The threads are this
-test process's, and the event loop of a broker in a process of its own when one is named."""
+"""Times measured without the time their threads waited for a CPU: on a busy machine (a parallel test's
+Spark) that wait is the machine's, not a stall a bound is about. The threads are this test process's, and
+those of other processes named (a broker's event loop in a process of its own, etcd)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def run_queue_waits() -> dict[str, float]:
-    """Seconds each thread of this process has waited on a run queue for a CPU (Linux's schedstat; empty
-    where it does not say)."""
+def run_queue_waits(pid: int | str = "self") -> dict[str, float]:
+    """Seconds each thread of process ``pid`` (this one by default) has waited on a run queue for a CPU
+    (Linux's schedstat; empty where it does not say)."""
     waits: dict[str, float] = {}
     try:
-        tasks = list(Path("/proc/self/task").iterdir())
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return waits
     for task in tasks:
@@ -23,6 +23,11 @@ def run_queue_waits() -> dict[str, float]:
         except (OSError, IndexError, ValueError):
             continue
     return waits
+
+
+def longest_wait_s(before: dict[str, float], after: dict[str, float]) -> float:
+    """The longest a thread waited for a CPU between two `run_queue_waits` of one process."""
+    return max((after[task] - before[task] for task in after.keys() & before.keys()), default=0.0)
 
 
 def loop_wait_s(pid: int) -> float:
@@ -46,7 +51,6 @@ def round_trip_s(exchange: Callable[[], object], broker_pid: int | None = None) 
     began = time.monotonic()
     exchange()
     elapsed = time.monotonic() - began
-    after = run_queue_waits()
+    waited = longest_wait_s(before, run_queue_waits())
     loop_waited = loop_wait_s(broker_pid) - loop_before if broker_pid else 0.0
-    waited = max((after[task] - before[task] for task in after.keys() & before.keys()), default=0.0)
     return elapsed - max(waited, loop_waited)
