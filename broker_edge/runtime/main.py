@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,19 +96,35 @@ async def serve(
 
 
 def quiet_closed_transports(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The loop's handler of errors nothing awaited: uvloop's TLS layer writing to a connection that had
-    just closed under it (a peer that went away mid-handshake or mid-close) is said at DEBUG, not as an ERROR
-    with a traceback, since nothing is lost: the connection was gone. Anything else goes to asyncio's own
-    handler."""
+    """The loop's handler of errors nothing awaited. Two of uvloop's, about a connection that had gone, are
+    said at DEBUG, not as an ERROR with a traceback, since nothing is lost: its TLS layer writing to a
+    connection that had just closed under it (a peer that went away mid-handshake or mid-close), and the
+    handshake's own future left holding the connection's error (a member's dial to a peer killed
+    mid-handshake, the dial cancelled meanwhile: its caller had its own error or its cancellation). Anything
+    else goes to asyncio's own handler."""
     error = context.get("exception")
+    message = context.get("message")
     if (
-        context.get("message") == "Fatal error on SSL protocol"
+        message == "Fatal error on SSL protocol"
         and isinstance(error, RuntimeError)
         and "the handler is closed" in str(error)
     ):
         log.debug("TLS write on a connection already closed: %s", error)
         return
+    unretrieved = message == "Future exception was never retrieved"
+    if unretrieved and _tls_handshake_reset(error, context.get("future")):
+        log.debug("TLS handshake of a dial no longer awaited ended with its connection: %r", error)
+        return
     loop.default_exception_handler(context)
+
+
+def _tls_handshake_reset(error: object, future: object) -> bool:
+    """``error`` is a connection's end raised by uvloop's TLS protocol, held by a plain future (a handshake's
+    waiter, not a task of ours)."""
+    if not isinstance(error, ConnectionError) or isinstance(future, asyncio.Task):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.endswith("uvloop/sslproto.pyx")
 
 
 async def _start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
