@@ -12,7 +12,8 @@ fleet benches on the event loop, its garbage collector tuned as the broker's pro
   subscriber on all of them;
 - **QoS 1 fan-in, logged**: the same at QoS 1 with the commitlog (``durability: none``: the append and its
   bookkeeping, not the disk), PUBACKs to the publishers, one QoS 1 subscriber PUBACKing its deliveries;
-- **the fleet**: 2,000 devices, each one QoS 1 message on its own topic per round, one QoS 1 consumer.
+- **the fleet**: 2,000 devices, each one QoS 1 message on its own topic per round, one QoS 1 consumer;
+  and the same with no subscriber for them (telemetry read by offset, each PUBACK "no matching subscribers").
 
 Beside them, parts of the QoS 0 path alone (the decoder turning the bytes into packets) and a **floor**:
 what any Python broker spends to route a QoS 0 message at the least (split the frames by their remaining
@@ -164,9 +165,12 @@ async def qos1(
     per_topic: int,
     subscription: str,
     warmed: Callable[[], None] | None = None,
+    matched: bool = True,
 ) -> float:
     """QoS 1 publishers (one per topic), each ``per_topic`` messages a round, acknowledged once logged; one
-    QoS 1 subscriber on ``subscription`` PUBACKing what it gets (``warmed``: as ``_rounds`` takes it)."""
+    QoS 1 subscriber on ``subscription`` PUBACKing what it gets (``warmed``: as ``_rounds`` takes it; not
+    ``matched``: the subscription matches none of ``topics``, nothing is delivered, telemetry read by
+    offset)."""
     subscriber = engine.client("consumer", subscription, 1)
     publishers = [engine.client(f"device-{n}") for n in range(len(topics))]
     blobs = [frames.publish_run(topic, PAYLOAD, 1, 1, per_topic) for topic in topics]
@@ -190,7 +194,8 @@ async def qos1(
         expected = len(topics) * per_topic
         for publisher, blob in zip(publishers, blobs, strict=True):
             publisher.receive(blob)
-        while scanner.publishes < expected or acked[0] < expected:
+        deliveries = expected if matched else 0
+        while scanner.publishes < deliveries or acked[0] < expected:
             await asyncio.sleep(0)
         return expected
 
@@ -248,6 +253,17 @@ async def measure(rounds: int) -> dict[str, float]:
                 engine, rounds, [f"fleet/d-{n:05}/telemetry" for n in range(DEVICES)], 1, "fleet/+/telemetry"
             ),
         ),
+        (
+            "fleet, unsubscribed",
+            lambda engine: qos1(
+                engine,
+                rounds,
+                [f"fleet/d-{n:05}/telemetry" for n in range(DEVICES)],
+                1,
+                "fleet/+/status",
+                matched=False,
+            ),
+        ),
     ]
     for name, case in cases:
         directory = Path(tempfile.mkdtemp(prefix="ingest-floor-"))
@@ -272,6 +288,10 @@ def render(figures: dict[str, float], rounds: int, load: tuple[float, float, flo
         ("QoS 0 fan-in: 16 publishers to one subscriber", figures["qos0 fan-in"]),
         ("QoS 1 fan-in, logged (durability none), PUBACKed both ways", figures["qos1 fan-in"]),
         ("the fleet: 2,000 devices, one QoS 1 message each, one consumer", figures["fleet"]),
+        (
+            "the same fleet, no subscriber (read by offset; MQTT 5 would be told 0x10)",
+            figures["fleet, unsubscribed"],
+        ),
         ("the decoder alone, on the QoS 0 fan-in's bytes", figures["decode only"]),
         ("floor: a QoS 0 message routed with nothing checked and nothing made", figures["floor"]),
     ]

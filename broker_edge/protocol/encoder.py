@@ -246,6 +246,18 @@ def encode_puback_success(packet_id: int) -> bytes:
     return _PUBACK_SUCCESS + _packet_id(packet_id)
 
 
+_PUBACK_CODED = bytes((_T.PUBACK << 4, 3))
+
+
+def encode_puback_coded(packet_id: int, reason_code: int) -> bytes:
+    """An MQTT 5 PUBACK with a reason code and no properties (0x10 No matching subscribers: every publish
+    of a device nobody subscribes to), made without a ``PubAck``."""
+    return _PUBACK_CODED + _packet_id(packet_id) + _REASON_BYTES[reason_code]
+
+
+_REASON_BYTES = [bytes((code,)) for code in range(256)]
+
+
 def encode_pubacks(packet_ids: Sequence[int], reason_code: int = 0, v5: bool = False) -> bytes:
     """The PUBACKs of several accepted QoS 1 publishes back to back, made in one call: `reason_code` 0, or
     0x10 (no matching subscribers), which only MQTT 5 sends (older versions get the four-byte success)."""

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from broker_edge.engine.connection.states import CLOSED, NO_LIMIT
 from broker_edge.engine.rare_fields import RareField, RareSlots
-from broker_edge.protocol.codec import around_packet_id, encode, encode_puback_success, encode_pubacks
+from broker_edge.protocol.codec import (
+    around_packet_id,
+    encode,
+    encode_puback_coded,
+    encode_puback_success,
+    encode_pubacks,
+)
 from broker_edge.protocol.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from broker_edge.protocol.properties import Properties
 
@@ -399,13 +405,16 @@ class Outgoing:
         self.write(encode(PubRel(packet_id, reason_code), self.version))
 
     def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
-        if not reason_code and reason_string is None:  # an accepted QoS 1 publish: the same in every version
-            self.write(encode_puback_success(packet_id))
+        if reason_string is None:  # made without a ``PubAck``: every publish of a device nobody subscribes to
+            if reason_code and self.v5:
+                self.write(encode_puback_coded(packet_id, reason_code))
+            else:  # MQTT 3.1.1 has no reason code: its PUBACK is the same four bytes whatever the code
+                self.write(encode_puback_success(packet_id))
             return
-        if reason_string is not None and self.v5:
+        if self.v5:
             self.write(self._with_reason(PubAck(packet_id, reason_code), reason_string))
             return
-        self.write(encode(PubAck(packet_id, reason_code if self.v5 else 0), self.version))
+        self.write(encode_puback_success(packet_id))
 
     def send_pubacks(self, packet_ids: list[int], reason_code: int = 0) -> None:
         """The PUBACKs of a run of accepted QoS 1 publishes (`reason_code` 0 or 0x10), in one write."""

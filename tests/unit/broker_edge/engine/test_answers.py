@@ -62,6 +62,19 @@ def test_an_answer_nobody_waits_for_goes_at_once():
     assert client.read() == [PubAck(7, 0x10)]
 
 
+def test_a_publish_no_subscriber_matched_is_acknowledged_to_each_version_as_it_can_be_told():
+    """A device with one publish in flight and no subscriber for it (telemetry read by offset): MQTT 5 is
+    told 0x10 No matching subscribers, MQTT 3.1.1 gets the plain four-byte PUBACK."""
+    core = make_core()
+    new, old = connected(core, "new"), connected(core, "old", MQTT_3_1_1)
+    (told,), (plain,) = publishes(new, 1, first_id=9), publishes(old, 1, first_id=9)
+    told.reason_code = plain.reason_code = 0x10
+    answer_all([told])
+    answer_all([plain])
+    assert new.read() == [PubAck(9, 0x10)] and new.received == b"\x40\x03\x00\x09\x10"
+    assert old.read() == [PubAck(9)] and old.received == b"\x40\x02\x00\x09"
+
+
 def test_a_refused_mqtt_3_client_is_closed_for_it_cannot_be_told():
     core = make_core()
     client = connected(core, "old", MQTT_3_1_1)

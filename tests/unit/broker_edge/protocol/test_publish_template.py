@@ -14,7 +14,7 @@ from broker_edge.protocol import (
     encode,
     encode_publish_template,
 )
-from broker_edge.protocol.codec import encode_puback_success, qos0_frame_of
+from broker_edge.protocol.codec import encode_puback_coded, encode_puback_success, qos0_frame_of
 from tests.unit.broker_edge.protocol.mqtt_strategies import properties, topic_names
 
 VERSIONS = [4, MQTT_5]
@@ -172,3 +172,12 @@ def test_a_successful_puback_is_the_same_as_encode(version, packet_id):
 def test_a_puback_with_an_invalid_packet_id_is_refused(packet_id):
     with pytest.raises(ValueError):
         encode_puback_success(packet_id)
+    with pytest.raises(ValueError):
+        encode_puback_coded(packet_id, 0x10)
+
+
+@pytest.mark.parametrize("reason_code", [0x10, 0x80, 0x87, 0x91, 0x97, 0x99])
+@pytest.mark.parametrize("packet_id", [1, 256, 0xFFFF])
+def test_a_coded_mqtt_5_puback_is_the_same_as_encode(reason_code, packet_id):
+    """The short form: the reason code, no property length."""
+    assert encode_puback_coded(packet_id, reason_code) == encode(PubAck(packet_id, reason_code), MQTT_5)
