@@ -12,6 +12,8 @@ fleet benches on the event loop, its garbage collector tuned as the broker's pro
   subscriber on all of them;
 - **QoS 1 fan-in, logged**: the same at QoS 1 with the commitlog (``durability: none``: the append and its
   bookkeeping, not the disk), PUBACKs to the publishers, one QoS 1 subscriber PUBACKing its deliveries;
+- **QoS 1 ingest**: 48 publishers at QoS 1, 64 messages each a round on a topic each, logged and acknowledged,
+  no subscriber (the many-core kit's cluster shape: telemetry read by offset);
 - **the fleet**: 2,000 devices, each one QoS 1 message on its own topic per round, one QoS 1 consumer;
   and the same with no subscriber for them (telemetry read by offset, each PUBACK "no matching subscribers").
 
@@ -55,6 +57,7 @@ PUBLISHERS = 16
 PER_PUBLISHER = 700
 PAYLOAD = bytes(64)
 DEVICES = 2_000
+INGEST_PUBLISHERS = 48
 
 
 class Fed(Connection):
@@ -254,6 +257,17 @@ async def measure(rounds: int) -> dict[str, float]:
             ),
         ),
         (
+            "qos1 ingest, unsubscribed",
+            lambda engine: qos1(
+                engine,
+                rounds,
+                [f"ingest/{n:02}" for n in range(INGEST_PUBLISHERS)],
+                64,
+                "other/#",
+                matched=False,
+            ),
+        ),
+        (
             "fleet, unsubscribed",
             lambda engine: qos1(
                 engine,
@@ -287,6 +301,10 @@ def render(figures: dict[str, float], rounds: int, load: tuple[float, float, flo
     rows = [
         ("QoS 0 fan-in: 16 publishers to one subscriber", figures["qos0 fan-in"]),
         ("QoS 1 fan-in, logged (durability none), PUBACKed both ways", figures["qos1 fan-in"]),
+        (
+            "QoS 1 ingest, logged, no subscriber: 48 publishers, 64 messages each a round",
+            figures["qos1 ingest, unsubscribed"],
+        ),
         ("the fleet: 2,000 devices, one QoS 1 message each, one consumer", figures["fleet"]),
         (
             "the same fleet, no subscriber (read by offset; MQTT 5 would be told 0x10)",

@@ -26,6 +26,7 @@ from .record import PREFIX, PREFIX_SIZE, EntryHead
 
 __all__ = [
     "ENTRY_HEAD",
+    "HEAD_AND_PREFIX",
     "HEAD_SIZE",
     "MARKER_BIT",
     "MARKER_BODY_SIZE",
@@ -44,6 +45,8 @@ __all__ = [
 
 ENTRY_HEAD = struct.Struct("<II")
 HEAD_SIZE = ENTRY_HEAD.size
+HEAD_AND_PREFIX = struct.Struct("<IIII")
+"""An entry's header and its frame's length prefix (`record.PREFIX`), packed in one call."""
 TOPIC_ID = struct.Struct("<I")
 """A topic id as the check starts from it."""
 MARKER_BIT = 0x80000000
@@ -79,21 +82,15 @@ def check_of(topic_id: int, frame_crc: int) -> int:
 
 
 def head_of(topic_id: int) -> EntryHead:
-    """The entry header maker of one topic (`record.encode_framed` calls it with each frame's CRC)."""
-    raw = TOPIC_ID.pack(topic_id)
-    pack = ENTRY_HEAD.pack
-
-    def head(frame_crc: int) -> bytes:
-        return pack(topic_id, record.crc32c(raw, frame_crc))
-
-    return head
+    """How `record.encode_framed` heads the frames of one topic (`record.EntryHead`)."""
+    return topic_id, TOPIC_ID.pack(topic_id), HEAD_AND_PREFIX.pack
 
 
 def entries_of(topic_id: int, frames: Sequence[memoryview], crcs: Sequence[int]) -> list[bytes]:
     """The entries of checked `frames` of one topic whose CRC fields are `crcs` (a leader's, appended
     verbatim): each frame behind its header."""
-    head = head_of(topic_id)
-    return [head(crc) + frame for frame, crc in zip(frames, crcs, strict=True)]
+    raw, pack, checksum = TOPIC_ID.pack(topic_id), ENTRY_HEAD.pack, record.crc32c
+    return [pack(topic_id, checksum(raw, crc)) + frame for frame, crc in zip(frames, crcs, strict=True)]
 
 
 def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from itertools import accumulate
 from . import record
 from .active_index import HOT, NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
 from .entry import (
-    ENTRY_HEAD,
+    HEAD_AND_PREFIX,
     HEAD_SIZE,
     TOPIC_ID,
     encode_marker,
@@ -210,10 +210,9 @@ class PartitionLog(Locating):
         table = self.table
         next_offsets, index_ms = table.next, table.index_ms
         head_seg, head_first, head_last = table.head_seg, table.head_first, table.head_last
-        pack_body, pack_prefix, pack_entry, pack_id, pack_u16 = (
+        pack_body, pack_headed, pack_id, pack_u16 = (
             BODY_HEAD.pack,
-            PREFIX.pack,
-            ENTRY_HEAD.pack,
+            HEAD_AND_PREFIX.pack,
             TOPIC_ID.pack,
             U16.pack,
         )
@@ -253,9 +252,7 @@ class PartitionLog(Locating):
                     bytes_added += self.last_append_size
                 continue
             crc = checksum(body)
-            entry = (
-                pack_entry(topic_id, checksum(pack_id(topic_id), crc)) + pack_prefix(len(body), crc) + body
-            )
+            entry = pack_headed(topic_id, checksum(pack_id(topic_id), crc), len(body), crc) + body
             total = len(entry)
             segment = self.active
             if (

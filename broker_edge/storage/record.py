@@ -69,8 +69,13 @@ FLAG_CORRELATION_DATA = 0x80
 _U16_MAX = 0xFFFF
 
 
-EntryHead = Callable[[int], bytes]
-"""The header a partition log stores before a frame, given the frame's CRC (see `entry.head_of`)."""
+EntryHead = tuple[int, bytes, Callable[[int, int, int, int], bytes]]
+"""How a partition log heads each frame of one topic (see `entry.head_of`): the topic id, the bytes its
+entries' check starts from, and the pack of (topic id, check, body length, frame CRC) into the entry's
+header followed by the frame's length prefix."""
+
+_NO_HEAD: EntryHead = (0, b"", PREFIX.pack)
+"""`encode_framed`'s locals when it heads no frame (never called then)."""
 
 RecordFields = tuple[
     bytes,
@@ -265,11 +270,15 @@ def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[Record
 def encode_framed(
     first_offset: int, timestamp_ms: int, records: Iterable[RecordFields], head: EntryHead | None
 ) -> list[bytes]:
-    """`encode_frames`, each frame prefixed with `head(frame_crc)` when given (a partition log's entry
-    header, see `entry`): one loop and one buffer per record either way."""
+    """`encode_frames`, each frame behind a partition log's entry header when `head` is given (see
+    `entry.head_of`): one loop and one buffer per record either way; the header and the frame's length
+    prefix are packed in one call."""
     frames: list[bytes] = []
     append = frames.append
     pack_head, pack_prefix, checksum = _pack_head, _pack_prefix, crc32c
+    topic_id, check_start, pack_headed = (
+        head if head is not None else (0, b"", _pack_prefix)
+    )  # (no head: unused)
     last_id, raw_id = None, b""
     for offset, fields in enumerate(records, first_offset):
         (payload, qos, retain, client_id, properties, content_type,
@@ -283,7 +292,10 @@ def encode_framed(
             or correlation is not None
         ):
             frame = encode_frame(offset, timestamp_ms, *fields)
-            append(frame if head is None else head(U32.unpack_from(frame, 4)[0]) + frame)
+            if head is not None:
+                length, crc = PREFIX.unpack_from(frame)
+                frame = pack_headed(topic_id, checksum(check_start, crc), length, crc) + frame[PREFIX_SIZE:]
+            append(frame)
             continue
         if client_id is not last_id:
             last_id, raw_id = client_id, client_id.encode()
@@ -299,7 +311,7 @@ def encode_framed(
         if head is None:
             append(pack_prefix(len(body), crc) + body)
         else:
-            append(head(crc) + pack_prefix(len(body), crc) + body)
+            append(pack_headed(topic_id, checksum(check_start, crc), len(body), crc) + body)
     return frames
 
 

@@ -97,11 +97,11 @@ def open_fd_count() -> int:
 
 def record_entry(topic_id: int, offset: int, payload: bytes = b"absurd") -> bytes:
     """A checked entry of ``topic_id`` holding a record at ``offset`` (any u64)."""
-    from broker_edge.storage.entry import head_of
+    from broker_edge.storage.entry import entries_of
     from broker_edge.storage.record import encode_record
 
     frame = encode_record(offset, BASE_TIME_MS, AppendRecord(payload))
-    return head_of(topic_id)(int.from_bytes(frame[4:8], "little")) + frame
+    return entries_of(topic_id, [memoryview(frame)], [int.from_bytes(frame[4:8], "little")])[0]
 
 
 def marker_entry(topic_id: int, kind: int, offset: int) -> bytes:

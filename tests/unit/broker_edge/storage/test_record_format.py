@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker_edge.storage.entry import ENTRY_HEAD, MAX_TOPIC_ID, check_of, head_of, parse_head
 from broker_edge.storage.record import (
     PREFIX,
     PREFIX_SIZE,
@@ -15,6 +16,7 @@ from broker_edge.storage.record import (
     check_frames,
     decode_frame,
     decode_frames,
+    encode_framed,
     encode_frames,
     encode_record,
     qos_with_packet_id,
@@ -210,3 +212,27 @@ def test_a_qos2_record_keeps_its_packet_id_and_a_record_without_one_reads_as_bef
         (None, 2, "dev", b"payload", content_type),
     ]
     assert encode_frames(7, 1000, [kept.batch_fields()]) == frames[:1]
+
+
+@given(
+    topic_id=st.integers(0, MAX_TOPIC_ID),
+    payload=st.binary(max_size=300),
+    qos=st.integers(0, 2),
+    user_properties=st.lists(st.tuples(text, text), max_size=2),
+    content_type=st.none() | text,
+)
+def test_a_headed_frame_is_the_frame_behind_its_entry_header(
+    topic_id, payload, qos, user_properties, content_type
+):
+    """A partition log's entries (`encode_framed` with `entry.head_of`): each record's frame as
+    `encode_frames` makes it, behind the header of its topic, whether or not it has MQTT 5 fields."""
+    records = [
+        AppendRecord(payload, qos, client_id="device-1").batch_fields(),
+        AppendRecord(payload, qos, False, "device-1", user_properties, content_type).batch_fields(),
+        AppendRecord(payload, qos_with_packet_id(2, 7), client_id="device-2").batch_fields(),
+    ]
+    entries = encode_framed(40, 1_700_000_000_123, records, head_of(topic_id))
+    for entry, frame in zip(entries, encode_frames(40, 1_700_000_000_123, records), strict=True):
+        crc = int.from_bytes(frame[4:8], "little")
+        assert entry == ENTRY_HEAD.pack(topic_id, check_of(topic_id, crc)) + frame
+        assert parse_head(entry, 0, MAX_BODY) == (topic_id, len(entry))

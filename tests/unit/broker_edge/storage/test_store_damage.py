@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.storage import AppendRecord, CorruptRecord, LogStore, RecoveryReport, StorageConfig
-from broker_edge.storage.entry import head_of
+from broker_edge.storage.entry import entries_of
 from broker_edge.storage.record import encode_record
 from tests.unit.broker_edge.storage.log_helpers import (
     BASE_TIME_MS,
@@ -303,7 +303,9 @@ def test_an_entry_inside_a_payload_is_never_taken_for_the_log_after_damage(tmp_p
     """A device may publish bytes that are a whole valid entry (a copy of a log); the scan going on after
     damage must not take one inside a record's payload for a record of the log (here 't' at offset 5000)."""
     forged_frame = encode_record(5000, BASE_TIME_MS, make_record(7))
-    forged = head_of(TOPIC_ID)(int.from_bytes(forged_frame[4:8], "little")) + forged_frame
+    (forged,) = entries_of(
+        TOPIC_ID, [memoryview(forged_frame)], [int.from_bytes(forged_frame[4:8], "little")]
+    )
     store = LogStore(tmp_path, ONE_SEGMENT)
     store.open()
     for number in range(50):
