@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker_edge.observe.logs import JsonFormatter, TextFormatter
 from broker_edge.protocol.packets import PubAck, Publish
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
+from tests.harness.log_records import KeptRecords
 
 TWO_LISTENERS = [
     {"name": "north", "type": "tcp", "host": "127.0.0.1", "port": 0},
@@ -168,22 +169,11 @@ def test_sys_topics(start_broker):
     watcher.expect_none(0.2)
 
 
-class _Keeping(logging.Handler):
-    """Keeps the records it is given (INFO and above)."""
-
-    def __init__(self, records: list[logging.LogRecord]) -> None:
-        super().__init__(logging.INFO)
-        self.records = records
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def broker_records():
     """Every record the broker's loggers write during the test (INFO and above)."""
-    records: list[logging.LogRecord] = []
-    handler = _Keeping(records)
+    handler = KeptRecords(logging.INFO)
+    records = handler.records
     logger = logging.getLogger("broker_edge")
     previous = logger.level
     logger.setLevel(logging.INFO)

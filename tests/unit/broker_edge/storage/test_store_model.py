@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from broker_edge.storage import CorruptRecord, LogStore, OffsetOutOfRange, StorageConfig
 from broker_edge.storage.record import BODY_HEAD, PREFIX_SIZE, decode_frame, encode_frames
 from broker_edge.storage.topic_table import SNAPSHOT_FILE, read_snapshot
+from tests.harness.log_records import KeptRecords
 
 TOPICS = [f"plant/{n}/line-{n % 3}" for n in range(7)] + ["devices/ünï/status", "x"]
 BASE_TIME = 1_700_000_000_000
@@ -52,17 +53,6 @@ def _bytes_of(records: list[Entry]) -> int:
 def _held(start: int, records: list[Entry]) -> list[tuple[int, bytes, int]]:
     """(offset, payload, time) of each record the log holds, the gaps left out."""
     return [(start + n, entry[0], entry[1]) for n, entry in enumerate(records) if entry is not None]
-
-
-class _ErrorLines(logging.Handler):
-    """The lines logged at ERROR or above."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 class PartitionLogsMachine(RuleBasedStateMachine):
@@ -93,7 +83,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         self.pending: dict[str, list[tuple[bytes, int]]] = {}
         self.starts: dict[str, int] = {}
         self.clock = BASE_TIME
-        self.errors = _ErrorLines()
+        self.errors = KeptRecords(logging.ERROR)
         """What the store logs at ERROR: nothing, as the model damages nothing (a crash's torn end and an
         undone seal are repairs, WARNING)."""
         logging.getLogger("broker_edge").addHandler(self.errors)
@@ -278,7 +268,7 @@ class PartitionLogsMachine(RuleBasedStateMachine):
         store = getattr(self, "store", None)
         if store is None:
             return
-        assert not self.errors.lines, self.errors.lines
+        assert not self.errors.records, self.errors.lines()
         for topic, records in self.durable.items():
             start = self.starts.get(topic, 0)
             end = start + len(records)
