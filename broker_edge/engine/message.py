@@ -135,11 +135,8 @@ class Message:
                 return found
         frame = self.frame
         if frame is not None and key == (self.frame_v5 << 3) | (self.qos << 1):  # the frame as received
-            if qos:  # split around its packet id
-                found = PublishTemplate(qos, *around_packet_id(frame, self.payload, v5))
-            else:
-                found = PublishTemplate(0, frame)
-        elif frame is not None and key == self.frame_v5 << 3:  # a QoS 1/2 frame sent at QoS 0: less its id
+            return self.frame_template()
+        if frame is not None and key == self.frame_v5 << 3:  # a QoS 1/2 frame sent at QoS 0: less its id
             found = PublishTemplate(0, qos0_frame_of(frame, self.payload, v5))
         else:
             properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
@@ -156,6 +153,30 @@ class Message:
         else:
             if expiry is not None:
                 _forget_earlier_intervals(cache, expiry)
+            cache[key] = found
+        return found
+
+    def frame_template(self) -> PublishTemplate:
+        """``template`` of the variant that is the frame received (``frame``, which the message must still
+        hold): the publisher's protocol family and QoS, no RETAIN, nothing added; split around the packet id
+        at QoS 1/2. What a delivery queued behind a full in-flight window is made of while the message holds
+        its frame (``Connection.encode_while_framed``), without ``template``'s look at every variant."""
+        qos = self.qos
+        key = (self.frame_v5 << 3) | (qos << 1)
+        cache = self.templates
+        if cache is not None:
+            found = cache.get(key)
+            if found is not None:
+                return found
+        frame = self.frame
+        assert frame is not None, "only a message holding its frame has this variant made of it"
+        if qos:  # split around its packet id
+            found = PublishTemplate(qos, *around_packet_id(frame, self.payload, self.frame_v5))
+        else:
+            found = PublishTemplate(0, frame)
+        if cache is None:
+            self.templates = {key: found}
+        else:
             cache[key] = found
         return found
 

@@ -313,7 +313,7 @@ class Outgoing:
             return
         for message in messages:
             if qos == message.qos and not message.frame_v5 and message.frame is not None:
-                message.template(False, qos, False)
+                message.frame_template()
 
     def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
         """Write a run of plain messages (``engine.publish_run``) delivered at QoS 0: their QoS 0 frames in
