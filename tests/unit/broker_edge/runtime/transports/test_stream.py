@@ -19,7 +19,7 @@ from broker_edge.protocol.packets import (
     Subscription,
 )
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.runtime.transports.stream import StreamConnection
+from broker_edge.runtime.transports.stream import JOINED_UP_TO, StreamConnection
 from broker_edge.runtime.transports.tcp import TcpConnection
 from broker_edge.runtime.transports.turns import ReadTurns
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
@@ -80,6 +80,48 @@ def test_a_turn_of_output_is_one_write_at_the_flush():
     assert transport.writes == [], "nothing is written before the end of the turn"
     core.run_soon()
     assert transport.writes == [b"\xd0\x00" * 3]
+
+
+class PiecesTransport(MemoryTransport):
+    """A ``MemoryTransport`` that also keeps how each write was handed over: one piece, or several."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.pieces.append(1)
+        super().write(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.pieces.append(len(parts))
+        super().writelines(parts)
+
+
+def test_a_turn_of_small_deliveries_is_joined_and_a_large_one_handed_over_in_its_pieces():
+    """QoS 1 deliveries are a head, a packet id and a payload each: up to ``JOINED_UP_TO`` bytes in a
+    turn they are written as one piece, beyond it as the pieces (a shared payload is not copied)."""
+    core = make_core()
+    consumer, _ = connected(core, "consumer")
+    transport = PiecesTransport()
+    consumer.attach_transport(transport)
+    device, _ = connected(core, "device")
+    consumer.data_received(encode(Subscribe(packet_id=1, subscriptions=[Subscription("fleet/+", 1)]), MQTT_5))
+    core.run_soon()
+    transport.writes.clear()
+    transport.pieces.clear()
+    small = [Publish(topic="fleet/d-1", payload=b"21.5", qos=1, packet_id=n) for n in (1, 2, 3)]
+    device.data_received(b"".join(encode(publish, MQTT_5) for publish in small))
+    core.run_soon()
+    large = bytes(JOINED_UP_TO)
+    device.data_received(encode(Publish(topic="fleet/d-2", payload=large, qos=1, packet_id=4), MQTT_5))
+    core.run_soon()
+    assert transport.pieces == [1, 3]
+    delivered = PacketDecoder(role="client", protocol_version=MQTT_5).feed(b"".join(transport.writes))
+    assert [(p.topic, p.payload) for p in delivered if isinstance(p, Publish)] == [
+        *[("fleet/d-1", b"21.5")] * 3,
+        ("fleet/d-2", large),
+    ]
 
 
 def test_a_close_decided_by_a_read_is_carried_out_when_the_read_returns():
