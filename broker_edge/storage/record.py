@@ -276,9 +276,7 @@ def encode_framed(
     frames: list[bytes] = []
     append = frames.append
     pack_head, pack_prefix, checksum = _pack_head, _pack_prefix, crc32c
-    topic_id, check_start, pack_headed = (
-        head if head is not None else (0, b"", _pack_prefix)
-    )  # (no head: unused)
+    topic_id, check_start, pack_headed = head if head is not None else _NO_HEAD
     last_id, raw_id = None, b""
     for offset, fields in enumerate(records, first_offset):
         (payload, qos, retain, client_id, properties, content_type,
