@@ -128,14 +128,12 @@ class Message:
             key = (v5 << 3) | (qos << 1) | retain
             if alias or offsets:
                 key |= (alias << 6) | (offsets << 5) | (alias_only << 4)
-        cache = self.templates
-        if cache is not None:
-            found = cache.get(key)
-            if found is not None:
-                return found
         frame = self.frame
         if frame is not None and key == (self.frame_v5 << 3) | (self.qos << 1):  # the frame as received
             return self.frame_template()
+        cache = self.templates
+        if cache is not None and (found := cache.get(key)) is not None:
+            return found
         if frame is not None and key == self.frame_v5 << 3:  # a QoS 1/2 frame sent at QoS 0: less its id
             found = PublishTemplate(0, qos0_frame_of(frame, self.payload, v5))
         else:
@@ -148,13 +146,9 @@ class Message:
                 retain=retain,
                 properties=properties,
             )
-        if cache is None:  # the first variant (with one subscriber, the only one): the dict made with it
-            self.templates = {key: found}
-        else:
-            if expiry is not None:
-                _forget_earlier_intervals(cache, expiry)
-            cache[key] = found
-        return found
+        if expiry is not None and cache is not None:
+            _forget_earlier_intervals(cache, expiry)
+        return self._keep(key, found)
 
     def frame_template(self) -> PublishTemplate:
         """``template`` of the variant that is the frame received (``frame``, which the message must still
@@ -164,16 +158,20 @@ class Message:
         qos = self.qos
         key = (self.frame_v5 << 3) | (qos << 1)
         cache = self.templates
-        if cache is not None:
-            found = cache.get(key)
-            if found is not None:
-                return found
+        if cache is not None and (found := cache.get(key)) is not None:
+            return found
         frame = self.frame
         assert frame is not None, "only a message holding its frame has this variant made of it"
         if qos:  # split around its packet id
             found = PublishTemplate(qos, *around_packet_id(frame, self.payload, self.frame_v5))
         else:
             found = PublishTemplate(0, frame)
+        return self._keep(key, found)
+
+    def _keep(self, key: object, found: PublishTemplate) -> PublishTemplate:
+        """``found``, kept as the variant ``key`` (the first variant, with one subscriber the only one: the
+        dict made with it)."""
+        cache = self.templates
         if cache is None:
             self.templates = {key: found}
         else:
