@@ -9,8 +9,11 @@ kit_python() {
     PY="$(cat "$K/src/CHECKOUT")/.venv/bin/python"; export PYTHONPATH=$K/src:$K
   else
     PY=python3
-    timeout 150 "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$K"/wheels/*.whl \
-      >"$OUT/pip.log" 2>&1 || { echo "pip failed: $(tail -1 "$OUT/pip.log")"; exit 3; }
+    if ! cmp -s /tmp/site/.kit-wheels <(ls "$K"/wheels); then  # (run.sh installs them there the same way)
+      timeout 150 "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$K"/wheels/*.whl \
+        >"$OUT/pip.log" 2>&1 || { echo "pip failed: $(tail -1 "$OUT/pip.log")"; exit 3; }
+      ls "$K"/wheels >/tmp/site/.kit-wheels
+    fi
     export PYTHONPATH=/tmp/site:$K/src:$K
   fi
   ulimit -n 65536 2>/dev/null || ulimit -n 20000
