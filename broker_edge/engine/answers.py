@@ -227,7 +227,8 @@ def _acknowledge_run(publisher: Publisher, packet_ids: list[int], reason_code: i
         return
     pending = publisher.incoming_pending
     if pending > 0:
-        publisher.incoming_pending = max(0, pending - len(packet_ids))
+        pending -= len(packet_ids)
+        publisher.incoming_pending = pending if pending > 0 else 0
     if len(packet_ids) == 1:  # a device with one publish in flight: its own PUBACK, no run to pack
         publisher.send_puback(packet_ids[0], reason_code)
     else:

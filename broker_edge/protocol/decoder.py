@@ -224,7 +224,7 @@ class PacketDecoder:
     def _decode_all(self, buf, packets: list[Packet], most: int = _NO_LIMIT) -> int:
         """Decode complete packets from ``buf`` into ``packets``, at most ``most``; return where the rest
         (incomplete, or past ``most`` packets) starts."""
-        view = memoryview(buf)
+        view: memoryview | None = None  # made for the first packet whose decoder reads through it
         size = len(buf)
         pos = 0
         max_packet_size = self.max_packet_size if self.protocol_version is not None else self.max_connect_size
@@ -270,9 +270,11 @@ class PacketDecoder:
             if end > size:
                 self._needed = end - pos
                 return pos
-            if first >> 4 == 3:
-                packets.append(self._decode_publish(first, buf, view, body, end))
+            if first >> 4 == 3:  # (a device's read is often one PUBLISH: it makes no memoryview)
+                packets.append(self._decode_publish(first, buf, body, end))
             else:
+                if view is None:
+                    view = memoryview(buf)
                 packets.append(_BODY_DECODERS[first >> 4](self, first, buf, view, body, end))
                 accepted = self._accepted  # CONNECT switches to the packets of its protocol version
                 max_packet_size = self.max_packet_size
@@ -397,7 +399,9 @@ class PacketDecoder:
             raise ProtocolError("session present on a refused connection")
         return ConnAck(bool(flags), code, properties)
 
-    def _decode_publish(self, first: int, buf, view: memoryview, pos: int, end: int) -> Publish:
+    def _decode_publish(self, first: int, buf, pos: int, end: int) -> Publish:
+        """A PUBLISH's body, ``buf[pos:end]`` (called by ``_decode_all`` alone, without the memoryview the
+        other decoders read through: only MQTT 5 properties need one)."""
         body = pos
         if pos + 2 > end:
             raise MalformedPacket("PUBLISH ends inside the topic length")
@@ -435,7 +439,9 @@ class PacketDecoder:
             if pos < end and buf[pos] == 0:  # no properties: the common case, skip the table walk
                 pos += 1
             else:
-                properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH, self.max_user_properties)
+                properties, pos = decode_properties(
+                    buf, memoryview(buf), pos, end, _T.PUBLISH, self.max_user_properties
+                )
                 if properties is not None and properties.subscription_identifiers and self.role == "server":
                     raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
         if not valid:
@@ -690,10 +696,9 @@ _ACK_REASON_CODES: dict[int, frozenset[rc.ReasonCode]] = {
     _T.PUBCOMP: rc.PUBCOMP_REASON_CODES,
 }
 _D = PacketDecoder
-_BODY_DECODERS = {
+_BODY_DECODERS = {  # every packet type's but PUBLISH's, which ``_decode_all`` calls itself
     _T.CONNECT: _D._decode_connect,
     _T.CONNACK: _D._decode_connack,
-    _T.PUBLISH: _D._decode_publish,
     _T.PUBACK: _D._decode_publish_ack,
     _T.PUBREC: _D._decode_publish_ack,
     _T.PUBREL: _D._decode_publish_ack,

@@ -17,6 +17,7 @@ from .errors import (
 from .persistence import CREATES_LOG, LOGGED, NOT_LOGGED
 from .record import RecordFields
 from .store_state import StoreState, _NewTopics
+from .topic_table import NO_RULE
 
 if TYPE_CHECKING:
     pass
@@ -49,7 +50,8 @@ class Appends(StoreState):
             topic_id = self._ids.get(topic)
             if topic_id is None:
                 return CREATES_LOG if rules.should_persist(topic, qos) else NOT_LOGGED
-        if qos not in rules.rule_qos(self._rule_of(topic_id)):
+        rule = self._table.rule[topic_id]  # (`_rule_of`, its common case inlined: the rule is known)
+        if qos not in rules.rule_qos(rule if rule != NO_RULE else self._rule_of(topic_id)):
             return NOT_LOGGED
         asked[topic] = topic_id
         return LOGGED
