@@ -133,6 +133,7 @@ class LogStore(Appends, Reads, Admin):
         report.quarantined = self.quarantined()
         self._catalogue = _Catalogue(opened.catalog)
         self._ids = opened.catalog.ids
+        self._asked = {}
         self._names = opened.catalog.names
         self._order = TopicOrder(self._names)
         self._filters = TopicFilters(self._names)

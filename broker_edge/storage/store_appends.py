@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker_edge.storage.store")
 
-__all__ = ["Appends"]
+__all__ = ["ASKED_MAX", "Appends"]
+
+ASKED_MAX = 16_384
+"""Topic ids `persist_as` keeps at most for the next publishes on their topics (`StoreState._asked`): a
+fleet of that many devices finds each one's in a dict, not by probing the topic table; about 1 MiB full."""
 
 _PartitionAppends = tuple[list[tuple[int, Sequence[RecordFields]]], list[int]]
 """A loop turn's appends to one partition, (topic id, records) each, and the index of each's batch."""
@@ -45,15 +49,17 @@ class Appends(StoreState):
         if qos not in rules.logged_qos:  # QoS 0 with the default rules: no topic looked up
             return NOT_LOGGED
         asked = self._asked
-        topic_id = asked.get(topic)  # a topic asked for already this turn (fan-in: most publishes)
+        topic_id = asked.get(topic)  # a topic asked for already (a fleet's, a fan-in's: most publishes)
         if topic_id is None:
             topic_id = self._ids.get(topic)
             if topic_id is None:
                 return CREATES_LOG if rules.should_persist(topic, qos) else NOT_LOGGED
+            if len(asked) >= ASKED_MAX:
+                asked.clear()
+            asked[topic] = topic_id
         rule = self._table.rule[topic_id]  # (`_rule_of`, its common case inlined: the rule is known)
         if qos not in rules.rule_qos(rule if rule != NO_RULE else self._rule_of(topic_id)):
             return NOT_LOGGED
-        asked[topic] = topic_id
         return LOGGED
 
     def append(self, topic: str, record) -> int:
@@ -108,7 +114,6 @@ class Appends(StoreState):
         of them once per partition, not once per topic. `fsync` durability (a job per append) takes them one
         by one."""
         if self.config.durability == "fsync":
-            self._asked = {}
             return [self._append_or_error(topic, records, None) for topic, records in batches]
         timestamp = self._clock.wall_ms()
         results, groups = self._writable_groups(batches)
@@ -148,8 +153,7 @@ class Appends(StoreState):
         otherwise; and the others' (topic id, records) (logs created on first use) with their batch's index.
         The turn's new topics get their rows in the topic table and places in the listing together."""
         ids_get, committer = self._ids.get, self._committer
-        asked, self._asked = self._asked, {}
-        asked_get = asked.get
+        asked_get = self._asked.get
         refusing = committer.failure is not None or committer.shortage is not None or bool(self._quarantined)
         results: list[int | StorageError] = []
         appends: list[tuple[int, Sequence[RecordFields]]] = []

@@ -183,9 +183,9 @@ class StoreState:
         self._log_configs: list[LogConfig] = []
         self._created_by: dict[str, int] = {}
         self._asked: dict[str, int] = {}
-        """The ids `persist_as` found for logged publishes since the last `append_batches`, which takes them
-        rather than probing the name -> id table again (a topic's id never changes). The publish path appends
-        what it asked about at its next loop turn; a caller that never appends holds one entry per topic."""
+        """The ids `persist_as` found for logged publishes, which it and `append_batches` take rather than
+        probing the name -> id table again (a topic's id never changes): a fleet's devices publish on the
+        same topics turn after turn. At most `ASKED_MAX` of them, emptied when full."""
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
         self._advance_listeners: list[Callable[[str], None]] = []

@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import InvalidRecord, LogStore, RecordTooLarge, StorageConfig, TooManyTopics
+from broker_edge.storage import (
+    InvalidRecord,
+    LogStore,
+    RecordTooLarge,
+    StorageConfig,
+    TooManyTopics,
+    store_appends,
+)
 from broker_edge.storage.clock import Clock
-from broker_edge.storage.persistence import LOGGED
+from broker_edge.storage.persistence import CREATES_LOG, LOGGED
 from tests.unit.broker_edge.storage.log_helpers import make_record, odd_record
 
 NOW_MS = 1_700_000_123_456
@@ -166,7 +173,7 @@ def test_new_topics_of_one_turn_get_ids_in_order_and_survive_a_restart(tmp_path:
 
 
 @pytest.mark.parametrize("durability", ["group", "fsync"])
-def test_the_ids_persist_as_found_go_to_the_next_append_and_no_further(tmp_path: Path, durability: str):
+def test_the_ids_persist_as_found_serve_the_appends_and_publishes_after_it(tmp_path: Path, durability: str):
     store = _open(tmp_path, partitions=3, durability=durability)
     topics = [f"fleet/device-{number}" for number in range(6)]
     store.append_batches([(topic, [_plain(0)]) for topic in topics])
@@ -174,15 +181,39 @@ def test_the_ids_persist_as_found_go_to_the_next_append_and_no_further(tmp_path:
     results = store.append_batches(
         [(topic, [_plain(1)]) for topic in topics[::2]] + [("fleet/new", [_plain(1)])]
     )
-    left = dict(store._asked)
+    kept = dict(store._asked)
+    ids = {topic: store._ids.get(topic) for topic in topics}
+    asked_again = [store.persist_as(topic, 1) for topic in topics] + [store.persist_as("fleet/other", 1)]
     store.flush()
     held = {topic: [record.payload for record in store.read(topic, 0, 10)] for topic in topics}
     store.close()
 
     assert asked == [LOGGED] * 6
     assert results == [1, 1, 1, 0]
-    assert left == {}
+    assert kept == ids, "every topic asked about, with its id; the log the append made was not asked about"
+    assert asked_again == [LOGGED] * 6 + [CREATES_LOG]
     assert held == {
         topic: [b"reading-0", b"reading-1"] if number % 2 == 0 else [b"reading-0"]
         for number, topic in enumerate(topics)
     }
+
+
+def test_the_ids_kept_for_publishes_are_bounded_and_answers_stay_right_past_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(store_appends, "ASKED_MAX", 4)
+    store = _open(tmp_path, partitions=2)
+    topics = [f"fleet/device-{number}" for number in range(10)]
+    store.append_batches([(topic, [_plain(0)]) for topic in topics])
+    sizes = []
+    answers = []
+    for _ in range(2):
+        for topic in topics:
+            answers.append(store.persist_as(topic, 1))
+            sizes.append(len(store._asked))
+    results = store.append_batches([(topic, [_plain(1)]) for topic in topics])
+    store.close()
+
+    assert max(sizes) == 4, "emptied once full, never more than the bound"
+    assert answers == [LOGGED] * 20
+    assert results == [1] * 10, "ids found past the bound append to the right logs"
