@@ -359,10 +359,7 @@ class PublishPath:
             queued.append(message)
         if entry.qos == 2 and entry.packet_id is not None and self.forwarding is None and self.keeps_qos2_ids:
             self._qos2_ids[message] = entry.packet_id
-        self._pending.append(entry)  # ``_queue``, inlined: a device's publish comes here
-        if not self._scheduled:
-            self._scheduled = True
-            self._call_soon(self._persist)
+        self._queue(entry)
 
     def _queue(self, entry: PendingPublish) -> None:
         self._pending.append(entry)
