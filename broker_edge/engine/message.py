@@ -44,6 +44,7 @@ class Message:
     __slots__ = (
         "expires_at",
         "frame",
+        "frame_head",
         "frame_v5",
         "offset",
         "origin",
@@ -87,6 +88,11 @@ class Message:
         variant is made of it instead of being encoded (at QoS 0 the frame itself is written), and so is the
         family's QoS 0 variant of a QoS 1/2 message (the frame less its packet id)."""
         self.frame_v5 = frame_v5
+        self.frame_head: bytes | None = None
+        """An MQTT 3.1.1 QoS 1/2 ``frame``'s bytes before its packet id, once cut (``Outgoing.send_message``,
+        ``encode_while_framed``): a delivery of that family and QoS without RETAIN is they, the subscriber's
+        packet id and the payload, kept when the frame is let go of. (An MQTT 5 frame has a byte of
+        properties after its packet id: its variant is a template.)"""
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, offset={self.offset})"

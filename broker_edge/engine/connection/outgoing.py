@@ -195,56 +195,74 @@ class Outgoing:
             return False
         head: bytes
         tail: bytes  # QoS 1/2: the delivery is ``head``, the packet id, ``tail``
-        session = self.session  # once per delivery: look at the session only for a logged message
-        offsets = (
-            message.offset is not None
-            and session is not None
-            and (rare := session._rare) is not None
-            and rare.log_offsets
-        )
-        if not terms.alias_max_out:
-            # A plain variant already encoded for another subscriber is looked up here, without the call to
-            # ``template`` (its key as ``Message.templates`` says); the first delivery of the publisher's
-            # family at its QoS is the frame received (``Message.frame``), no template made at all.
-            templates = message.templates
-            if templates is not None:
-                if (
-                    offsets
-                    or subscription_ids
-                    or message.expires_at is not None
-                    or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
-                ):
-                    found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-                head = found.head
-                if qos:
-                    tail = found.tail
-            elif (
-                (frame := message.frame) is not None
-                and qos == message.qos
-                and terms.v5 == message.frame_v5
-                and not retain
-                and not subscription_ids
-                and not offsets
-            ):
-                # The frame received: as it is at QoS 0 (every such subscriber writes that one object), around
-                # this subscriber's packet id at QoS 1/2. The first delivery makes no template (a message
-                # with one subscriber, the ingest shape, needs none); the empty cache it leaves has the next
-                # subscriber make the shared one.
-                if qos:
-                    head, tail = around_packet_id(frame, message.payload, terms.v5)
-                    message.templates = {}
-                else:
-                    head = frame
-            else:
-                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-                head = template.head
-                if qos:
-                    tail = template.tail
+        if (
+            (frame_head := message.frame_head) is not None
+            and qos == message.qos
+            and not terms.v5
+            and not retain
+            and not subscription_ids
+            and not terms.alias_max_out
+        ):
+            # The MQTT 3.1.1 frame received, around this subscriber's packet id: no template, no look-up
+            # (``offsets`` adds nothing in that family).
+            head = frame_head
+            tail = message.payload
+            offsets = False
         else:
-            aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
-            head = aliased.head
-            if qos:
-                tail = aliased.tail
+            session = self.session  # once per delivery: look at the session only for a logged message
+            offsets = (
+                message.offset is not None
+                and session is not None
+                and (rare := session._rare) is not None
+                and rare.log_offsets
+            )
+            if not terms.alias_max_out:
+                # A plain variant already encoded for another subscriber is looked up here, without the call
+                # to ``template`` (its key as ``Message.templates`` says); the first delivery of the
+                # publisher's family at its QoS is the frame received (``Message.frame``), no template made.
+                templates = message.templates
+                if templates is not None:
+                    if (
+                        offsets
+                        or subscription_ids
+                        or message.expires_at is not None
+                        or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+                    ):
+                        found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                    head = found.head
+                    if qos:
+                        tail = found.tail
+                elif (
+                    (frame := message.frame) is not None
+                    and qos == message.qos
+                    and terms.v5 == message.frame_v5
+                    and not retain
+                    and not subscription_ids
+                    and not offsets
+                ):
+                    # The frame received: as it is at QoS 0 (every such subscriber writes that one object),
+                    # around this subscriber's packet id at QoS 1/2. The first delivery makes no template (a
+                    # message with one subscriber, the ingest shape, needs none): in MQTT 3.1.1 the part
+                    # before the packet id is kept for the next ones (``Message.frame_head``); in MQTT 5 the
+                    # empty cache it leaves has the next subscriber make the shared template.
+                    if qos:
+                        head, tail = around_packet_id(frame, message.payload, terms.v5)
+                        if terms.v5:
+                            message.templates = {}
+                        else:
+                            message.frame_head = head
+                    else:
+                        head = frame
+                else:
+                    template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                    head = template.head
+                    if qos:
+                        tail = template.tail
+            else:
+                aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
+                head = aliased.head
+                if qos:
+                    tail = aliased.tail
         if qos == 0:
             if len(head) > terms.max_packet_out:
                 smaller = self._fitted(message, 0, retain, subscription_ids, offsets)
@@ -305,15 +323,24 @@ class Outgoing:
         self, messages: Iterable[Message], qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> None:
         """Deliveries about to wait in the session's queue (the in-flight window is full): for each that will
-        be the MQTT 3.1.1 frame received around this client's packet id, that encoding is made now, out of the
-        frame (its head sliced off, its payload shared), which the message lets go of once routed; made when
-        sent, it would be encoded from its parts. (An MQTT 5 one would hold a second copy of the payload while
-        queued: it is made when sent.)"""
+        be the MQTT 3.1.1 frame received around this client's packet id, the frame's part before the packet
+        id is cut now (``Message.frame_head``; its payload is shared), as the message lets go of the frame
+        once routed; sent without it, the delivery would be encoded from its parts. A QoS 0 one is the frame
+        itself, kept as its template. (An MQTT 5 one would hold a second copy of the payload while queued: it
+        is made when sent.)"""
         if retain or subscription_ids or self.terms.v5:
             return
         for message in messages:
-            if qos == message.qos and not message.frame_v5 and message.frame is not None:
-                message.frame_template()
+            if (
+                qos == message.qos
+                and not message.frame_v5
+                and (frame := message.frame) is not None
+                and message.frame_head is None
+            ):
+                if qos:
+                    message.frame_head = frame[: len(frame) - len(message.payload) - 2]
+                else:
+                    message.frame_template()
 
     def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
         """Write a run of plain messages (``engine.publish_run``) delivered at QoS 0: their QoS 0 frames in

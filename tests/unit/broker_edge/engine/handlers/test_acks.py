@@ -6,6 +6,8 @@ from broker_edge.engine import message as message_module
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
+    MQTT_5,
+    Connect,
     PubAck,
     PubComp,
     Publish,
@@ -152,6 +154,54 @@ def test_a_message_queued_behind_a_full_window_is_sent_as_the_frame_received(log
 
 def _not_called(*args, **kwargs):
     raise AssertionError("encoded again")
+
+
+@pytest.mark.mqtt311("MQTT-3.3.1-1", "MQTT-4.4.0-1")
+def test_a_3_1_1_frame_is_each_same_family_delivery_around_its_packet_id_and_its_resend_with_dup(monkeypatch):
+    """A QoS 1 PUBLISH from an MQTT 3.1.1 client reaches each QoS 1 subscriber of that family as the bytes
+    received around that subscriber's own packet id, with no encoder run for any of them (the first cut is
+    kept for the others), and an MQTT 5 subscriber as an encoding of its own. Sent again to a subscriber
+    back in its session, the same bytes carry DUP [MQTT-3.3.1-1]."""
+    core = make_core()
+    versions: list[int] = []
+    encode_template = message_module.encode_publish_template
+
+    def counted(topic, payload, version, **fields):
+        versions.append(version)
+        return encode_template(topic, payload, version, **fields)
+
+    monkeypatch.setattr(message_module, "encode_publish_template", counted)
+    subscribers = []
+    for n, version in enumerate((MQTT_3_1_1, MQTT_3_1_1, MQTT_5)):
+        subscriber = core.client(version)
+        subscriber.connect(f"sub-{n}", clean_start=version == MQTT_5)
+        subscriber.send(Subscribe(1, [Subscription("t/#", 1), Subscription(f"only/{n}", 1)]))
+        subscribers.append(subscriber)
+    publisher = core.client(MQTT_3_1_1)
+    publisher.connect("pub")
+    publisher.send(Publish("only/1", b"first", 1, packet_id=1))  # sub-1's ids now run one ahead
+    subscribers[1].read()
+    publisher.send(Publish("t/a", b"payload", 1, packet_id=7))
+    ids = []
+    for subscriber in subscribers:
+        (delivered,) = subscriber.read()
+        ids.append(delivered.packet_id)
+        expected = Publish("t/a", b"payload", 1, packet_id=delivered.packet_id)
+        assert subscriber.received == encode(expected, subscriber.version)
+    assert ids == [1, 2, 1]
+    assert MQTT_3_1_1 not in versions
+    inflight = core.router.sessions["sub-0"].inflight
+    assert inflight is not None
+    delivery = inflight[1]
+    assert isinstance(delivery, tuple)
+    message = delivery[0]
+    frame = encode(Publish("t/a", b"payload", 1, packet_id=1), MQTT_3_1_1)
+    assert (message.frame, message.frame_head) == (None, frame[: -len(b"payload") - 2])
+    assert [key for key in message.templates or () if key in (2, 3)] == []  # no 3.1.1 QoS 1 template
+    back = core.client(MQTT_3_1_1)  # sub-0 again, on a new connection, before acknowledging
+    back.send(Connect(client_id="sub-0", protocol_version=MQTT_3_1_1, clean_start=False))
+    assert back.received.endswith(encode(Publish("t/a", b"payload", 1, dup=True, packet_id=1), MQTT_3_1_1))
+    assert MQTT_3_1_1 not in versions
 
 
 def test_a_persistent_sessions_qos2_id_is_journaled_with_its_pubrec_and_its_release_with_its_pubcomp():
