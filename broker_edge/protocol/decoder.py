@@ -271,7 +271,12 @@ class PacketDecoder:
                 self._needed = end - pos
                 return pos
             if first >> 4 == 3:  # (a device's read is often one PUBLISH: it makes no memoryview)
-                packets.append(self._decode_publish(first, buf, body, end))
+                publish = self._decode_publish(first, buf, body, end)
+                packets.append(publish)
+                if end < size and buf[end] == first and publish.properties is None and len(packets) < most:
+                    end = _decode_alike(
+                        buf, pos, body, end, publish, self.protocol_version == MQTT_5, packets, most
+                    )
             else:
                 if view is None:
                     view = memoryview(buf)
@@ -596,6 +601,53 @@ class PacketDecoder:
             )
             _check_consumed(pos, end, _T(packet_type).name)
         return code, properties
+
+
+def _decode_alike(
+    buf: bytes, pos: int, body: int, end: int, first: Publish, v5: bool, packets: list[Packet], most: int
+) -> int:
+    """The PUBLISHes right after ``first`` (decoded from ``buf[pos:end]``, its variable header at ``body``)
+    that begin with the same bytes up to the end of its topic: the same fixed header (type, flags, remaining
+    length) and topic, so the same size, QoS and checks already passed. Each is decoded from its packet id
+    and payload alone, into ``packets`` (at most ``most`` in all). Returns where the first one not alike (or
+    not whole, or with a packet id 0 or MQTT 5 properties: the general decoder says what it is) starts.
+
+    A client streaming on one topic sends such PUBLISHes back to back, the payloads of one size."""
+    step = end - pos
+    topic_end = body + 2 + ((buf[body] << 8) | buf[body + 1])
+    prefix = buf[pos:topic_end]
+    qos = first.qos
+    id_at = topic_end - pos
+    payload_at = id_at + (2 if qos else 0) + v5  # (v5: the properties' length, 0, before the payload)
+    topic, retain, dup, framed = first.topic, first.retain, first.dup, first.frame is not None
+    size = len(buf)
+    count = len(packets)
+    append = packets.append
+    start = end
+    while start + step <= size and count < most and buf.startswith(prefix, start):
+        packet_id = None
+        if qos:
+            packet_id = (buf[start + id_at] << 8) | buf[start + id_at + 1]
+            if not packet_id:
+                break
+        if v5 and buf[start + payload_at - 1]:
+            break
+        stop = start + step
+        append(
+            Publish(
+                topic,
+                buf[start + payload_at : stop],
+                qos,
+                retain,
+                dup,
+                packet_id,
+                None,
+                buf[start:stop] if framed else None,
+            )
+        )
+        count += 1
+        start = stop
+    return start
 
 
 def _pubacks_read_together(buf: bytes) -> PubAckRun | None:
