@@ -338,7 +338,7 @@ class Outgoing:
                 and message.frame_head is None
             ):
                 if qos:
-                    message.frame_head = frame[: len(frame) - len(message.payload) - 2]
+                    message.frame_head = around_packet_id(frame, message.payload, False)[0]
                 else:
                     message.frame_template()
 
