@@ -359,7 +359,10 @@ class PublishPath:
             queued.append(message)
         if entry.qos == 2 and entry.packet_id is not None and self.forwarding is None and self.keeps_qos2_ids:
             self._qos2_ids[message] = entry.packet_id
-        self._queue(entry)
+        self._pending.append(entry)  # (``_queue``, inlined: a device's every publish comes this way)
+        if not self._scheduled:
+            self._scheduled = True
+            self._call_soon(self._persist)
 
     def _queue(self, entry: PendingPublish) -> None:
         self._pending.append(entry)
@@ -660,7 +663,13 @@ class PublishPath:
             if message is not None:
                 appends += 1
                 appended_bytes += len(message.payload)
-                if index >= tried_until and message.frame is not None and message.qos == 1:
+                if (
+                    index >= tried_until
+                    and message.frame is not None
+                    and message.qos == 1
+                    and index + 1 < count
+                    and batch[index + 1].publisher is entry.publisher  # (a device's one publish: no run)
+                ):
                     end = tried_until = _logged_run_end(batch, index, count)
                     if end - index > 1:
                         run = LoggedRun([cast(Message, e.message) for e in batch[index:end]])

@@ -237,13 +237,17 @@ def _encode_reason_and_properties(
     return _frame(first_byte, prefix + bytes((reason_code,)) + encode_properties(properties))
 
 
-_PUBACK_SUCCESS = bytes((_T.PUBACK << 4, 2))
+_PUBACK_SUCCESS = (_T.PUBACK << 28) | (2 << 16)
+_PACK_U32 = struct.Struct(">L").pack
 
 
 def encode_puback_success(packet_id: int) -> bytes:
     """A PUBACK with reason code 0 and no properties, the acknowledgement of every QoS 1 publish accepted:
-    the same four bytes in MQTT 3.1, 3.1.1 and 5 (v5's short form), made without a ``PubAck``."""
-    return _PUBACK_SUCCESS + _packet_id(packet_id)
+    the same four bytes in MQTT 3.1, 3.1.1 and 5 (v5's short form), made without a ``PubAck`` (one pack:
+    a device's every publish is answered so)."""
+    if not 0 < packet_id <= 0xFFFF:
+        raise ValueError(f"packet identifier must be 1..65535, got {packet_id}")
+    return _PACK_U32(_PUBACK_SUCCESS | packet_id)
 
 
 _PUBACK_CODED = bytes((_T.PUBACK << 4, 3))
@@ -266,7 +270,7 @@ def encode_pubacks(packet_ids: Sequence[int], reason_code: int = 0, v5: bool = F
         raise ValueError(f"packet identifiers must be 1..65535, got {list(packet_ids)}")
     if reason_code and v5:
         return struct.pack(f">{count * 'HHB'}", *_interleave(packet_ids, 0x4003, reason_code))
-    return struct.pack(f">{count}L", *[0x40020000 | packet_id for packet_id in packet_ids])
+    return struct.pack(f">{count}L", *[_PUBACK_SUCCESS | packet_id for packet_id in packet_ids])
 
 
 def _interleave(packet_ids: Sequence[int], head: int, reason_code: int) -> list[int]:
