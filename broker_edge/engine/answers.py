@@ -23,6 +23,7 @@ from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.ports import ForwardAck
 
 if TYPE_CHECKING:
+    from broker_edge.engine.connection.inbound import Inbound
     from broker_edge.engine.message import Message
 
 __all__ = ["AnswersInTurn", "ForwardedBatch", "PendingPublish", "Publisher", "acknowledge", "answer_all"]
@@ -35,14 +36,20 @@ class Publisher(Protocol):
     def v5(self) -> bool: ...
 
     state: int
-    incoming_pending: int
-    """Its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish
+    inbound: Inbound | None
+    """What its publishes hold on the connection, made with the first one (None before). Its ``pending``
+    counts its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish
     read on this connection until its PUBCOMP from an MQTT 5 client (as its Receive Maximum counts: a flow
     a former connection of the session began counts only where its PUBLISH is sent again; ``Inbound.qos2``),
     until its PUBREC from an older one (whose reading waits on this count, so its PUBRELs must stay
     readable). Bounded by
     ``limits.receive_maximum``: an MQTT 5 client sending more is disconnected, an older one is not read
-    while it has that many (``Connection``)."""
+    while it has that many (``Connection``). The PUBLISH path counts there itself, a device's every publish
+    in and out, with no call (``Connection.incoming_pending`` reads it for everyone else)."""
+
+    @property
+    def started_inbound(self) -> Inbound:
+        """Its ``inbound``, made now if none was yet."""
 
     def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
 
@@ -174,9 +181,9 @@ def answer(entry: PendingPublish) -> None:
     qos = entry.qos
     reason_code = entry.reason_code
     if qos == 1 or not publisher.v5:  # answered now
-        pending = publisher.incoming_pending
-        if pending > 0:
-            publisher.incoming_pending = pending - 1
+        inbound = publisher.inbound
+        if inbound is not None and inbound.pending > 0:
+            inbound.pending -= 1
     if reason_code >= 0x80 and not publisher.v5:
         publisher.close()
         return
@@ -225,10 +232,10 @@ def _acknowledge_run(publisher: Publisher, packet_ids: list[int], reason_code: i
     """``answer`` of several accepted QoS 1 publishes of ``publisher``, in one write."""
     if publisher.state == CLOSED:
         return
-    pending = publisher.incoming_pending
-    if pending > 0:
-        pending -= len(packet_ids)
-        publisher.incoming_pending = pending if pending > 0 else 0
+    inbound = publisher.inbound
+    if inbound is not None and inbound.pending > 0:
+        pending = inbound.pending - len(packet_ids)
+        inbound.pending = pending if pending > 0 else 0
     if len(packet_ids) == 1:  # a device with one publish in flight: its own PUBACK, no run to pack
         publisher.send_puback(packet_ids[0], reason_code)
     else:

@@ -240,7 +240,7 @@ class PublishPath:
         if logged:
             qos = message.qos
             if qos == 1 or (qos and not publisher.v5):  # an MQTT 5 QoS 2 publish counts from its id's hold
-                publisher.incoming_pending += 1
+                (publisher.inbound or publisher.started_inbound).pending += 1
             self._queue_message(message, PendingPublish(publisher, message, packet_id, message.qos))
             return
         forwarding = self.forwarding
@@ -255,7 +255,7 @@ class PublishPath:
         if packet_id is not None:
             note = retained_not_kept(self.router, message) if message.retain else None
             code = 0 if matched else _NO_MATCHING
-            if publisher.incoming_pending:  # its earlier publishes wait for the log: answered behind them
+            if (inbound := publisher.inbound) is not None and inbound.pending:  # its earlier ones go first
                 self.acknowledge_in_turn(publisher, packet_id, message.qos, code, note)
             else:
                 acknowledge(publisher, message.qos, packet_id, code, note)
@@ -275,7 +275,7 @@ class PublishPath:
         """Take a client's run of plain QoS 1 publishes of one logged topic (``engine.publish_run``): queued
         for the next persist together, as ``accept`` queues each of them."""
         messages = run.messages()
-        publisher.incoming_pending += len(messages)
+        (publisher.inbound or publisher.started_inbound).pending += len(messages)
         queued = self._by_topic.get(run.topic)
         if queued is None:
             self._by_topic[run.topic] = messages  # the run's own list: nothing else holds it after this call
@@ -335,7 +335,7 @@ class PublishPath:
             acknowledge(publisher, qos, packet_id, reason_code, reason_string)
             return
         if qos == 1 or not publisher.v5:  # waits for its answer as a publish does
-            publisher.incoming_pending += 1
+            (publisher.inbound or publisher.started_inbound).pending += 1
         self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code, reason_string))
 
     def wait_for_answers(self, reader: HeldReader) -> None:
@@ -563,8 +563,8 @@ class PublishPath:
             self.counters.drop("topic_limit")
             entry.reason_code = ReasonCode.QUOTA_EXCEEDED
             if publisher is not None and not publisher.v5:
-                if entry.qos and publisher.incoming_pending > 0:  # answered with silence: a slot free
-                    publisher.incoming_pending -= 1
+                if entry.qos and (inbound := publisher.inbound) is not None and inbound.pending > 0:
+                    inbound.pending -= 1  # answered with silence: a slot free
                 entry.packet_id = None
                 return
         else:
@@ -755,7 +755,7 @@ def _move(topic: str, publisher: Publisher, inbound: Inbound, forwarding: Forwar
     if forwarding.hand_over(topic, publisher):  # it moves once its publishes read are answered
         return
     redirect = getattr(publisher, "redirect", None)
-    if not publisher.v5 or redirect is None or publisher.incoming_pending:
+    if not publisher.v5 or redirect is None or (publisher.inbound is not None and publisher.inbound.pending):
         return  # answers still to write go first; their forwards' answers try again
     address = forwarding.server_for(topic)
     if address:  # "" or None: this member sends nobody away

@@ -423,13 +423,10 @@ class Connection(Outgoing):
 
     @property
     def incoming_pending(self) -> int:
-        """The client's QoS 1/2 publishes read and not yet answered (see ``Publisher.incoming_pending``)."""
+        """The client's QoS 1/2 publishes read and not yet answered (``Inbound.pending``, see
+        ``Publisher.inbound``)."""
         inbound = self.inbound
         return inbound.pending if inbound is not None else 0
-
-    @incoming_pending.setter
-    def incoming_pending(self, value: int) -> None:
-        (self.inbound or self._start_inbound()).pending = value
 
     def _raise_held_error(self) -> None:
         """A malformed packet followed the packets just handled: close for it now."""

@@ -17,7 +17,7 @@ MAX_TOPICS_APPENDED_HERE = 64
 
 class Inbound:
     """One connection's PUBLISH rate limiter (None: unlimited) and its QoS 1/2 publishes read and not yet
-    answered (``Publisher.incoming_pending``)."""
+    answered (``pending``, see ``Publisher.inbound``)."""
 
     __slots__ = ("appended_here", "bucket", "move_due", "pending", "qos2")
 

@@ -20,7 +20,6 @@ from broker_edge.engine.publish import HeldReader
 from broker_edge.engine.sessions.session import Outlet
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.inbound import Inbound
     from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.ports import ClusterPorts, MovedClaim
@@ -126,13 +125,6 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
     def send_packet(self, packet: Packet) -> None: ...
 
     def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None: ...
-
-    inbound: Inbound | None
-    """What its publishes hold on the connection (None until its first PUBLISH)."""
-
-    @property
-    def started_inbound(self) -> Inbound:
-        """``inbound``, made now if none was yet."""
 
     def hold(self, reason: int) -> None:
         """Stop reading while ``reason`` holds (``states.HELD_*``); the packets read meanwhile wait."""

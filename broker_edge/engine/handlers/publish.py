@@ -68,7 +68,7 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
         if again and (not conn.terms.v5 or conn.started_inbound.counts_qos2(packet_id)):
             path.acknowledge_in_turn(conn, packet_id, 2, 0)
             return
-    if qos and conn.terms.v5 and conn.incoming_pending >= limits.receive_maximum:
+    if qos and conn.terms.v5 and (conn.inbound or conn.started_inbound).pending >= limits.receive_maximum:
         _disconnect(
             ctx,
             conn,
@@ -153,7 +153,11 @@ def handle_publish_run(
         or (acl is not None and not acl.can_publish(session.client_id, session.username, topic))
         or (reserved is not None and reserved(topic))
         or path.persist_as(topic, qos) != (LOGGED if qos else NOT_LOGGED)
-        or (qos and conn.terms.v5 and conn.incoming_pending + len(packets) > limits.receive_maximum)
+        or (
+            qos
+            and conn.terms.v5
+            and (conn.inbound or conn.started_inbound).pending + len(packets) > limits.receive_maximum
+        )
         or (bucket is not None and not bucket.try_acquire(ctx.now(), len(packets)))
     ):
         return False

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from broker_edge.config import load_dataclass
+from broker_edge.engine.connection.inbound import Inbound
 from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.engine.core import BrokerCore
 from broker_edge.observe.metrics import BrokerMetrics
@@ -40,10 +41,16 @@ class Answers:
     def __init__(self, v5: bool = True) -> None:
         self.v5 = v5
         self.state = CONNECTED
-        self.incoming_pending = 0
+        self.inbound: Inbound | None = None
         self.answers: dict[int, tuple[int, str | None]] = {}
         self.closed = False
         self.answered = asyncio.Event()
+
+    @property
+    def started_inbound(self) -> Inbound:
+        if self.inbound is None:
+            self.inbound = Inbound(None)
+        return self.inbound
 
     def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
         self.answers[packet_id] = (reason_code, reason_string)

@@ -22,7 +22,7 @@ def publishes(client: WireClient, count: int, first_id: int = 1) -> list[Pending
     entries = [
         PendingPublish(client.conn, None, packet_id, 1) for packet_id in range(first_id, first_id + count)
     ]
-    client.conn.incoming_pending += count
+    client.conn.started_inbound.pending += count
     return entries
 
 
