@@ -67,6 +67,9 @@ class PersistenceRules:
         self._qos_sets = [frozenset(rule.qos) for rule in rules]
         self.logged_qos: frozenset[int] = frozenset().union(*self._qos_sets)
         """The QoS levels some rule persists: a publish of another QoS is never logged, whatever its topic."""
+        self.qos_of_rule: tuple[frozenset[int], ...] = (*self._qos_sets, *[frozenset()] * (NO_MATCH + 1))
+        """The QoS levels each rule persists, by its number (none for `NO_MATCH`): an index, no call (every
+        logged publish asks)."""
         self._patterns = [rule.pattern for rule in rules]
         self._cache: dict[str, int] = {}
 
@@ -78,10 +81,6 @@ class PersistenceRules:
         if cached is None:
             cached = self._match(topic)
         return NO_MATCH if cached == _NO_RULE else cached
-
-    def rule_qos(self, number: int) -> frozenset[int]:
-        """The QoS levels rule `number` persists (none for `NO_MATCH`)."""
-        return self._qos_sets[number] if number < len(self._qos_sets) else frozenset()
 
     def should_persist(self, topic: str, qos: int) -> bool:
         """Whether a publish on `topic` with `qos` is appended to the log."""

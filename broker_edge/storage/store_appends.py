@@ -58,7 +58,7 @@ class Appends(StoreState):
                 asked.clear()
             asked[topic] = topic_id
         rule = self._table.rule[topic_id]  # (`_rule_of`, its common case inlined: the rule is known)
-        if qos not in rules.rule_qos(rule if rule != NO_RULE else self._rule_of(topic_id)):
+        if qos not in rules.qos_of_rule[rule if rule != NO_RULE else self._rule_of(topic_id)]:
             return NOT_LOGGED
         return LOGGED
 

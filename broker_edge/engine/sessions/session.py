@@ -191,7 +191,7 @@ class HeldQueue(deque[Delivery]):
     __slots__ = ("bytes",)
 
     bytes: int
-    """Set when the queue is made (``Session._enqueue``): deque's own constructor, no Python call."""
+    """Set when the queue is made (``Session._queue_with_room``): deque's own constructor, no Python call."""
 
 
 class _SessionRare(RareSlots):
@@ -391,10 +391,10 @@ class Session:
             size = len(message.payload)
             if logged and conn is None:
                 self._remember_offset(message)
-            elif self._queue_has_room(size):
+            elif (queue := self._queue_with_room(size)) is not None:
                 if conn is not None and message.frame is not None:
                     conn.encode_while_framed((message,), qos, retain, subscription_ids)
-                self._enqueue((message, qos, retain, subscription_ids), size)
+                queue.append((message, qos, retain, subscription_ids))
             elif logged:
                 self._remember_offset(message)
             else:
@@ -487,25 +487,22 @@ class Session:
             inflight[packet_id] = (message, qos, retain, subscription_ids)
         return True
 
-    def _queue_has_room(self, size: int) -> bool:
-        """Whether one more message of ``size`` payload bytes fits ``max_offline_messages`` / ``_bytes``."""
+    def _queue_with_room(self, size: int) -> HeldQueue | None:
+        """The queue (made now if there is none), its bytes counting one more message of ``size`` payload
+        bytes, when that one fits ``max_offline_messages`` / ``_bytes``; None when it does not (one call a
+        held delivery: the fleet's consumer holds most of its deliveries)."""
         limits = self.router.limits
         queue = self.queue
-        return not (
-            (queue is not None and len(queue) >= limits.max_offline_messages)
-            or (queue.bytes if queue is not None else 0) + size > limits.max_offline_bytes
-            or limits.max_offline_messages == 0
-        )
-
-    def _enqueue(self, delivery: Delivery, size: int) -> None:
-        """Hold ``delivery`` (``size`` payload bytes, room checked) behind what waits already."""
-        queue = self.queue
-        if queue is None:
-            queue = self.queue = HeldQueue()
-            queue.bytes = size
-        else:
+        if queue is not None:
+            if len(queue) >= limits.max_offline_messages or queue.bytes + size > limits.max_offline_bytes:
+                return None
             queue.bytes += size
-        queue.append(delivery)
+            return queue
+        if not limits.max_offline_messages or size > limits.max_offline_bytes:
+            return None
+        queue = self.queue = HeldQueue()
+        queue.bytes = size
+        return queue
 
     def _remember_offset(self, message: Message) -> None:
         """Offline, logged topic: remember where to resume instead of holding the message."""
