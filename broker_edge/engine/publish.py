@@ -275,7 +275,7 @@ class PublishPath:
         """Take a client's run of plain QoS 1 publishes of one logged topic (``engine.publish_run``): queued
         for the next persist together, as ``accept`` queues each of them."""
         messages = run.messages()
-        (publisher.inbound or publisher.started_inbound).pending += len(messages)
+        publisher.started_inbound.pending += len(messages)
         queued = self._by_topic.get(run.topic)
         if queued is None:
             self._by_topic[run.topic] = messages  # the run's own list: nothing else holds it after this call
@@ -335,8 +335,9 @@ class PublishPath:
             acknowledge(publisher, qos, packet_id, reason_code, reason_string)
             return
         if qos == 1 or not publisher.v5:  # waits for its answer as a publish does
-            (publisher.inbound or publisher.started_inbound).pending += 1
-        self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code, reason_string))
+            publisher.started_inbound.pending += 1
+        self._pending.append(PendingPublish(publisher, None, packet_id, qos, reason_code, reason_string))
+        self._persist_soon()
 
     def wait_for_answers(self, reader: HeldReader) -> None:
         """``reader`` is not read until enough of its publishes are answered: it is told after every batch
@@ -359,14 +360,10 @@ class PublishPath:
             queued.append(message)
         if entry.qos == 2 and entry.packet_id is not None and self.forwarding is None and self.keeps_qos2_ids:
             self._qos2_ids[message] = entry.packet_id
-        self._pending.append(entry)  # (``_queue``, inlined: a device's every publish comes this way)
-        if not self._scheduled:
+        self._pending.append(entry)
+        if not self._scheduled:  # (``_persist_soon``, inlined: a device's every publish comes this way)
             self._scheduled = True
             self._call_soon(self._persist)
-
-    def _queue(self, entry: PendingPublish) -> None:
-        self._pending.append(entry)
-        self._persist_soon()
 
     def _persist_soon(self) -> None:
         """Persist what is queued at the start of the next loop iteration (once, however much is queued)."""

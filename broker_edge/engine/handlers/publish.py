@@ -153,11 +153,7 @@ def handle_publish_run(
         or (acl is not None and not acl.can_publish(session.client_id, session.username, topic))
         or (reserved is not None and reserved(topic))
         or path.persist_as(topic, qos) != (LOGGED if qos else NOT_LOGGED)
-        or (
-            qos
-            and conn.terms.v5
-            and (conn.inbound or conn.started_inbound).pending + len(packets) > limits.receive_maximum
-        )
+        or (qos and conn.terms.v5 and conn.started_inbound.pending + len(packets) > limits.receive_maximum)
         or (bucket is not None and not bucket.try_acquire(ctx.now(), len(packets)))
     ):
         return False
