@@ -282,8 +282,8 @@ class PublishPath:
         else:
             queued += messages
         self._pending += [
-            PendingPublish(publisher, message, packet.packet_id, 1)
-            for message, packet in zip(messages, run.packets, strict=True)
+            PendingPublish(publisher, message, packet_id, 1)
+            for message, packet_id in zip(messages, run.packet_ids, strict=True)
         ]
         self._persist_soon()
 

@@ -15,6 +15,10 @@ received). So the run is checked once:
   on one topic (a ``LoggedRun``) are matched once, and a QoS 0 subscriber of the publisher's family that
   takes them as they are gets their QoS 0 frames (each the received frame less its packet id) in one write.
 
+A broker's decoder hands PUBLISHes read back to back that begin alike (one size, one topic) as one
+``PublishesAlike``; a run is made of those and of lone PUBLISHes (``plain_run_end``), its packet ids,
+payloads and frames kept in lists, with no ``Publish`` object for each message.
+
 A run the broker would not accept alike (a refused topic, one logged at QoS 0 or not logged at QoS 1, a topic
 whose log it would create, shared groups or a cluster member at QoS 0, a rate limit or a Receive Maximum it
 would pass) is handled one PUBLISH at a time.
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from broker_edge.engine.message import Message
 from broker_edge.protocol.codec import qos0_frame_of
-from broker_edge.protocol.packets import Publish
+from broker_edge.protocol.packets import Publish, PublishesAlike
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,29 +40,56 @@ if TYPE_CHECKING:
 __all__ = ["LoggedRun", "PublishRun", "plain_run_end"]
 
 
-def plain_run_end(packets: Sequence[Packet], start: int, topic: str, qos: int) -> int:
+def plain_run_end(packets: Sequence[Packet], start: int, topic: str, qos: int) -> tuple[int, int]:
     """Where the run of plain PUBLISHes at ``qos`` on ``topic`` that starts at ``start`` ends
-    (``packets[start]`` is one)."""
+    (``packets[start]`` is one, or a ``PublishesAlike`` of them), and how many PUBLISHes it holds."""
+    first = packets[start]
+    count = len(first.payloads) if type(first) is PublishesAlike else 1
     end = start + 1
-    count = len(packets)
-    while end < count:
+    size = len(packets)
+    while end < size:
         packet = packets[end]
-        if type(packet) is not Publish or packet.qos != qos or packet.frame is None or packet.topic != topic:
+        if type(packet) is PublishesAlike:
+            publish, publishes = packet.first, len(packet.payloads)
+        elif type(packet) is Publish:
+            publish, publishes = packet, 1
+        else:
             break
+        if publish.qos != qos or publish.frame is None or publish.topic != topic:
+            break
+        count += publishes
         end += 1
-    return end
+    return end, count
 
 
 class PublishRun:
     """Plain PUBLISHes of one client on ``topic`` at ``qos`` (see the module docstring), ``v5``: in the MQTT 5
-    family. ``frames`` and ``messages`` are made when first asked for and shared by every subscriber."""
+    family: each one's packet id, payload and frame as received. ``frames`` and ``messages`` are made when
+    first asked for and shared by every subscriber."""
 
-    __slots__ = ("_frames", "_messages", "origin", "packets", "qos", "topic", "v5")
+    __slots__ = ("_frames", "_messages", "origin", "packet_ids", "payloads", "qos", "received", "topic", "v5")
 
-    def __init__(self, packets: list[Publish], origin: str, v5: bool) -> None:
-        self.packets = packets
-        self.topic = packets[0].topic
-        self.qos = packets[0].qos
+    def __init__(self, parts: Sequence[Publish | PublishesAlike], origin: str, v5: bool) -> None:
+        """The run of ``parts`` (``plain_run_end``'s), in order."""
+        first = parts[0]
+        self.received: list[Any]  # every one is a frame (bytes)
+        if len(parts) == 1 and isinstance(first, PublishesAlike):  # a client streaming on one topic
+            self.packet_ids, self.payloads = first.packet_ids, first.payloads
+            self.received = first.frames or []
+        else:
+            self.packet_ids, self.payloads, self.received = [], [], []
+            for part in parts:
+                if isinstance(part, PublishesAlike):
+                    self.packet_ids += part.packet_ids
+                    self.payloads += part.payloads
+                    self.received += part.frames or []
+                else:
+                    self.packet_ids.append(part.packet_id)
+                    self.payloads.append(part.payload)
+                    self.received.append(part.frame)
+        head = first.first if isinstance(first, PublishesAlike) else first
+        self.topic = head.topic
+        self.qos = head.qos
         self.origin = origin
         """The publishing client id (for No Local)."""
         self.v5 = v5
@@ -66,7 +97,7 @@ class PublishRun:
         self._messages: list[Message] | None = None
 
     def __len__(self) -> int:
-        return len(self.packets)
+        return len(self.payloads)
 
     @property
     def frames(self) -> bytes:
@@ -74,14 +105,13 @@ class PublishRun:
         QoS 0 run)."""
         frames = self._frames
         if frames is None:
-            parts: list[Any] = [packet.frame for packet in self.packets]  # every one is a frame (bytes)
-            frames = self._frames = b"".join(parts)
+            frames = self._frames = b"".join(self.received)
         return frames
 
     def fits(self, max_packet_size: int) -> bool:
         """Whether every frame fits a subscriber's ``max_packet_size`` (all of them together do, mostly)."""
         return len(self.frames) <= max_packet_size or all(
-            len(cast(bytes, packet.frame)) <= max_packet_size for packet in self.packets
+            len(frame) <= max_packet_size for frame in self.received
         )
 
     def messages(self) -> list[Message]:
@@ -90,8 +120,8 @@ class PublishRun:
         if messages is None:
             topic, qos, origin, v5 = self.topic, self.qos, self.origin, self.v5
             messages = self._messages = [
-                Message(topic, packet.payload, qos, False, None, origin, None, None, packet.frame, v5)
-                for packet in self.packets
+                Message(topic, payload, qos, False, None, origin, None, None, frame, v5)
+                for payload, frame in zip(self.payloads, self.received, strict=True)
             ]
         return messages
 

@@ -11,12 +11,12 @@ the specs make normative about a single packet is checked here; what needs sessi
 maximum, receive maximum, packet ids in flight, topic filter syntax so SUBACK can answer 0x8F per filter)
 is left to the session layer.
 
-One packet comes out for each packet in, with one exception: a server decoder given a read that holds
-nothing but PUBACKs without a reason code gives one ``PubAckRun`` for them all.
+One packet comes out for each packet in, with two exceptions: a server decoder given a read that holds
+nothing but PUBACKs without a reason code gives one ``PubAckRun`` for them all, and a broker's decoder
+(``hands_runs``) gives PUBLISHes read together that begin alike as one ``PublishesAlike``.
 """
 
 import sys
-from array import array
 from typing import ClassVar, Literal, TypeVar
 
 from . import reason_codes as rc
@@ -43,7 +43,6 @@ from .packets import (
     PingReq,
     PingResp,
     PubAck,
-    PubAckRun,
     PubComp,
     Publish,
     PubRec,
@@ -56,6 +55,7 @@ from .packets import (
     Will,
 )
 from .properties import WILL, Properties, decode_properties
+from .read_together import pubacks_read_together, read_alike
 from .wire import MAX_VARINT, read_binary, read_u8, read_u16, read_utf8
 
 Role = Literal["server", "client"]
@@ -123,11 +123,16 @@ class PacketDecoder:
     shared: ClassVar[bool] = False
     """True for a ``SharedDecoder`` (see ``shared_decoder``)."""
 
+    hands_runs: ClassVar[bool] = False
+    """PUBLISHes read together that begin alike come out as one ``PublishesAlike`` (a broker's decoders),
+    else as a ``Publish`` each."""
+
     __slots__ = (
         "_accepted",
         "_error",
         "_needed",
         "_pending",
+        "decoded",
         "max_connect_size",
         "max_packet_size",
         "max_subscribe_filters",
@@ -170,6 +175,8 @@ class PacketDecoder:
         """The start of a packet that has not fully arrived (a bytearray only then: idle costs nothing)."""
         self._needed = 0
         self._error: MQTTError | None = None
+        self.decoded = 0
+        """The packets the last ``feed`` decoded, a ``PublishesAlike`` counted as each of its PUBLISHes."""
 
     @property
     def buffered(self) -> int:
@@ -192,18 +199,21 @@ class PacketDecoder:
         return self.feed_some(data, _NO_LIMIT)[0]
 
     def feed_some(self, data: bytes, most: int) -> tuple[list[Packet], int]:
-        """Decode at most ``most`` (1 or more) complete packets of the bytes received so far, and the number
-        of bytes at the end of ``data`` left undecoded past them (0: none, the partial rest is kept for
-        later, as ``feed`` keeps it). Bytes left are not kept: the caller feeds them again."""
+        """Decode at most ``most`` (1 or more) complete packets of the bytes received so far (``decoded``
+        says how many: a ``PublishesAlike`` counts as each of its PUBLISHes), and the number of bytes at the
+        end of ``data`` left undecoded past them (0: none, the partial rest is kept for later, as ``feed``
+        keeps it). Bytes left are not kept: the caller feeds them again."""
         if self._error is not None:
             raise self._error
         if self._pending:
             self._pending += data
             if len(self._pending) < self._needed:
+                self.decoded = 0
                 return [], 0
             buf = bytes(self._pending)  # packets are sliced out of bytes: faster than a memoryview's slices
             self._pending = b""
         elif not data:
+            self.decoded = 0
             return [], 0
         else:
             buf = data if type(data) is bytes else bytes(data)
@@ -216,7 +226,7 @@ class PacketDecoder:
             raise
         size = len(buf)
         if pos < size:
-            if len(packets) >= most:  # cut at a packet's end (inside ``data``: a packet was completed)
+            if self.decoded >= most:  # cut at a packet's end (inside ``data``: a packet was completed)
                 return packets, size - pos
             self._pending = bytearray(memoryview(buf)[pos:])
         return packets, 0
@@ -229,6 +239,7 @@ class PacketDecoder:
         pos = 0
         max_packet_size = self.max_packet_size if self.protocol_version is not None else self.max_connect_size
         accepted = self._accepted
+        count = 0  # packets decoded, a PublishesAlike counted as each of its PUBLISHes
         if (
             buf[0] == 0x40
             and size > 4
@@ -238,9 +249,10 @@ class PacketDecoder:
             and max_packet_size >= 4
         ):
             # checked before the loop, once a read: a QoS 1 subscriber's reads are PUBACKs and nothing else
-            run = _pubacks_read_together(buf)
+            run = pubacks_read_together(buf)
             if run is not None:
                 packets.append(run)
+                self.decoded = 1
                 return size
         while pos < size:
             first = buf[pos]
@@ -253,6 +265,7 @@ class PacketDecoder:
             while True:
                 if body >= size:
                     self._needed = size - pos + 1
+                    self.decoded = count
                     return pos
                 byte = buf[body]
                 body += 1
@@ -269,14 +282,25 @@ class PacketDecoder:
                 raise self._too_large(buf, body, end - pos, max_packet_size)
             if end > size:
                 self._needed = end - pos
+                self.decoded = count
                 return pos
+            count += 1
             if first >> 4 == 3:  # (a device's read is often one PUBLISH: it makes no memoryview)
                 publish = self._decode_publish(first, buf, body, end)
-                packets.append(publish)
-                if end < size and buf[end] == first and publish.properties is None and len(packets) < most:
-                    end = _decode_alike(
-                        buf, pos, body, end, publish, self.protocol_version == MQTT_5, packets, most
+                if end < size and buf[end] == first and publish.properties is None and count < most:
+                    end, alike = read_alike(
+                        buf, pos, body, end, publish, self.protocol_version == MQTT_5, most - count
                     )
+                    if alike is None:
+                        packets.append(publish)
+                    else:
+                        count += len(alike.payloads) - 1
+                        if self.hands_runs:
+                            packets.append(alike)
+                        else:
+                            packets += alike.publishes()
+                else:
+                    packets.append(publish)
             else:
                 if view is None:
                     view = memoryview(buf)
@@ -284,8 +308,9 @@ class PacketDecoder:
                 accepted = self._accepted  # CONNECT switches to the packets of its protocol version
                 max_packet_size = self.max_packet_size
             pos = end
-            if len(packets) >= most:
-                return pos
+            if count >= most:
+                break
+        self.decoded = count
         return pos
 
     def _too_large(self, buf, body: int, size: int, most: int) -> PacketTooLarge:
@@ -603,73 +628,6 @@ class PacketDecoder:
         return code, properties
 
 
-def _decode_alike(
-    buf: bytes, pos: int, body: int, end: int, first: Publish, v5: bool, packets: list[Packet], most: int
-) -> int:
-    """The PUBLISHes right after ``first`` (decoded from ``buf[pos:end]``, its variable header at ``body``)
-    that begin with the same bytes up to the end of its topic: the same fixed header (type, flags, remaining
-    length) and topic, so the same size, QoS and checks already passed. Each is decoded from its packet id
-    and payload alone, into ``packets`` (at most ``most`` in all). Returns where the first one not alike (or
-    not whole, or with a packet id 0 or MQTT 5 properties: the general decoder says what it is) starts.
-
-    A client streaming on one topic sends such PUBLISHes back to back, the payloads of one size."""
-    step = end - pos
-    topic_end = body + 2 + ((buf[body] << 8) | buf[body + 1])
-    prefix = buf[pos:topic_end]
-    qos = first.qos
-    id_at = topic_end - pos
-    payload_at = id_at + (2 if qos else 0) + v5  # (v5: the properties' length, 0, before the payload)
-    topic, retain, dup, framed = first.topic, first.retain, first.dup, first.frame is not None
-    size = len(buf)
-    count = len(packets)
-    append = packets.append
-    start = end
-    while start + step <= size and count < most and buf.startswith(prefix, start):
-        packet_id = None
-        if qos:
-            packet_id = (buf[start + id_at] << 8) | buf[start + id_at + 1]
-            if not packet_id:
-                break
-        if v5 and buf[start + payload_at - 1]:
-            break
-        stop = start + step
-        append(
-            Publish(
-                topic,
-                buf[start + payload_at : stop],
-                qos,
-                retain,
-                dup,
-                packet_id,
-                None,
-                buf[start:stop] if framed else None,
-            )
-        )
-        count += 1
-        start = stop
-    return start
-
-
-def _pubacks_read_together(buf: bytes) -> PubAckRun | None:
-    """``buf`` (a whole read, a multiple of 4 bytes) as a ``PubAckRun`` when it holds nothing but PUBACKs
-    without a reason code (``40 02`` and a packet id each) and no packet id 0; else None, and it is decoded a
-    packet at a time (which says what is wrong, if anything is). Checked and cut by slices, not a packet at
-    a time: a QoS 1 subscriber sends a PUBACK per delivery."""
-    count = len(buf) >> 2
-    if buf[0::4] != b"\x40" * count or buf[1::4] != b"\x02" * count:
-        return None
-    words = array("H", buf)  # two 16-bit words a PUBACK: its fixed header, its packet id
-    if _LITTLE_ENDIAN:
-        words.byteswap()
-    packet_ids = words[1::2]
-    if 0 in packet_ids:
-        return None
-    return PubAckRun(packet_ids.tolist())
-
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
-
-
 class SharedDecoder(PacketDecoder):
     """A server decoder past CONNECT holding nothing, shared by the idle connections of one protocol version
     and maximum packet size (``shared_decoder``): an idle connection then owns no decoder state at all.
@@ -682,6 +640,7 @@ class SharedDecoder(PacketDecoder):
 
     __slots__ = ()
     shared: ClassVar[bool] = True
+    hands_runs: ClassVar[bool] = True
 
     def detach(self, into: type[_Own]) -> _Own:
         """A decoder of the caller's own (of class ``into``, whose own slots are left unset) with what

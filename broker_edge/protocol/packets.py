@@ -93,6 +93,48 @@ class Publish:
 
 
 @dataclass(slots=True)
+class PublishesAlike:
+    """Decoded only, by a decoder that hands runs (``PacketDecoder.hands_runs``, a broker's): two or more
+    PUBLISHes read back to back that begin with the same bytes up to the end of their topic (``first``'s:
+    the same fixed header and topic) and carry no properties, as one packet: for each ``i``,
+    ``Publish(first.topic, payloads[i], first.qos, first.retain, first.dup, packet_ids[i], None, frames[i])``
+    without an object each (``frames`` is None when ``first.frame`` is). A client streaming on one topic sends
+    them."""
+
+    packet_type: ClassVar[PacketType] = PacketType.PUBLISH
+    first: Publish
+    packet_ids: list[int | None]
+    payloads: list[bytes]
+    frames: list[bytes] | None
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    @property
+    def topic(self) -> str:
+        return self.first.topic
+
+    @property
+    def qos(self) -> int:
+        return self.first.qos
+
+    @property
+    def frame(self) -> bytes | None:
+        """The first one's frame (None: none of them has one)."""
+        return self.first.frame
+
+    def publishes(self) -> list[Publish]:
+        """Each of them as a ``Publish``, in order."""
+        first = self.first
+        topic, qos, retain, dup = first.topic, first.qos, first.retain, first.dup
+        frames = self.frames if self.frames is not None else [None] * len(self.payloads)
+        return [
+            Publish(topic, payload, qos, retain, dup, packet_id, None, frame)
+            for payload, packet_id, frame in zip(self.payloads, self.packet_ids, frames, strict=True)
+        ]
+
+
+@dataclass(slots=True)
 class PubAck:
     packet_type: ClassVar[PacketType] = PacketType.PUBACK
     packet_id: int
@@ -221,6 +263,7 @@ Packet = (
     Connect
     | ConnAck
     | Publish
+    | PublishesAlike
     | PubAck
     | PubAckRun
     | PubRec

@@ -74,6 +74,7 @@ from broker_edge.protocol.packets import (
     PubAck,
     PubAckRun,
     Publish,
+    PublishesAlike,
     Subscribe,
     Unsubscribe,
 )
@@ -245,7 +246,7 @@ class Connection(Outgoing):
                 packets = decoder.feed(data)
             else:
                 packets, unread = decoder.feed_some(data, turn.packets_left)
-                turn.packets_left -= len(packets)
+                turn.packets_left -= decoder.decoded
         except MQTTError as error:
             packets = error.packets_before
             self.held_error = error
@@ -339,24 +340,44 @@ class Connection(Outgoing):
             while index < last:
                 index += 1
                 packet = packets[index]
-                if type(packet) is Publish and self.terms.state == CONNECTED:  # maybe CONNECTed this batch
+                if (
+                    type(packet) is Publish or type(packet) is PublishesAlike
+                ) and self.terms.state == CONNECTED:
+                    # (maybe CONNECTed this batch)
                     inbound = self.inbound or self._start_inbound()
                     bucket = inbound.bucket
                     session = self.session
                     assert session is not None, "a connected connection has a session"
                     qos = packet.qos
-                    run = 0  # the PUBLISHes from ``index`` taken as one run (``engine.publish_run``)
-                    if index < last and packet.frame is not None and qos < 2 and index >= single_until:
-                        end = single_until = plain_run_end(packets, index, packet.topic, qos)
-                        if qos and not self.terms.v5:  # held once that many are unanswered: no run past it
-                            end = min(end, index + unanswered_max - inbound.pending)
-                        if end - index > 1 and handle_publish_run(
-                            self.terms.host, self, session, cast("list[Publish]", packets[index:end]), bucket
+                    run = 0  # the packets from ``index`` taken as one run (``engine.publish_run``)
+                    if (
+                        (index < last or type(packet) is PublishesAlike)
+                        and packet.frame is not None
+                        and qos < 2
+                        and index >= single_until
+                    ):
+                        end, count = plain_run_end(packets, index, packet.topic, qos)
+                        single_until = end
+                        if qos and not self.terms.v5 and count > unanswered_max - inbound.pending:
+                            # held once that many are unanswered: no run past them, each PUBLISH apart
+                            grown, packet = _each_apart(packets, index, end)
+                            last += grown
+                            single_until = index + count
+                            count = unanswered_max - inbound.pending
+                            end = index + count
+                        parts = cast("list[Any]", packets[index:end])
+                        if count > 1 and handle_publish_run(
+                            self.terms.host, self, session, parts, count, bucket
                         ):
                             run = end - index
                     if run:
                         index += run - 1
                     else:
+                        if isinstance(packet, PublishesAlike):  # each on its own (not taken as a run)
+                            grown, packet = _each_apart(packets, index, index + 1)
+                            last += grown
+                            if single_until > index:
+                                single_until += grown
                         if bucket is not None:
                             now = self.terms.host.now()
                             if not bucket.try_acquire(now):
@@ -713,6 +734,25 @@ class Connection(Outgoing):
             if address:
                 peer = f"{address[0]}:{address[1]}"
         return connection_logger(self.client_id or "-", self.terms.listener.name, peer)
+
+
+def _each_apart(packets: list[Packet], start: int, end: int) -> tuple[int, Publish]:
+    """Each ``PublishesAlike`` in ``packets[start:end]`` (where a PUBLISH or one starts) replaced by its
+    PUBLISHes, in place: the number of packets added, and the PUBLISH now at ``start``."""
+    added = 0
+    index = start
+    while index < end + added:
+        packet = packets[index]
+        if type(packet) is PublishesAlike:
+            publishes = packet.publishes()
+            packets[index : index + 1] = publishes
+            added += len(publishes) - 1
+            index += len(publishes)
+        else:
+            index += 1
+    first = packets[start]
+    assert isinstance(first, Publish), "a run starts with a PUBLISH"
+    return added, first
 
 
 def keep_alive_due(conn: Connection, deadline: float) -> None:

@@ -15,7 +15,7 @@ holds unfinished bytes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, shared_like
@@ -66,6 +66,7 @@ class OwnDecoder(PacketDecoder):
     set while ``counted``), and when it started arriving (host time; 0: none)."""
 
     __slots__ = ("counted", "peer", "since")
+    hands_runs: ClassVar[bool] = True
 
     def __init__(self, limits: LimitsConfig) -> None:
         super().__init__(

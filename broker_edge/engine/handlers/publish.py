@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.publish_run import PublishRun
 from broker_edge.protocol.errors import ProtocolError
-from broker_edge.protocol.packets import Publish
+from broker_edge.protocol.packets import Publish, PublishesAlike
 from broker_edge.protocol.properties import payload_format_holds
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.security.limits import topic_over_limits
@@ -129,16 +129,24 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
 
 
 def handle_publish_run(
-    ctx: BrokerContext, conn: Client, session: Session, packets: list[Publish], bucket: TokenBucket | None
+    ctx: BrokerContext,
+    conn: Client,
+    session: Session,
+    parts: list[Publish | PublishesAlike],
+    count: int,
+    bucket: TokenBucket | None,
 ) -> bool:
-    """A run of plain PUBLISHes on one topic at QoS 0 or 1 (``engine.publish_run``): checked once and taken
-    together when ``handle_publish`` would accept each of them alike and the client's rate limit (``bucket``)
-    takes them all; False, having done nothing, when not (each then goes through ``handle_publish``).
+    """A run of ``count`` plain PUBLISHes on one topic at QoS 0 or 1, read as ``parts``
+    (``engine.publish_run``, ``plain_run_end``): checked once and taken together when ``handle_publish`` would
+    accept each of them alike and the client's rate limit (``bucket``) takes them all; False, having done
+    nothing, when not (each then goes through ``handle_publish``).
 
     At QoS 0 the topic must not be logged (the run is routed at once), at QoS 1 it must be, its log made
     already (the run is queued for the log); an MQTT 5 client must stay within Receive Maximum all along."""
-    topic = packets[0].topic
-    qos = packets[0].qos
+    first = parts[0]
+    head = first.first if isinstance(first, PublishesAlike) else first
+    topic = head.topic
+    qos = head.qos
     limits = ctx.config.limits
     max_length, max_levels = limits.max_topic_length, limits.max_topic_levels
     acl = ctx.acl
@@ -153,12 +161,12 @@ def handle_publish_run(
         or (acl is not None and not acl.can_publish(session.client_id, session.username, topic))
         or (reserved is not None and reserved(topic))
         or path.persist_as(topic, qos) != (LOGGED if qos else NOT_LOGGED)
-        or (qos and conn.terms.v5 and conn.started_inbound.pending + len(packets) > limits.receive_maximum)
-        or (bucket is not None and not bucket.try_acquire(ctx.now(), len(packets)))
+        or (qos and conn.terms.v5 and conn.started_inbound.pending + count > limits.receive_maximum)
+        or (bucket is not None and not bucket.try_acquire(ctx.now(), count))
     ):
         return False
-    conn.terms.stats.received[qos] += len(packets)
-    run = PublishRun(packets, session.client_id, conn.terms.v5)
+    conn.terms.stats.received[qos] += count
+    run = PublishRun(parts, session.client_id, conn.terms.v5)
     if qos:
         path.accept_logged_run(conn, run)
     else:

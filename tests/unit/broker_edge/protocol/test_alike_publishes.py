@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_edge.protocol import MQTT_3_1_1, MQTT_5, PacketDecoder, Publish, PubRel, encode
+from broker_edge.engine.connection.reading import OwnDecoder
+from broker_edge.protocol import MQTT_3_1_1, MQTT_5, PacketDecoder, Publish, PublishesAlike, PubRel, encode
+from broker_edge.protocol.decoder import MAX_PACKET_SIZE, shared_decoder
 from broker_edge.protocol.errors import MQTTError, ProtocolError
 from broker_edge.protocol.properties import Properties
 from tests.unit.broker_edge.protocol.frames import frame, string
@@ -54,6 +56,21 @@ def _frames(packets: list) -> list[bytes | None]:
     return [packet.frame for packet in packets]
 
 
+def _each(packets: list) -> list:
+    """``packets`` with each ``PublishesAlike`` (a broker's decoder's) as its PUBLISHes."""
+    return [
+        one
+        for packet in packets
+        for one in (packet.publishes() if isinstance(packet, PublishesAlike) else [packet])
+    ]
+
+
+def _broker_decoder(version: int) -> OwnDecoder:
+    """A broker connection's decoder of its own past CONNECT, as a read ending inside a packet leaves it (it
+    hands runs, as the shared decoders do)."""
+    return shared_decoder(MAX_PACKET_SIZE, version).detach(OwnDecoder)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_publishes_read_together_are_decoded_as_each_alone_wherever_the_reads_are_cut(data):
@@ -70,6 +87,16 @@ def test_publishes_read_together_are_decoded_as_each_alone_wherever_the_reads_ar
     assert decoded == expected
     assert _frames(decoded) == _frames(expected)  # what a subscriber of the family is sent: the same bytes
     assert decoder.buffered == 0
+    whole = shared_decoder(MAX_PACKET_SIZE, version)
+    handed = whole.feed(stream)
+    assert _each(handed) == expected and _frames(_each(handed)) == _frames(expected)
+    assert whole.decoded == len(expected)
+    assert all(len(packet) > 1 for packet in handed if isinstance(packet, PublishesAlike))
+    broker = _broker_decoder(version)
+    decoded = []
+    for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        decoded += _each(broker.feed(stream[start:stop]))
+    assert decoded == expected and _frames(decoded) == _frames(expected)
 
 
 @pytest.mark.mqtt311("MQTT-2.3.1-1")
@@ -84,6 +111,9 @@ def test_a_packet_id_0_inside_publishes_alike_is_refused_there_with_those_before
     with pytest.raises(ProtocolError) as caught:
         PacketDecoder(protocol_version=version).feed(read)
     assert caught.value.packets_before == before
+    with pytest.raises(ProtocolError) as caught:
+        _broker_decoder(version).feed(read)
+    assert _each(caught.value.packets_before) == before
 
 
 def test_an_mqtt5_publish_with_properties_among_ones_alike_keeps_them():
@@ -103,6 +133,11 @@ def test_feed_some_stops_inside_publishes_alike_and_hands_back_the_bytes_past_th
     encoded = [encode(packet, MQTT_3_1_1) for packet in packets]
     decoded, left = PacketDecoder(protocol_version=MQTT_3_1_1).feed_some(b"".join(encoded), 4)
     assert decoded == packets[:4]
+    assert left == sum(map(len, encoded[4:]))
+    broker = shared_decoder(MAX_PACKET_SIZE, MQTT_3_1_1)
+    (run,), left = broker.feed_some(b"".join(encoded), 4)
+    assert isinstance(run, PublishesAlike) and run.publishes() == packets[:4]
+    assert broker.decoded == 4, "a turn counts each PUBLISH of a run off its packets"
     assert left == sum(map(len, encoded[4:]))
 
 

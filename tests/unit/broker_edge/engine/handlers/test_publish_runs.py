@@ -10,6 +10,7 @@ import pytest
 from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.engine.publish_run import LoggedRun
 from broker_edge.protocol.codec import PacketDecoder, encode
+from broker_edge.protocol.decoder import MAX_PACKET_SIZE, shared_decoder
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -302,6 +303,41 @@ def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by
     acks = [encode(PubAck(p.packet_id or 0), version) for p in packets if p.qos == 1]
     publisher_output = together["publisher" if version == MQTT_3_1_1 else "v5-no-local"]
     assert all(ack in publisher_output for ack in acks)
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_publishes_alike_and_others_of_one_topic_read_together_are_one_run(version):
+    """Payloads of two sizes on one topic: the PUBLISHes of one size back to back come out of the broker's
+    decoder as one ``PublishesAlike``, the others one by one; read together they are still one run, logged,
+    delivered and acknowledged as the publishes one by one [MQTT-4.6.0-2] [MQTT-4.6.0-6]."""
+    sizes = [3, 3, 3, 40, 3, 40, 40, 3, 3, 3]
+    packets = [Publish("t/a", b"%d" % n + b"x" * size, 1, packet_id=n + 1) for n, size in enumerate(sizes)]
+    stream = b"".join(encode(packet, version) for packet in packets)
+    kinds = [type(packet).__name__ for packet in shared_decoder(MAX_PACKET_SIZE, version).feed(stream)]
+    assert kinds == ["PublishesAlike", "Publish", "Publish", "PublishesAlike", "PublishesAlike"]
+    runs: list[int] = []
+
+    def counting(core: HandDrivenCore, subscribers: Subscribers) -> None:
+        _logging(("t/a",))(core, subscribers)
+        take = core.publish_path.accept_logged_run
+
+        def accept_logged_run(publisher: Any, run: Any) -> None:
+            runs.append(len(run))
+            take(publisher, run)
+
+        setattr(core.publish_path, "accept_logged_run", accept_logged_run)  # noqa: B010 (on one object)
+
+    together, core = _deliveries(version, packets, together=True, before=counting)
+    alone, reference = _deliveries(
+        version, packets, together=False, before=_logging(("t/a",)), turn_each=True
+    )
+    assert runs == [len(packets)]
+    assert together == alone
+    assert _logged(core) == _logged(reference) == {"t/a": [p.payload for p in packets]}
+    assert core.listener.stats.received == reference.listener.stats.received
+    publisher_output = together["publisher" if version == MQTT_3_1_1 else "v5-no-local"]
+    acks = b"".join(encode(PubAck(p.packet_id or 0), version) for p in packets)
+    assert acks in publisher_output
 
 
 QOS1_SUBSCRIBERS = {"v3-qos1": MQTT_3_1_1, "v5-qos2": MQTT_5}
