@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.sessions.session import Session
     from broker_edge.engine.slow_subscribers import SlowSubscribers
     from broker_edge.protocol.packets import Packet, Will
+    from broker_edge.security.limits import TokenBucket
 
 __all__ = ["Connection", "ConnectionHost"]
 
@@ -340,50 +341,38 @@ class Connection(Outgoing):
             while index < last:
                 index += 1
                 packet = packets[index]
-                if (
-                    type(packet) is Publish or type(packet) is PublishesAlike
-                ) and self.terms.state == CONNECTED:
-                    # (maybe CONNECTed this batch)
+                if type(packet) is Publish and self.terms.state == CONNECTED:  # maybe CONNECTed this batch
                     inbound = self.inbound or self._start_inbound()
                     bucket = inbound.bucket
-                    session = self.session
-                    assert session is not None, "a connected connection has a session"
-                    qos = packet.qos
                     run = 0  # the packets from ``index`` taken as one run (``engine.publish_run``)
-                    if (
-                        (index < last or type(packet) is PublishesAlike)
-                        and packet.frame is not None
-                        and qos < 2
-                        and index >= single_until
-                    ):
-                        end, count = plain_run_end(packets, index, packet.topic, qos)
-                        single_until = end
-                        if qos and not self.terms.v5 and count > unanswered_max - inbound.pending:
-                            # held once that many are unanswered: no run past them, each PUBLISH apart
-                            grown, packet = _each_apart(packets, index, end)
-                            last += grown
-                            single_until = index + count
-                            count = unanswered_max - inbound.pending
-                            end = index + count
-                        parts = cast("list[Any]", packets[index:end])
-                        if count > 1 and handle_publish_run(
-                            self.terms.host, self, session, parts, count, bucket
-                        ):
-                            run = end - index
+                    if index < last and packet.frame is not None and packet.qos < 2 and index >= single_until:
+                        run, single_until, grown = self._run_from(packets, index, inbound, bucket)
+                        last += grown
                     if run:
                         index += run - 1
                     else:
-                        if isinstance(packet, PublishesAlike):  # each on its own (not taken as a run)
-                            grown, packet = _each_apart(packets, index, index + 1)
-                            last += grown
-                            if single_until > index:
-                                single_until += grown
                         if bucket is not None:
                             now = self.terms.host.now()
                             if not bucket.try_acquire(now):
                                 self._hold(packets[index:], bucket.seconds_until(now))
                                 return True
+                        session = self.session
+                        assert session is not None, "a connected connection has a session"
                         handle_publish(self.terms.host, self, session, packet)  # not through ``_dispatch``
+                elif type(packet) is PublishesAlike and self.terms.state == CONNECTED:
+                    inbound = self.inbound or self._start_inbound()
+                    run = 0
+                    if packet.frame is not None and packet.qos < 2 and index >= single_until:
+                        run, single_until, grown = self._run_from(packets, index, inbound, inbound.bucket)
+                        last += grown
+                    if run:
+                        index += run - 1
+                    else:  # each of them on its own, from the first: handled again as PUBLISHes
+                        grown = _each_apart(packets, index, index + 1)
+                        last += grown
+                        single_until = max(single_until + grown, index + 1 + grown)
+                        index -= 1
+                        continue
                 elif (
                     type(packet) is PubAck
                     and index < last
@@ -419,6 +408,32 @@ class Connection(Outgoing):
             self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "internal error")
             return False
         return True
+
+    def _run_from(
+        self, packets: list[Packet], index: int, inbound: Inbound, bucket: TokenBucket | None
+    ) -> tuple[int, int, int]:
+        """Take the run of plain PUBLISHes that starts at ``packets[index]`` (``engine.publish_run``) when
+        ``handle_publish_run`` accepts it. Returns the packets taken (0: none, each is handled on its own),
+        where the packets looked at end (those before are not looked at for a run again) and how many
+        packets were added to ``packets``: an MQTT 3.1.1 client's run is cut where its unanswered publishes
+        would pass ``limits.receive_maximum`` (reading is held there), its ``PublishesAlike`` made into a
+        PUBLISH each."""
+        first = packets[index]
+        assert type(first) is Publish or type(first) is PublishesAlike, "a run starts with a PUBLISH"
+        end, count = plain_run_end(packets, index, first.topic, first.qos)
+        looked_at, grown = end, 0
+        allowed = self.terms.host.config.limits.receive_maximum - inbound.pending
+        if first.qos and not self.terms.v5 and count > allowed:
+            grown = _each_apart(packets, index, end)
+            looked_at = index + count
+            count = allowed
+            end = index + count
+        session = self.session
+        assert session is not None, "a connected connection has a session"
+        parts = cast("list[Any]", packets[index:end])
+        if count > 1 and handle_publish_run(self.terms.host, self, session, parts, count, bucket):
+            return end - index, looked_at, grown
+        return 0, looked_at, grown
 
     def _after_cursor_work(self, packets: list[Packet], index: int) -> bool:
         """Whether the SUBSCRIBE ``packets[index]`` waits, with what follows it, until the session's log
@@ -736,9 +751,9 @@ class Connection(Outgoing):
         return connection_logger(self.client_id or "-", self.terms.listener.name, peer)
 
 
-def _each_apart(packets: list[Packet], start: int, end: int) -> tuple[int, Publish]:
-    """Each ``PublishesAlike`` in ``packets[start:end]`` (where a PUBLISH or one starts) replaced by its
-    PUBLISHes, in place: the number of packets added, and the PUBLISH now at ``start``."""
+def _each_apart(packets: list[Packet], start: int, end: int) -> int:
+    """Each ``PublishesAlike`` in ``packets[start:end]`` replaced by its PUBLISHes, in place: the number of
+    packets added."""
     added = 0
     index = start
     while index < end + added:
@@ -750,9 +765,7 @@ def _each_apart(packets: list[Packet], start: int, end: int) -> tuple[int, Publi
             index += len(publishes)
         else:
             index += 1
-    first = packets[start]
-    assert isinstance(first, Publish), "a run starts with a PUBLISH"
-    return added, first
+    return added
 
 
 def keep_alive_due(conn: Connection, deadline: float) -> None:
