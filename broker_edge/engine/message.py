@@ -90,7 +90,8 @@ class Message:
         self.frame_v5 = frame_v5
         self.frame_head: bytes | None = None
         """An MQTT 3.1.1 QoS 1/2 ``frame``'s bytes before its packet id, once cut (``Outgoing.send_message``,
-        ``encode_while_framed``): a delivery of that family and QoS without RETAIN is they, the subscriber's
+        ``encode_while_framed``) or given by its read (``PublishRun.messages``: one for PUBLISHes alike,
+        ``PublishesAlike.head``): a delivery of that family and QoS without RETAIN is they, the subscriber's
         packet id and the payload, kept when the frame is let go of. (An MQTT 5 frame has a byte of
         properties after its packet id: its variant is a template.)"""
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from broker_edge.protocol.packets import Packet
 
-__all__ = ["LoggedRun", "PublishRun", "plain_run_end"]
+__all__ = ["LoggedRun", "PublishRun", "each_apart", "plain_run_end"]
 
 
 def plain_run_end(packets: Sequence[Packet], start: int, topic: str, qos: int) -> tuple[int, int]:
@@ -62,20 +62,51 @@ def plain_run_end(packets: Sequence[Packet], start: int, topic: str, qos: int) -
     return end, count
 
 
+def each_apart(packets: list[Packet], start: int, end: int) -> int:
+    """Each ``PublishesAlike`` in ``packets[start:end]`` replaced by its PUBLISHes, in place (so that each is
+    handled on its own): the number of packets added."""
+    added = 0
+    index = start
+    while index < end + added:
+        packet = packets[index]
+        if type(packet) is PublishesAlike:
+            publishes = packet.publishes()
+            packets[index : index + 1] = publishes
+            added += len(publishes) - 1
+            index += len(publishes)
+        else:
+            index += 1
+    return added
+
+
 class PublishRun:
     """Plain PUBLISHes of one client on ``topic`` at ``qos`` (see the module docstring), ``v5``: in the MQTT 5
     family: each one's packet id, payload and frame as received. ``frames`` and ``messages`` are made when
     first asked for and shared by every subscriber."""
 
-    __slots__ = ("_frames", "_messages", "origin", "packet_ids", "payloads", "qos", "received", "topic", "v5")
+    __slots__ = (
+        "_frames",
+        "_messages",
+        "head",
+        "origin",
+        "packet_ids",
+        "payloads",
+        "qos",
+        "received",
+        "topic",
+        "v5",
+    )
 
     def __init__(self, parts: Sequence[Publish | PublishesAlike], origin: str, v5: bool) -> None:
         """The run of ``parts`` (``plain_run_end``'s), in order."""
         first = parts[0]
         self.received: list[Any]  # every one is a frame (bytes)
+        self.head: bytes | None = None
+        """The bytes every frame begins with, up to its packet id, when one ``PublishesAlike`` is the run."""
         if len(parts) == 1 and isinstance(first, PublishesAlike):  # a client streaming on one topic
             self.packet_ids, self.payloads = first.packet_ids, first.payloads
             self.received = first.frames or []
+            self.head = first.head
         else:
             self.packet_ids, self.payloads, self.received = [], [], []
             for part in parts:
@@ -123,6 +154,10 @@ class PublishRun:
                 Message(topic, payload, qos, False, None, origin, None, None, frame, v5)
                 for payload, frame in zip(self.payloads, self.received, strict=True)
             ]
+            if qos and not v5 and (head := self.head) is not None:
+                # their MQTT 3.1.1 frames' part before the packet id, one for all (``Message.frame_head``)
+                for message in messages:
+                    message.frame_head = head
         return messages
 
 

@@ -47,7 +47,7 @@ def read_alike(
     frames: list[bytes] | None = None
     if first.frame is not None:
         frames = [buf[at : at + step] for at in range(pos, start, step)]
-    return start, PublishesAlike(first, packet_ids, payloads, frames)
+    return start, PublishesAlike(first, packet_ids, payloads, frames, prefix)
 
 
 def pubacks_read_together(buf: bytes) -> PubAckRun | None:

@@ -62,7 +62,7 @@ from broker_edge.engine.connection.states import (
 from broker_edge.engine.connection.terms import Terms
 from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_publish, handle_publish_run
 from broker_edge.engine.handlers.context import BrokerContext
-from broker_edge.engine.publish_run import plain_run_end
+from broker_edge.engine.publish_run import each_apart, plain_run_end
 from broker_edge.engine.rare_fields import RareField
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, PacketTooLarge, TooManyElements, UnsupportedProtocolVersion
@@ -368,7 +368,7 @@ class Connection(Outgoing):
                     if run:
                         index += run - 1
                     else:  # each of them on its own, from the first: handled again as PUBLISHes
-                        grown = _each_apart(packets, index, index + 1)
+                        grown = each_apart(packets, index, index + 1)
                         last += grown
                         single_until = max(single_until + grown, index + 1 + grown)
                         index -= 1
@@ -424,7 +424,7 @@ class Connection(Outgoing):
         looked_at, grown = end, 0
         allowed = self.terms.host.config.limits.receive_maximum - inbound.pending
         if first.qos and not self.terms.v5 and count > allowed:
-            grown = _each_apart(packets, index, end)
+            grown = each_apart(packets, index, end)
             looked_at = index + count
             count = allowed
             end = index + count
@@ -749,23 +749,6 @@ class Connection(Outgoing):
             if address:
                 peer = f"{address[0]}:{address[1]}"
         return connection_logger(self.client_id or "-", self.terms.listener.name, peer)
-
-
-def _each_apart(packets: list[Packet], start: int, end: int) -> int:
-    """Each ``PublishesAlike`` in ``packets[start:end]`` replaced by its PUBLISHes, in place: the number of
-    packets added."""
-    added = 0
-    index = start
-    while index < end + added:
-        packet = packets[index]
-        if type(packet) is PublishesAlike:
-            publishes = packet.publishes()
-            packets[index : index + 1] = publishes
-            added += len(publishes) - 1
-            index += len(publishes)
-        else:
-            index += 1
-    return added
 
 
 def keep_alive_due(conn: Connection, deadline: float) -> None:

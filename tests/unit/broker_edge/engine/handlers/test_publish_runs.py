@@ -8,15 +8,17 @@ from typing import Any
 import pytest
 
 from broker_edge.engine.message import OFFSETS_OPT_IN
-from broker_edge.engine.publish_run import LoggedRun
+from broker_edge.engine.publish_run import LoggedRun, PublishRun
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.decoder import MAX_PACKET_SIZE, shared_decoder
+from broker_edge.protocol.encoder import around_packet_id
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     MQTT_5,
     Disconnect,
     PubAck,
     Publish,
+    PublishesAlike,
     Subscribe,
     Subscription,
 )
@@ -338,6 +340,23 @@ def test_publishes_alike_and_others_of_one_topic_read_together_are_one_run(versi
     publisher_output = together["publisher" if version == MQTT_3_1_1 else "v5-no-local"]
     acks = b"".join(encode(PubAck(p.packet_id or 0), version) for p in packets)
     assert acks in publisher_output
+
+
+@pytest.mark.parametrize(("version", "qos"), [(MQTT_3_1_1, 1), (MQTT_3_1_1, 0), (MQTT_5, 1)])
+def test_the_messages_of_publishes_alike_share_the_frame_head_each_delivery_would_cut(version, qos):
+    """An MQTT 3.1.1 QoS 1 run read as one ``PublishesAlike``: each message holds, already, the part of its
+    frame before the packet id that a delivery of its family would cut (``around_packet_id``), one object
+    for them all; QoS 0 and MQTT 5 messages hold none (their deliveries are made otherwise)."""
+    packets = [Publish("t/a", b"%02d" % n, qos, packet_id=n + 1 if qos else None) for n in range(5)]
+    (alike,) = shared_decoder(MAX_PACKET_SIZE, version).feed(b"".join(encode(p, version) for p in packets))
+    assert isinstance(alike, PublishesAlike)
+    messages = PublishRun([alike], "publisher", version == MQTT_5).messages()
+    heads = [message.frame_head for message in messages]
+    if qos and version == MQTT_3_1_1:
+        cut = [around_packet_id(encode(p, version), p.payload, False)[0] for p in packets]
+        assert heads == cut and len({id(head) for head in heads}) == 1
+    else:
+        assert heads == [None] * len(packets)
 
 
 QOS1_SUBSCRIBERS = {"v3-qos1": MQTT_3_1_1, "v5-qos2": MQTT_5}
