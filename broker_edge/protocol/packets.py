@@ -106,7 +106,7 @@ class PublishesAlike:
     packet_ids: list[int | None]
     payloads: list[bytes]
     frames: list[bytes] | None
-    head: bytes = b""
+    head: bytes
     """The bytes each of them begins with: its fixed header and topic, up to its packet id (at QoS 0 its
     payload, in MQTT 5 its properties' length)."""
 
