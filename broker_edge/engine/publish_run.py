@@ -118,9 +118,8 @@ class PublishRun:
                     self.packet_ids.append(part.packet_id)
                     self.payloads.append(part.payload)
                     self.received.append(part.frame)
-        publish = first.first if isinstance(first, PublishesAlike) else first
-        self.topic = publish.topic
-        self.qos = publish.qos
+        self.topic = first.topic
+        self.qos = first.qos
         self.origin = origin
         """The publishing client id (for No Local)."""
         self.v5 = v5

@@ -422,12 +422,13 @@ class Connection(Outgoing):
         assert type(first) is Publish or type(first) is PublishesAlike, "a run starts with a PUBLISH"
         end, count = plain_run_end(packets, index, first.topic, first.qos)
         looked_at, grown = end, 0
-        allowed = self.terms.host.config.limits.receive_maximum - inbound.pending
-        if first.qos and not self.terms.v5 and count > allowed:
-            grown = each_apart(packets, index, end)
-            looked_at = index + count
-            count = allowed
-            end = index + count
+        if first.qos and not self.terms.v5:
+            allowed = self.terms.host.config.limits.receive_maximum - inbound.pending
+            if count > allowed:
+                grown = each_apart(packets, index, end)
+                looked_at = index + count
+                count = allowed
+                end = index + count
         session = self.session
         assert session is not None, "a connected connection has a session"
         parts = cast("list[Any]", packets[index:end])

@@ -143,10 +143,8 @@ def handle_publish_run(
 
     At QoS 0 the topic must not be logged (the run is routed at once), at QoS 1 it must be, its log made
     already (the run is queued for the log); an MQTT 5 client must stay within Receive Maximum all along."""
-    first = parts[0]
-    head = first.first if isinstance(first, PublishesAlike) else first
-    topic = head.topic
-    qos = head.qos
+    topic = parts[0].topic
+    qos = parts[0].qos
     limits = ctx.config.limits
     max_length, max_levels = limits.max_topic_length, limits.max_topic_levels
     acl = ctx.acl
