@@ -91,6 +91,15 @@ class Reads(StoreState):
         topic_id = self._ids.get(topic)
         return self._table.end(topic_id) if topic_id is not None else 0
 
+    def span(self, topic: str) -> tuple[int, int]:
+        """`start_offset` and `committed_end` of `topic` with one look-up of its id ((0, 0) when it has no
+        log): a walk over a site's every log reads both of each."""
+        topic_id = self._ids.get(topic)
+        if topic_id is None:
+            return 0, 0
+        table = self._table
+        return table.start[topic_id], table.end(topic_id)
+
     def read(
         self, topic: str, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024
     ) -> list[Record]:

@@ -161,6 +161,8 @@ class SiteLink:
         the backoff: it lasts)."""
         self._oldest: dict[str, tuple[int, int]] = {}
         """Each log's oldest unsent record as last read: its offset and time."""
+        self._lag_in_turn: tuple[int, float] | None = None
+        """``lag`` as counted in this turn of the event loop (None: not yet)."""
         self.hub_certificate = HubCertificate(config.tls.cafile, metrics)
         """The watch of what the hub presented (``reload`` at SIGHUP)."""
         self._bind(metrics)
@@ -247,13 +249,23 @@ class SiteLink:
         return {"filters": downlink, "ends": ends, "codec": self.config.compression}
 
     def lag(self) -> tuple[int, float]:
-        """Records the hub has not acknowledged, and the age in seconds of the oldest of them."""
-        store = self.store
+        """Records the hub has not acknowledged, and the age in seconds of the oldest of them: counted over
+        every log once in a turn of the event loop (a metrics page reads both of its gauges in one turn)."""
+        lag = self._lag_in_turn
+        if lag is None:
+            lag = self._count_lag()
+            with contextlib.suppress(RuntimeError):  # (outside the loop: nothing kept)
+                asyncio.get_running_loop().call_soon(setattr, self, "_lag_in_turn", None)
+                self._lag_in_turn = lag
+        return lag
+
+    def _count_lag(self) -> tuple[int, float]:
+        span, hub_ends = self.store.span, self.hub_ends
         records = 0
         oldest_ms: int | None = None
         for topic in self.topics():
-            end = store.committed_end(topic)
-            held = max(self.hub_ends.get(topic, 0), store.start_offset(topic))
+            start, end = span(topic)
+            held = max(hub_ends.get(topic, 0), start)
             if end > held:
                 records += end - held
                 timestamp = self._timestamp(topic, held)

@@ -218,3 +218,38 @@ def test_unsent_records_near_retention_on_many_device_topics_are_said_in_a_few_l
     assert text.count("not yet sent are") <= 20 * (checks + 1)
     assert f"({devices - 20} records)" in text
     assert status["unsent_at_risk_records"] == devices
+
+
+def test_the_lag_is_counted_over_the_logs_once_in_a_turn_and_again_in_the_next(
+    brokers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/metrics``' two lag gauges are read in one turn of the event loop, and each walked every log (two
+    walks of 20,000 logs a scrape). They share one count now; a later turn counts again, so what was
+    published meanwhile is in it."""
+    site = brokers("site", uplink=site_section(pki_in(tmp_path), "plant-q", free_port()))  # its hub away
+    link, store = site.broker.site_link, site.broker.store
+    assert link is not None and store is not None
+    walks: list[int] = []
+    listed = link.topics
+
+    def walked() -> list[str]:
+        walks.append(1)
+        return listed()
+
+    monkeypatch.setattr(link, "topics", walked)
+
+    def publish(devices: range) -> None:
+        for n in devices:
+            site.broker.publish(f"plant/d-{n}/telemetry", b"reading", qos=1)
+
+    site.call(lambda: publish(range(3)))
+    assert wait_for(lambda: site.call(lambda: store.committed_end("plant/d-2/telemetry")) == 1)
+
+    def lag_twice() -> tuple[tuple[int, float], tuple[int, float], int]:
+        walks.clear()  # (the link's own checks walk them too, in other turns)
+        return link.lag(), link.lag(), len(walks)
+
+    first, second, walked = site.call(lag_twice)
+    assert first[0] == 3 and second == first and walked == 1
+    site.call(lambda: publish(range(3, 5)))
+    assert wait_for(lambda: site.call(lambda: link.lag()[0]) == 5)  # counted again in a later turn

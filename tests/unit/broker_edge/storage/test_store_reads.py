@@ -158,3 +158,15 @@ def test_an_oversized_record_is_refused_and_takes_no_offset(tmp_path: Path):
         store.append("a", make_record(1, payload_size=200))
     assert store.append("a", make_record(1, payload_size=10)) == 1
     store.close()
+
+
+def test_a_logs_span_is_its_start_and_its_committed_end_and_nothing_for_a_topic_without_one(tmp_path: Path):
+    store = _store(tmp_path)
+    store.replicated_log.enable()
+    store.append_batch("t", [(b"reading", 1, False, "device", (), None, None, None, None, None)] * 5)
+    store.flush()
+    store.replicated_log.commit_to("t", 3)  # two records durable, not yet committed: readers do not see them
+
+    assert store.span("t") == (store.start_offset("t"), store.committed_end("t")) == (0, 3)
+    assert store.span("unknown") == (0, 0)
+    store.close()
