@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,25 +71,18 @@ def cluster_brokers(tmp_path: Path, etcd: EtcdTarget) -> Iterator[Callable[..., 
 
 
 @pytest.fixture
-def three_brokers(tmp_path: Path, etcd: EtcdTarget) -> Iterator[dict[str, BrokerProcess]]:
-    """Brokers ``a``, ``b`` and ``c`` of one cluster, started together (as a host's members start), every
-    partition with three in-sync replicas and leadership spread over the three (no leadership move under way
-    when the test starts, so none refuses a publish meanwhile); every test client is closed at the end, then
-    the brokers stopped."""
+def three_brokers(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> Iterator[dict[str, BrokerProcess]]:
+    """Brokers ``a``, ``b`` and ``c`` of one cluster, every partition with three in-sync replicas and
+    leadership spread over the three (no leadership move under way when the test starts, so none refuses a
+    publish meanwhile); every test client is closed at the end."""
     from tests.e2e.broker_clients import close_all
     from tests.e2e.cluster.proof import leadership_spread, wait_settled, wait_until
 
     nodes = ("a", "b", "c")
-    # their config files, etcd user and certificates made in turn, the processes started at once (each
-    # start waits about 0.7 s for its ports)
-    brokers = {node: cluster_broker(tmp_path, etcd, node) for node in nodes}
-    try:
-        with ThreadPoolExecutor(len(nodes)) as starting:
-            list(starting.map(BrokerProcess.start, brokers.values()))
-        wait_settled(etcd, set(nodes), 3, processes=brokers)
-        wait_until(lambda: leadership_spread(etcd, nodes), what="leadership spread over a, b, c")
-        yield brokers
-        close_all()
-    finally:
-        for broker in brokers.values():
-            broker.stop()
+    brokers = {node: cluster_brokers(node) for node in nodes}
+    wait_settled(etcd, set(nodes), 3, processes=brokers)
+    wait_until(lambda: leadership_spread(etcd, nodes), what="leadership spread over a, b, c")
+    yield brokers
+    close_all()
