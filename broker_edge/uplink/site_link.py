@@ -18,7 +18,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -30,13 +29,13 @@ from broker_edge.http.client_errors import failure_text
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.security.tls import client_ssl_context as tls_client_context
 from broker_edge.settings.uplink import UplinkConfig
-from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
 from broker_edge.uplink.hub_certificate import HubCertificate
-from broker_edge.uplink.hub_ends import SHOWN_TOPICS, follow_hub_ends
+from broker_edge.uplink.hub_ends import follow_hub_ends
 from broker_edge.uplink.mirror import Gap, apply_batch, mirror_batch
 from broker_edge.uplink.throttle import Throttle
+from broker_edge.uplink.unsent import CHECKED_AT_ONCE, UnsentRecords
 from broker_edge.uplink.wire import (
     ACK,
     DOWN,
@@ -78,9 +77,6 @@ HUB_MESSAGE_BYTES = 16 * 1024 * 1024
 """Largest message taken from the hub, as it travels (a page of its ``ENDS``, a downlink batch)."""
 MAX_DOWN_BYTES = 16 * 1024 * 1024
 """Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
-CHECKED_AT_ONCE = 512
-"""Logs the retention check (and a report, of records' times) looks at between two turns of the event
-loop."""
 STOP_CLOSE_S = 2.0
 """How long a stopping site waits for the hub to answer its close."""
 ELSEWHERE_POLL_S = 0.5
@@ -141,7 +137,6 @@ class SiteLink:
         self.stored_bytes = 0
         """Bytes of the records sent as stored, before compression."""
         self.gap_records = 0
-        self.at_risk_records = 0
         self.logs: MirrorLogs | None = None
         """A cluster member's ``mirror_logs`` port (None: a broker alone, whose store holds every log): the
         logs this member holds no copy of are read from their leaders, the downlink appended on them."""
@@ -152,17 +147,15 @@ class SiteLink:
         self._ws: ClientWebSocketResponse | None = None
         """The connection to the hub while one is open."""
         self._reported: dict[str, int] = {}
-        self._said_at_risk = 0
-        """Logs with unsent records at risk said in their own line in the current retention check."""
         self._carried: dict[str, bool] = {}
         """Whether each log of the store is one the uplink carries (``_carries``: its settings decide)."""
         self._acknowledged = False
         """Whether the hub acknowledged a batch on this connection (a refusal before any does not reset
         the backoff: it lasts)."""
-        self._oldest: dict[str, tuple[int, int]] = {}
-        """Each log's oldest unsent record as last read: its offset and time."""
-        self._lag_in_turn: tuple[int, float] | None = None
-        """``lag`` as counted in this turn of the event loop (None: not yet)."""
+        self.unsent = UnsentRecords(
+            store, config.retention_warning_ratio, self.topics, self.hub_ends, self.elsewhere_ends
+        )
+        """The lag and the retention check (``hub_ends`` and ``elsewhere_ends`` are updated in place)."""
         self.hub_certificate = HubCertificate(config.tls.cafile, metrics)
         """The watch of what the hub presented (``reload`` at SIGHUP)."""
         self._bind(metrics)
@@ -177,11 +170,15 @@ class SiteLink:
                 "Stored bytes of the records sent (before compression).",
                 lambda: self.stored_bytes,
             ),
-            ("uplink_lag_records", "Records here the hub has not acknowledged.", lambda: self.lag()[0]),
+            (
+                "uplink_lag_records",
+                "Records here the hub has not acknowledged.",
+                lambda: self.unsent.lag()[0],
+            ),
             (
                 "uplink_lag_seconds",
                 "Age of the oldest record the hub has not acknowledged.",
-                lambda: self.lag()[1],
+                lambda: self.unsent.lag()[1],
             ),
             (
                 "uplink_last_contact_timestamp",
@@ -196,7 +193,7 @@ class SiteLink:
             (
                 "uplink_unsent_at_risk_records",
                 "Unsent records retention is about to delete (uplink.retention_warning_ratio).",
-                lambda: self.at_risk_records,
+                lambda: self.unsent.at_risk_records,
             ),
         ):
             metrics.gauge(name, documentation).set_function(read)
@@ -248,136 +245,8 @@ class SiteLink:
                 ends.setdefault(topic, end)
         return {"filters": downlink, "ends": ends, "codec": self.config.compression}
 
-    def lag(self) -> tuple[int, float]:
-        """Records the hub has not acknowledged, and the age in seconds of the oldest of them: counted over
-        every log once in a turn of the event loop (a metrics page reads both of its gauges in one turn)."""
-        lag = self._lag_in_turn
-        if lag is None:
-            lag = self._count_lag()
-            with contextlib.suppress(RuntimeError):  # (outside the loop: nothing kept)
-                asyncio.get_running_loop().call_soon(setattr, self, "_lag_in_turn", None)
-                self._lag_in_turn = lag
-        return lag
-
-    def _count_lag(self) -> tuple[int, float]:
-        span, hub_ends = self.store.span, self.hub_ends
-        records = 0
-        oldest_ms: int | None = None
-        for topic in self.topics():
-            start, end = span(topic)
-            held = max(hub_ends.get(topic, 0), start)
-            if end > held:
-                records += end - held
-                timestamp = self._timestamp(topic, held)
-                if timestamp is not None and (oldest_ms is None or timestamp < oldest_ms):
-                    oldest_ms = timestamp
-        for topic, end in self.elsewhere_ends.items():  # counted, not aged: their records are elsewhere
-            records += max(0, end - self.hub_ends.get(topic, 0))
-        seconds = max(0.0, time.time() - oldest_ms / 1000) if oldest_ms is not None else 0.0
-        return records, seconds
-
-    def _timestamp(self, topic: str, offset: int) -> int | None:
-        """The time of ``topic``'s record at ``offset`` (its oldest unsent one), read once while that stays
-        its oldest unsent: a site of many logs checks them all at each heartbeat and each metrics scrape."""
-        known = self._oldest.get(topic)
-        if known is not None and known[0] == offset:
-            return known[1]
-        try:
-            records = self.store.read(topic, offset, 1)
-        except (OffsetOutOfRange, UnknownTopic):
-            return None
-        if not records:
-            return None
-        self._oldest[topic] = (offset, records[0].timestamp_ms)
-        return records[0].timestamp_ms
-
-    async def check_retention(self) -> None:
-        """Warn about unsent records retention is about to delete (each log by its own retention, from
-        its persist rule or the store's): by age, or by size. It gives way to other work every
-        ``CHECKED_AT_ONCE`` logs."""
-        ratio = self.config.retention_warning_ratio
-        at_risk = unsaid_logs = unsaid_records = 0
-        self._said_at_risk = 0
-        store = self.store
-        topics = self.topics()
-        self._oldest = {topic: self._oldest[topic] for topic in topics if topic in self._oldest}
-        for index, topic in enumerate(topics):
-            if index % CHECKED_AT_ONCE == CHECKED_AT_ONCE - 1:
-                await asyncio.sleep(0)
-            if topic not in store:  # gone meanwhile (the store's limits)
-                continue
-            retention = store.retention_of(topic)
-            start = store.start_offset(topic)
-            held = max(self.hub_ends.get(topic, 0), start)
-            unsent = store.committed_end(topic) - held
-            if unsent > 0:
-                said = self._said_at_risk
-                by_age = self._at_risk_by_age(topic, retention.retention_ms, ratio, held, unsent)
-                by_size = self._at_risk_by_size(topic, retention.retention_bytes, ratio, start, held, unsent)
-                at_risk += max(by_age, by_size)
-                if max(by_age, by_size) and self._said_at_risk == said:  # past the lines named
-                    unsaid_logs += 1
-                    unsaid_records += max(by_age, by_size)
-        self.at_risk_records = at_risk
-        if unsaid_logs:
-            log.warning(
-                "uplink: and %d more logs hold unsent records retention is about to delete (%d records)",
-                unsaid_logs,
-                unsaid_records,
-            )
-
-    def _say_at_risk(self, message: str, *args: object) -> None:
-        """A log's unsent records at risk, at WARNING: the first ``SHOWN_TOPICS`` of a check one line each
-        (the rest are counted in one line), where a site of many device topics wrote a line for each."""
-        if self._said_at_risk < SHOWN_TOPICS:
-            self._said_at_risk += 1
-            log.warning(message, *args)
-
-    def _at_risk_by_age(
-        self, topic: str, retention_ms: int | None, ratio: float, held: int, unsent: int
-    ) -> int:
-        """All unsent records once the oldest is older than ``ratio`` of ``retention_ms``."""
-        timestamp = self._timestamp(topic, held) if retention_ms is not None else None
-        if timestamp is None or retention_ms is None:
-            return 0
-        age_ms = time.time() * 1000 - timestamp
-        if age_ms <= retention_ms * ratio:
-            return 0
-        self._say_at_risk(
-            "uplink: %d records of %r not yet sent are %.0f s old; retention deletes them at %.0f s",
-            unsent,
-            topic,
-            age_ms / 1000,
-            retention_ms / 1000,
-        )
-        return unsent
-
-    def _at_risk_by_size(
-        self, topic: str, retention_bytes: int | None, ratio: float, start: int, held: int, unsent: int
-    ) -> int:
-        """Unsent records among the oldest bytes of a log larger than ``ratio`` of its ``retention_bytes``
-        (the bytes size retention takes first), by the log's mean record size."""
-        if retention_bytes is None:
-            return 0
-        info = self.store.log_info(topic)
-        records = info.end_offset - start
-        excess = info.bytes - retention_bytes * ratio
-        if excess <= 0 or records <= 0:
-            return 0
-        at_risk = max(0, min(unsent, math.ceil(excess * records / info.bytes) - (held - start)))
-        if at_risk:
-            self._say_at_risk(
-                "uplink: %d records of %r not yet sent are in the oldest bytes of a log of %d bytes; "
-                "retention keeps %d",
-                at_risk,
-                topic,
-                info.bytes,
-                retention_bytes,
-            )
-        return at_risk
-
     def status(self) -> dict[str, object]:
-        records, seconds = self.lag()
+        records, seconds = self.unsent.lag()
         return {
             "site": self.config.site_id,
             "hub": self.hub,
@@ -387,7 +256,7 @@ class SiteLink:
             "sent_records": self.sent_records,
             "stored_bytes_sent": self.stored_bytes,
             "gap_records": self.gap_records,
-            "unsent_at_risk_records": self.at_risk_records,
+            "unsent_at_risk_records": self.unsent.at_risk_records,
             "lag_records": records,
             "lag_seconds": round(seconds, 3),
             "topics": len(self.topics()),
@@ -431,7 +300,7 @@ class SiteLink:
         when it matters)."""
         while True:
             await asyncio.sleep(self.config.heartbeat_s)
-            await self.check_retention()
+            await self.unsent.check_retention()
 
     async def _run(self) -> None:
         import aiohttp
@@ -498,7 +367,9 @@ class SiteLink:
             hello["downlink"] = downlink
         await ws.send_bytes(encode(HELLO, hello))
         answer = await self._hub_answer(ws)
-        self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")
+        ends = ends_of(answer.header.get("ends"), "the hub's ends")
+        self.hub_ends.clear()  # (in place: ``unsent`` reads it)
+        self.hub_ends.update(ends)
         self.hub_limit = message_limit_of(answer.header.get("max_message_bytes"))
         while answer.header.get("more") is True:  # the hub's ends in pages: a site of many topics
             answer = await self._hub_answer(ws)
@@ -711,7 +582,8 @@ class SiteLink:
         batch, bounds = await batch_elsewhere(
             logs, seq, self.config.topics, positions, self._budget(), self._gap, self._carries
         )
-        self.elsewhere_ends = {topic: end for topic, (_start, end) in bounds.items()}
+        self.elsewhere_ends.clear()  # (in place: ``unsent`` reads it)
+        self.elsewhere_ends.update((topic, end) for topic, (_start, end) in bounds.items())
         return batch
 
     def _gap(self, topic: str, position: int, start: int) -> None:
@@ -743,7 +615,7 @@ class SiteLink:
                     read += 1
                     if read % CHECKED_AT_ONCE == 0:
                         await asyncio.sleep(0)
-                    timestamp = self._timestamp(topic, store.start_offset(topic))
+                    timestamp = self.unsent.timestamp(topic, store.start_offset(topic))
                 if room is not None:
                     size = len(topic.encode()) + _END_JSON_BYTES
                     room -= size if timestamp is None else 2 * size

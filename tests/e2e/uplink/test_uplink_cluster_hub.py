@@ -156,7 +156,7 @@ def test_a_sites_retention_gap_is_the_same_gap_on_every_replica_of_a_cluster_hub
             site.call(send)
 
         def caught_up() -> bool:
-            return bool(site.call(lambda: link.connected and link.lag()[0] == 0))
+            return bool(site.call(lambda: link.connected and link.unsent.lag()[0] == 0))
 
         publish(0, 10)
         assert wait_for(lambda: site.call(lambda: link.hub_ends.get(topic)) == 10, timeout=30)

@@ -229,14 +229,15 @@ def test_the_lag_is_counted_over_the_logs_once_in_a_turn_and_again_in_the_next(
     site = brokers("site", uplink=site_section(pki_in(tmp_path), "plant-q", free_port()))  # its hub away
     link, store = site.broker.site_link, site.broker.store
     assert link is not None and store is not None
+    unsent = link.unsent
     walks: list[int] = []
-    listed = link.topics
+    listed = unsent.topics
 
     def walked() -> list[str]:
         walks.append(1)
         return listed()
 
-    monkeypatch.setattr(link, "topics", walked)
+    monkeypatch.setattr(unsent, "topics", walked)
 
     def publish(devices: range) -> None:
         for n in devices:
@@ -247,9 +248,9 @@ def test_the_lag_is_counted_over_the_logs_once_in_a_turn_and_again_in_the_next(
 
     def lag_twice() -> tuple[tuple[int, float], tuple[int, float], int]:
         walks.clear()  # (the link's own checks walk them too, in other turns)
-        return link.lag(), link.lag(), len(walks)
+        return unsent.lag(), unsent.lag(), len(walks)
 
     first, second, walked = site.call(lag_twice)
     assert first[0] == 3 and second == first and walked == 1
     site.call(lambda: publish(range(3, 5)))
-    assert wait_for(lambda: site.call(lambda: link.lag()[0]) == 5)  # counted again in a later turn
+    assert wait_for(lambda: site.call(lambda: unsent.lag()[0]) == 5)  # counted again in a later turn

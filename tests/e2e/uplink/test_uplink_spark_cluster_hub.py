@@ -48,7 +48,7 @@ def publish(site: RunningBroker, site_id: str, first: int, count: int) -> None:
         lambda: site.call(
             lambda: (
                 link.connected
-                and link.lag()[0] == 0
+                and link.unsent.lag()[0] == 0
                 and all(link.hub_ends.get(topic) == first + count for topic in TOPICS)
             )
         ),
