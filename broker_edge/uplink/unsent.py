@@ -33,7 +33,7 @@ CHECKED_AT_ONCE = 512
 loop."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, repr=False)  # (compared by identity; its dicts can hold 20,000 logs)
 class UnsentRecords:
     """The records of ``topics()`` past what the hub holds durable (``hub_ends``, and for the logs this
     member holds no copy of, their committed ends ``elsewhere_ends``): both dicts are the link's own,
