@@ -1,6 +1,7 @@
 """The sealed index made from a segment's rows: a topic's entries read column by column from its chain of
 rows give the same file as walking every row one by one, whatever the segment holds (busy and quiet
-topics, markers, cut rows, offsets with gaps, a chain that misses rows)."""
+topics, markers, cut rows, offsets with gaps, a chain that misses rows), and a busy topic's entries gathered
+with numpy the same as without it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 
 import pytest
 
+from broker_edge.storage import sealed_index
 from broker_edge.storage.active_index import HOT, NO_PREVIOUS, ActiveIndex, pointer
 from broker_edge.storage.entry import RESTART, TRUNCATE
 from broker_edge.storage.sealed_index import MISSING, SORT_CHUNK, build
@@ -101,3 +103,21 @@ def test_a_chain_that_misses_rows_falls_back_to_sorting_every_row() -> None:
     assert segment.data() == segment.walked()
     rows_of_3 = sum(1 for topic in segment.rows.topic_ids if topic == 3)
     assert build(segment.rows, 5, 4096, segment.size).groups[3].count == rows_of_3
+
+
+@pytest.mark.parametrize(
+    ("topics", "records", "per_append"),
+    [
+        (1, SORT_CHUNK + 5, 5),  # a busy topic whose last chunk is shorter than COLUMNS_FROM: pure Python
+        (8, 2 * SORT_CHUNK, 8),  # fan-in
+        (1_000, 40_000, 1),  # a fleet's segment: about 40 rows a topic
+    ],
+)
+def test_busy_topics_gathered_with_numpy_give_the_file_the_pure_python_path_gives(
+    monkeypatch: pytest.MonkeyPatch, topics: int, records: int, per_append: int
+) -> None:
+    segment = interleaved(topics, records, per_append, seed=3)
+    assert sealed_index._columns(segment.rows, segment.size) is not None
+    with_numpy = segment.data()
+    monkeypatch.setattr(sealed_index, "_columns", lambda rows, data_size: None)  # as without numpy
+    assert segment.data() == with_numpy
