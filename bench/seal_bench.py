@@ -10,10 +10,13 @@ A segment's rows (``ActiveIndex``) are filled the way a partition log fills them
 
 - ``fanin``: 8 busy topics, appended in runs of 8 records (a turn's batch of a publisher's reads);
 - ``fleet``: 2,000 topics, one record per append, about 100 rows each in the segment;
+- ``fleet_40``: 5,000 topics, one record per append, about 40 rows each (a 10,000-device fleet's rolled
+  segment);
 - ``fleet_wide``: 20,000 topics, one record per append, about 10 rows each (quiet topics, below ``HOT``).
 
 The script imports ``broker_edge`` from wherever Python finds it, so the same script measures another
-checkout when run with that checkout on ``PYTHONPATH``.
+checkout when run with that checkout on ``PYTHONPATH``. Where numpy is installed, the build gathers a busy
+topic's entries with it (``sealed_index.COLUMNS_FROM``), as a broker installed with the ``arrow`` extra does.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from broker_edge.storage.active_index import NO_PREVIOUS, ActiveIndex
 from broker_edge.storage.sealed_index import build
 
-SHAPES = {"fanin": (8, 8), "fleet": (2_000, 1), "fleet_wide": (20_000, 1)}
+SHAPES = {"fanin": (8, 8), "fleet": (2_000, 1), "fleet_40": (5_000, 1), "fleet_wide": (20_000, 1)}
 """Shape -> (topics, records per append)."""
 RECORD_BYTES = 120
 
