@@ -1,9 +1,11 @@
 """A segment's row columns as numpy arrays, from which the sealer gathers a busy topic's index entries.
 
-`sealed_index.build` reads a topic's entries from its rows' positions and times. For a busy topic (a
-fan-in's few topics hold every row of a segment) `SegmentColumns` gathers a chunk of them with a few array
-operations, where the pure-Python path costs calls per row; the bytes are the same either way (the unit
-tests compare them). numpy is the `arrow` extra's: without it `build` takes the pure-Python path.
+`sealed_index.build` reads a topic's entries from its rows' positions and times. `SegmentColumns` gathers
+those of every regular topic of a segment (no marker, cut row or gap in its offsets) with a few array
+operations for the whole segment, where the pure-Python path costs calls per topic and per chunk of rows
+(with a topic per device, a segment holds tens of thousands of topics of a few rows each); the bytes are
+the same either way (the unit tests compare them). numpy is the `arrow` extra's: without it `build` takes
+the pure-Python path.
 
 The columns are copied (`array.tobytes`), never viewed: the sealer thread holds no buffer of an array the
 event loop's side owns, which an append there would then fail on.
@@ -35,24 +37,29 @@ class SegmentColumns:
         """Row ``r``'s entry is ``bounds[r]`` up to ``bounds[r + 1]``."""
         self.times = np.frombuffer(rows.times.tobytes(), dtype=np.int64)
 
-    def ends(self) -> array:
-        """`bounds` as the array of 64-bit integers the pure-Python path reads."""
-        ends = array("q")
-        ends.frombytes(self.bounds.tobytes())
-        return ends
-
-    def add_entries(self, part: Sequence[int], entries: array) -> int:
-        """Append the entries of the rows ``part`` (u32 position | u32 size, then i64 index time, as
-        ``entries``' 64-bit integers); returns the bytes of their entries (headers and frames). ``part``
-        is a list of row numbers or a busy topic's array of them."""
-        if isinstance(part, array):
-            taken = np.frombuffer(part.tobytes(), dtype=np.uint32).astype(np.intp)
-        else:
-            taken = np.array(part, dtype=np.intp)
+    def gather(self, groups: Sequence[Sequence[int]]) -> tuple[bytes, list[int]]:
+        """The entries of the rows of every group, group after group (u32 position | u32 size, then i64
+        index time, each row's 16 bytes as the sealed index holds them), and each group's bytes of entries
+        (headers and frames). A group is a list of row numbers or a busy topic's array of them, in the order
+        of their offsets."""
+        counts = [len(group) for group in groups]
+        pieces: list[np.ndarray] = []
+        listed: list[int] = []  # the rows of consecutive lists, converted at once: a call per list costs more
+        for group in groups:
+            if isinstance(group, array):
+                if listed:
+                    pieces.append(np.array(listed, dtype=np.intp))
+                    listed = []
+                pieces.append(np.frombuffer(group.tobytes(), dtype=np.uint32).astype(np.intp))
+            else:
+                listed += group
+        pieces.append(np.array(listed, dtype=np.intp))
+        taken = np.concatenate(pieces)
         starts = self.bounds[taken]
         sizes = self.bounds[taken + 1] - starts
         chunk = np.empty(2 * len(taken), dtype=np.int64)
         chunk[0::2] = starts | (sizes << 32)
         chunk[1::2] = self.times[taken]
-        entries.frombytes(chunk.tobytes())
-        return int(sizes.sum())
+        firsts = np.cumsum([0, *counts[:-1]]) if counts else np.empty(0, dtype=np.intp)
+        group_bytes = np.add.reduceat(sizes, firsts).tolist() if len(taken) else [0] * len(counts)
+        return chunk.tobytes(), group_bytes

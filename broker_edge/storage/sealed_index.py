@@ -18,11 +18,13 @@ that the topic's log restarted here. A topic whose only entries here were cut by
 count 0 whose `first_offset` is where its log ends.
 
 `build` makes the file's bytes from a segment's rows (`active_index`) in the sealer thread. A topic's rows
-come from its chain (a busy topic's array of rows), and its entries are read from the columns with `map`,
-a chunk of rows per call (a chunk of `COLUMNS_FROM` rows or more with numpy where installed:
-`sealed_columns`); a topic with a marker, a cut row or a gap in its offsets, or with fewer than
-`WALK_BELOW` rows, is walked row by row. Every step takes at most `SORT_CHUNK` rows per call, so no single
-call holds the interpreter for long while the event loop waits for it.
+come from its chain (a busy topic's array of rows). Where numpy is installed, the entries of every topic
+without a marker, a cut row or a gap in its offsets are gathered from the columns at once, each array
+operation over the whole segment taking a few milliseconds (`sealed_columns`); the other topics' rows are
+walked one by one. Without numpy, a topic's entries are read from the columns with `map`, a chunk of rows
+per call, unless it has a marker, a cut row or a gap in its offsets, or fewer than `WALK_BELOW` rows: then
+its rows are walked. Every other step takes at most `SORT_CHUNK` rows per call, so no single call holds the
+interpreter for long while the event loop waits for it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from itertools import repeat
 from operator import add, and_, ge, itemgetter, lshift, or_, sub
 from typing import TYPE_CHECKING
 
-from .active_index import HOT, ActiveIndex, pointed
+from .active_index import ActiveIndex, pointed
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE
 from .file_pool import FileHandlePool
 
@@ -68,9 +70,6 @@ SPARSE_EVERY = 256
 SORT_CHUNK = 16384
 WALK_BELOW = 16
 """A topic with fewer rows in the segment is walked row by row: reading its columns costs more below it."""
-COLUMNS_FROM = HOT
-"""A chunk of a busy topic's rows this long or longer is gathered with numpy (`sealed_columns`) where
-installed: about even with the pure-Python path at 32 rows, a third cheaper at 40, half at 64 or more."""
 MISSING = 0xFFFFFFFF
 FLAG_RESTART = 1
 FLAG_TRUNCATED = 2
@@ -201,18 +200,11 @@ def _topic_groups(rows: ActiveIndex, walk_all: bool) -> list[tuple[int, Sequence
     ]
 
 
-def _plain_entries(
-    rows: ActiveIndex,
-    group_rows: Sequence[int],
-    ends: array,
-    entries: array,
-    columns: SegmentColumns | None,
-) -> int | None:
+def _plain_entries(rows: ActiveIndex, group_rows: Sequence[int], ends: array, entries: array) -> int | None:
     """Add to ``entries`` those of a topic's rows without a marker, a cut or a gap in their offsets; returns
     their frames' bytes, or None (nothing added) when the offsets have a gap (records lost to damage: walked).
-    Each column is taken for a chunk of the rows with one ``itemgetter`` call, not a statement per row, or
-    with ``columns`` (numpy) for a chunk of `COLUMNS_FROM` rows or more; ``ends[row]`` is where the entry of
-    ``row - 1`` ends."""
+    Each column is taken for a chunk of the rows with one ``itemgetter`` call, not a statement per row;
+    ``ends[row]`` is where the entry of ``row - 1`` ends."""
     offsets, positions, times = rows.offsets, rows.positions, rows.times
     count = len(group_rows)
     if offsets[group_rows[-1]] - offsets[group_rows[0]] != count - 1:
@@ -220,9 +212,6 @@ def _plain_entries(
     size = 0
     for start in range(0, count, SORT_CHUNK):
         part = group_rows[start : start + SORT_CHUNK]
-        if columns is not None and len(part) >= COLUMNS_FROM:
-            size += columns.add_entries(part, entries)
-            continue
         take = _taker(part)
         starts = take(positions)
         sizes = list(map(sub, _taker(list(map(add, part, repeat(1))))(ends), starts))
@@ -235,14 +224,50 @@ def _plain_entries(
 
 
 def _columns(rows: ActiveIndex, data_size: int) -> SegmentColumns | None:
-    """The segment's columns as numpy arrays when it has a busy topic and numpy is installed, else None."""
-    if not rows.hot:
-        return None
+    """The segment's columns as numpy arrays where numpy is installed, else None."""
     try:
         from .sealed_columns import SegmentColumns
     except ImportError:  # numpy comes with the `arrow` extra
         return None
     return SegmentColumns(rows, data_size)
+
+
+class _Gathered:
+    """The entries of a segment's regular topics (no marker, cut row or gap in their offsets), gathered at
+    once with numpy: ``take(k, entries)`` adds those of the ``k``-th topic group of `_topic_groups`."""
+
+    __slots__ = ("_at", "_entries")
+
+    def __init__(
+        self,
+        rows: ActiveIndex,
+        topic_groups: list[tuple[int, Sequence[int], bool]],
+        columns: SegmentColumns,
+    ) -> None:
+        offsets = rows.offsets
+        regular = [
+            (k, group_rows)
+            for k, (_, group_rows, walk) in enumerate(topic_groups)
+            if not walk and offsets[group_rows[-1]] - offsets[group_rows[0]] == len(group_rows) - 1
+        ]
+        data, sizes = columns.gather([group_rows for _, group_rows in regular])
+        self._entries = memoryview(data)
+        self._at: dict[int, tuple[int, int, int]] = {}
+        """Group ``k`` -> its entries' first and last byte in ``_entries``, and its frames' bytes."""
+        start = 0
+        for (k, group_rows), size in zip(regular, sizes, strict=True):
+            end = start + ENTRY_SIZE * len(group_rows)
+            self._at[k] = (start, end, size - HEAD_SIZE * len(group_rows))
+            start = end
+
+    def take(self, k: int, entries: array) -> int | None:
+        """Add group ``k``'s entries; their frames' bytes, or None when the group is not regular."""
+        at = self._at.get(k)
+        if at is None:
+            return None
+        start, end, size = at
+        entries.frombytes(self._entries[start:end])
+        return size
 
 
 def _taker(part: Sequence[int]) -> Callable[[array], tuple[int, ...]]:
@@ -306,33 +331,35 @@ def _walked_entries(
 def build(rows: ActiveIndex, number: int, base: int, data_size: int, walk_all: bool = False) -> Built:
     """The sealed index of segment `number` (base position `base`, `data_size` bytes) from its rows.
 
-    A topic's entries are made from its rows column by column, unless it has a marker, a cut row or a gap
-    in its offsets here, or fewer than `WALK_BELOW` rows: then its rows are walked one by one
-    (``walk_all``: every topic's are, what tests compare with)."""
+    A topic's entries are made from its rows column by column (with numpy, every such topic's at once),
+    unless it has a marker, a cut row or a gap in its offsets here, or (without numpy) fewer than
+    `WALK_BELOW` rows: then its rows are walked one by one (``walk_all``: every topic's are, what tests
+    compare with)."""
     topic_ids, positions, offsets, times, prevs = (
         rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
     )  # fmt: skip
     row_count = len(topic_ids)
     columns = None if walk_all else _columns(rows, data_size)
-    if columns is not None:
-        ends = columns.ends()
-    else:
-        ends = array("q")
+    ends = array("q")  # what the pure-Python path reads
+    if columns is None:
         for start in range(0, row_count, SORT_CHUNK):
             ends.extend(positions[start : start + SORT_CHUNK].tolist())
         ends.append(data_size)  # the end of the last row's entry
     groups: list[Group] = []
     entries = array("q")
     newest = -(2**63)
-    for topic_id, group_rows, walk in _topic_groups(rows, walk_all):
+    topic_groups = _topic_groups(rows, walk_all)
+    gathered = None if columns is None else _Gathered(rows, topic_groups, columns)
+    for k, (topic_id, group_rows, walk) in enumerate(topic_groups):
         previous = prevs[group_rows[0]]
         previous_segment = pointed(previous)[0] if previous < -1 else -1
         first_entry = len(entries) // 2
-        size = (
-            None
-            if walk or len(group_rows) < WALK_BELOW
-            else _plain_entries(rows, group_rows, ends, entries, columns)
-        )
+        if gathered is not None:
+            size = gathered.take(k, entries)
+        elif walk or len(group_rows) < WALK_BELOW:
+            size = None
+        else:
+            size = _plain_entries(rows, group_rows, ends, entries)
         if size is not None:
             first_offset, flags, dropped = offsets[group_rows[0]], 0, 0
         else:

@@ -1,7 +1,7 @@
 """The sealed index made from a segment's rows: a topic's entries read column by column from its chain of
 rows give the same file as walking every row one by one, whatever the segment holds (busy and quiet
-topics, markers, cut rows, offsets with gaps, a chain that misses rows), and a busy topic's entries gathered
-with numpy the same as without it."""
+topics, markers, cut rows, offsets with gaps, a chain that misses rows), and the entries gathered with
+numpy the same as without it."""
 
 from __future__ import annotations
 
@@ -108,15 +108,18 @@ def test_a_chain_that_misses_rows_falls_back_to_sorting_every_row() -> None:
 @pytest.mark.parametrize(
     ("topics", "records", "per_append"),
     [
-        (1, SORT_CHUNK + 5, 5),  # a busy topic whose last chunk is shorter than COLUMNS_FROM: pure Python
+        (1, SORT_CHUNK + 5, 5),  # one busy topic over two chunks of the pure-Python path
         (8, 2 * SORT_CHUNK, 8),  # fan-in
-        (1_000, 40_000, 1),  # a fleet's segment: about 40 rows a topic
+        (1_000, 40_000, 1),  # a fleet's segment: about 40 rows a topic, busy and quiet ones
+        (3_000, SORT_CHUNK, 1),  # a wide fleet's: about 5 rows a topic (walked without numpy)
     ],
 )
-def test_busy_topics_gathered_with_numpy_give_the_file_the_pure_python_path_gives(
+def test_topics_gathered_with_numpy_give_the_file_the_pure_python_path_gives(
     monkeypatch: pytest.MonkeyPatch, topics: int, records: int, per_append: int
 ) -> None:
     segment = interleaved(topics, records, per_append, seed=3)
+    segment.append(7, 3, skip=4)  # a gap, and a marker: topics walked either way
+    segment.marker(11, TRUNCATE, 0, dropped=90)
     assert sealed_index._columns(segment.rows, segment.size) is not None
     with_numpy = segment.data()
     monkeypatch.setattr(sealed_index, "_columns", lambda rows, data_size: None)  # as without numpy
