@@ -15,8 +15,9 @@ A segment's rows (``ActiveIndex``) are filled the way a partition log fills them
 - ``fleet_wide``: 20,000 topics, one record per append, about 10 rows each (quiet topics, below ``HOT``).
 
 The script imports ``broker_edge`` from wherever Python finds it, so the same script measures another
-checkout when run with that checkout on ``PYTHONPATH``. Where numpy is installed, the build gathers a busy
-topic's entries with it (``sealed_index.COLUMNS_FROM``), as a broker installed with the ``arrow`` extra does.
+checkout when run with that checkout on ``PYTHONPATH``. Where numpy is installed, the build gathers the
+entries of every topic without a marker, a cut row or a gap with it (``sealed_columns``), as a broker
+installed with the ``arrow`` extra does.
 """
 
 from __future__ import annotations

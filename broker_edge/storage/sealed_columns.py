@@ -1,4 +1,4 @@
-"""A segment's row columns as numpy arrays, from which the sealer gathers a busy topic's index entries.
+"""A segment's row columns as numpy arrays, from which the sealer gathers the segment's index entries.
 
 `sealed_index.build` reads a topic's entries from its rows' positions and times. `SegmentColumns` gathers
 those of every regular topic of a segment (no marker, cut row or gap in its offsets) with a few array
@@ -42,6 +42,8 @@ class SegmentColumns:
         index time, each row's 16 bytes as the sealed index holds them), and each group's bytes of entries
         (headers and frames). A group is a list of row numbers or a busy topic's array of them, in the order
         of their offsets."""
+        if not groups:
+            return b"", []
         counts = [len(group) for group in groups]
         pieces: list[np.ndarray] = []
         listed: list[int] = []  # the rows of consecutive lists, converted at once: a call per list costs more
@@ -60,6 +62,5 @@ class SegmentColumns:
         chunk = np.empty(2 * len(taken), dtype=np.int64)
         chunk[0::2] = starts | (sizes << 32)
         chunk[1::2] = self.times[taken]
-        firsts = np.cumsum([0, *counts[:-1]]) if counts else np.empty(0, dtype=np.intp)
-        group_bytes = np.add.reduceat(sizes, firsts).tolist() if len(taken) else [0] * len(counts)
-        return chunk.tobytes(), group_bytes
+        firsts = np.cumsum([0, *counts[:-1]])  # every group has a row
+        return chunk.tobytes(), np.add.reduceat(sizes, firsts).tolist()

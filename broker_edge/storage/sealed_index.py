@@ -200,14 +200,20 @@ def _topic_groups(rows: ActiveIndex, walk_all: bool) -> list[tuple[int, Sequence
     ]
 
 
+def _dense(rows: ActiveIndex, group_rows: Sequence[int]) -> bool:
+    """Whether a topic's rows hold consecutive offsets (no record lost to damage between them)."""
+    offsets = rows.offsets
+    return offsets[group_rows[-1]] - offsets[group_rows[0]] == len(group_rows) - 1
+
+
 def _plain_entries(rows: ActiveIndex, group_rows: Sequence[int], ends: array, entries: array) -> int | None:
     """Add to ``entries`` those of a topic's rows without a marker, a cut or a gap in their offsets; returns
     their frames' bytes, or None (nothing added) when the offsets have a gap (records lost to damage: walked).
     Each column is taken for a chunk of the rows with one ``itemgetter`` call, not a statement per row;
     ``ends[row]`` is where the entry of ``row - 1`` ends."""
-    offsets, positions, times = rows.offsets, rows.positions, rows.times
+    positions, times = rows.positions, rows.times
     count = len(group_rows)
-    if offsets[group_rows[-1]] - offsets[group_rows[0]] != count - 1:
+    if not _dense(rows, group_rows):
         return None
     size = 0
     for start in range(0, count, SORT_CHUNK):
@@ -244,11 +250,10 @@ class _Gathered:
         topic_groups: list[tuple[int, Sequence[int], bool]],
         columns: SegmentColumns,
     ) -> None:
-        offsets = rows.offsets
         regular = [
             (k, group_rows)
             for k, (_, group_rows, walk) in enumerate(topic_groups)
-            if not walk and offsets[group_rows[-1]] - offsets[group_rows[0]] == len(group_rows) - 1
+            if not walk and _dense(rows, group_rows)
         ]
         data, sizes = columns.gather([group_rows for _, group_rows in regular])
         self._entries = memoryview(data)
