@@ -113,9 +113,7 @@ class UnsentRecords:
         for index, topic in enumerate(topics):
             if index % CHECKED_AT_ONCE == CHECKED_AT_ONCE - 1:
                 await asyncio.sleep(0)
-            if topic not in store:  # gone meanwhile (the store's limits)
-                continue
-            start, end = store.span(topic)
+            start, end = store.span(topic)  # (0, 0) for a log gone meanwhile (the store's limits)
             held = max(hub_ends.get(topic, 0), start)
             unsent = end - held
             if unsent > 0:
@@ -123,10 +121,11 @@ class UnsentRecords:
                 said = self._said_at_risk
                 by_age = self._at_risk_by_age(topic, retention.retention_ms, ratio, held, unsent)
                 by_size = self._at_risk_by_size(topic, retention.retention_bytes, ratio, start, held, unsent)
-                at_risk += max(by_age, by_size)
-                if max(by_age, by_size) and self._said_at_risk == said:  # past the lines named
+                risk = max(by_age, by_size)
+                at_risk += risk
+                if risk and self._said_at_risk == said:  # past the lines named
                     unsaid_logs += 1
-                    unsaid_records += max(by_age, by_size)
+                    unsaid_records += risk
         self.at_risk_records = at_risk
         if unsaid_logs:
             log.warning(
