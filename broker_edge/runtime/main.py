@@ -66,7 +66,6 @@ async def serve(
         raise ConfigError("auth.password_file", str(error)) from None
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: _on_sighup(broker, source))
     if stop_signals.requested():  # before the loop had the signals
         stop.set()
     try:
@@ -77,6 +76,7 @@ async def serve(
         for line in startup_report(broker):
             log.info("%s", line)
         log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
+        stop_signals.take_hangups(lambda: loop.call_soon_threadsafe(_on_sighup, broker, source))
         if stop_signals.hangup_requested():  # came during the start: its files may have changed since read
             log.info("SIGHUP during the start: acted on now")
             _on_sighup(broker, source)
@@ -88,10 +88,10 @@ async def serve(
             log.info("stopping")
             await broker.stop()
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        stop_signals.ignore_hangups()  # a reload now has nothing to read again, and must not end it
+        for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         stop_signals.catch_early_stops()  # noted, not a KeyboardInterrupt, until the process has exited
-        stop_signals.ignore_hangups()  # a reload now has nothing to read again, and must not end it
     log.info("broker stopped")
 
 
