@@ -7,7 +7,8 @@ even while processes share a core.
 The first form runs the `timestone` command (`pipelines.cli.main`) unchanged, with a sampler in every process
 that serves a broker: the command's own, or each member `--workers` forks. Every millisecond of CPU time the
 process uses (`ITIMER_PROF`: the user and system time of all its threads; the kernel rounds it up to its
-timer tick, 4 ms at 250 Hz) the main thread's Python stack is counted; when the broker stops,
+timer tick, 4 ms at 250 Hz) the main thread's Python stack is counted, if it runs through `run_broker`
+(a tick in the sampler's own start or stop is not the broker's work); when the broker stops,
 `DIR/cpu-<pid>.txt` holds the counts as collapsed stacks (`frame;frame;... count`, what flame graph tools
 read). A wall-clock sampler (py-spy) also counts a process that waits for the CPU, at whatever line it was
 preempted: with members, their writer threads and etcd taking turns on one core, those samples land mostly
@@ -40,10 +41,13 @@ Stack = tuple[tuple[CodeType, int], ...]
 
 
 class CpuSampler:
-    """Counts the main thread's stacks, one per `INTERVAL_S` (or timer tick) of the process's CPU time."""
+    """Counts the main thread's stacks, one per `INTERVAL_S` (or timer tick) of the process's CPU time; with
+    `within`, only the stacks through a call of that code (a sample taken in the sampler's own start or stop,
+    or as the sampled function returns, is not the work sampled)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, within: CodeType | None = None) -> None:
         self.directory = directory
+        self.within = within
         self.counts: collections.Counter[Stack] = collections.Counter()
 
     def _sample(self, _signal: int, frame: FrameType | None) -> None:
@@ -51,7 +55,8 @@ class CpuSampler:
         while frame is not None:
             stack.append((frame.f_code, frame.f_lineno))
             frame = frame.f_back
-        self.counts[tuple(reversed(stack))] += 1
+        if self.within is None or any(code is self.within for code, _ in stack):
+            self.counts[tuple(reversed(stack))] += 1
 
     def start(self) -> None:
         signal.signal(signal.SIGPROF, self._sample)
@@ -92,7 +97,7 @@ def sampled(run: Callable[..., int], directory: Path) -> Callable[..., int]:
     """`run` (`main.run_broker`) sampled from its start to its end, in whichever process calls it."""
 
     def run_sampled(*args: Any, **kwargs: Any) -> int:
-        sampler = CpuSampler(directory)
+        sampler = CpuSampler(directory, within=run.__code__)
         sampler.start()
         try:
             return run(*args, **kwargs)

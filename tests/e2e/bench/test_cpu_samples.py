@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import inspect
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from bench import net
 from bench.brokers.base import stop_process_group
-from bench.cpu_samples import read_stacks, report
+from bench.cpu_samples import CpuSampler, read_stacks, report
 from tests.e2e.broker_clients import PahoClient, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -59,3 +61,17 @@ def test_a_sampled_broker_writes_the_stacks_of_its_work_and_the_report_adds_them
     persisted = report(samples, under="PublishPath._persist")
     assert "PublishPath._persist (broker_edge/engine/publish.py)" in persisted
     assert "run_broker" not in persisted  # the stacks are cut at the function asked for
+
+
+def test_a_sample_outside_the_sampled_function_is_not_counted(tmp_path: Path) -> None:
+    """A tick can fall in the sampler's own start or stop, or as the sampled function returns: such a stack
+    is not the work sampled (one was seen in ``CpuSampler.stop``)."""
+
+    def work(sampler: CpuSampler) -> None:
+        sampler._sample(signal.SIGPROF, inspect.currentframe())
+
+    sampler = CpuSampler(tmp_path, within=work.__code__)
+    work(sampler)
+    sampler._sample(signal.SIGPROF, inspect.currentframe())  # as if in the sampler's stop
+    assert [stack[-1][0] for stack in sampler.counts] == [work.__code__]
+    assert sum(sampler.counts.values()) == 1

@@ -48,6 +48,16 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 15) -> 
     raise TimeoutError(f"port {port} not open")
 
 
+def wait_for_started(process: subprocess.Popen) -> list[str]:
+    """Read standard error up to the broker's ``broker started`` line (it then serves); the lines read."""
+    lines: list[str] = []
+    while not lines or "broker started" not in lines[-1]:
+        line = process.stderr.readline()
+        assert line, "".join(lines)  # the broker ended without starting
+        lines.append(line)
+    return lines
+
+
 def stop(process: subprocess.Popen) -> str:
     """SIGTERM, wait for a clean exit (status 0); returns standard error."""
     process.send_signal(signal.SIGTERM)
@@ -224,7 +234,7 @@ def test_sighup_says_what_it_reads_again_and_that_a_changed_configuration_file_w
     )
     config.write_text(text)
     process = start(["--config", str(config)], tmp_path)
-    wait_for_port(mqtt_port, process)
+    wait_for_started(process)  # from then on a SIGHUP is acted on at once, not noted until the start ends
     process.send_signal(signal.SIGHUP)
     time.sleep(0.3)
     config.write_text(text.replace("100", "200"))
