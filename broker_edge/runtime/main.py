@@ -72,11 +72,13 @@ async def serve(
         if not await _start_unless_stopped(broker, stop):
             log.info("stopped during start-up")
             return
+        # a SIGHUP from here on is acted on once these lines are said: before "broker started" is said, so
+        # that one sent after it never counts as during the start
+        stop_signals.take_hangups(lambda: loop.call_soon_threadsafe(_on_sighup, broker, source))
         tune_garbage_collector(config.runtime)
         for line in startup_report(broker):
             log.info("%s", line)
         log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
-        stop_signals.take_hangups(lambda: loop.call_soon_threadsafe(_on_sighup, broker, source))
         if stop_signals.hangup_requested():  # came during the start: its files may have changed since read
             log.info("SIGHUP during the start: acted on now")
             _on_sighup(broker, source)
