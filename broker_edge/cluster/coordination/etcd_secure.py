@@ -5,11 +5,14 @@ password given to its constructor. ``SecureClient`` overrides ``connect`` alone 
 as aetcd's own, set up the same way) to
 
 - open a ``grpc.aio.secure_channel``: the etcd servers' CA, and the client certificate and key etcd's
-  ``--client-cert-auth`` asks for, read from their files at every connect (so a channel made again after
-  SIGHUP takes renewed files);
+  ``--client-cert-auth`` asks for, read from their files when the channel is opened (a client made again
+  after SIGHUP, ``Etcd.renew``, takes renewed files);
 - authenticate as ``cluster.etcd_auth.username`` with the password read from its file at every
   authentication (a password changed with ``etcdctl user passwd`` and written to the file is taken without
-  a restart), and close the channel again when that fails.
+  a restart). An authentication that fails (etcd down) leaves the channel open: the next connect tries
+  again on it, gRPC reconnecting meanwhile, instead of opening a channel per attempt (while etcd was down
+  that was one per call, each of them closed but held by its error's traceback until a collection, and
+  gRPC's threads spent CPU on every channel not yet freed).
 
 etcd forgets its simple auth tokens when it restarts (and after five idle minutes): a call then fails with
 "invalid auth token", and ``reauthenticate`` gets a new token, which every stub and the watcher use from
@@ -102,6 +105,7 @@ class SecureClient(aetcd.Client):
 
     _is_connecting: bool
     metadata: tuple[tuple[str, str], ...] | None
+    channel: grpc.aio.Channel | None
 
     def __init__(
         self,
@@ -136,17 +140,13 @@ class SecureClient(aetcd.Client):
             return
         self._is_connecting = True
         try:
-            try:
-                self.channel = self._open_channel()
-            except OSError as error:
-                raise aetcd.exceptions.ConnectionFailedError(f"etcd TLS files: {error}") from error
-            try:
-                if self._auth is not None:
-                    await self._authenticate()
-            except BaseException:
-                channel, self.channel = self.channel, None
-                await channel.close()
-                raise
+            if self.channel is None:
+                try:
+                    self.channel = self._open_channel()
+                except OSError as error:
+                    raise aetcd.exceptions.ConnectionFailedError(f"etcd TLS files: {error}") from error
+            if self._auth is not None:
+                await self._authenticate()  # on failure the channel stays, for the next connect
             self.kvstub = rpc.KVStub(self.channel)
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
@@ -187,7 +187,7 @@ class SecureClient(aetcd.Client):
     async def reauthenticate(self) -> bool:
         """Get a new auth token (etcd forgot the last one). False when there is no user to authenticate as
         or no channel yet (the next connect authenticates)."""
-        if self._auth is None or self.channel is None:
+        if self._auth is None or not self._connected.is_set():
             return False
         if self._authenticating is None:
             self._authenticating = asyncio.Lock()
