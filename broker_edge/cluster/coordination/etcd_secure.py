@@ -186,7 +186,7 @@ class SecureClient(aetcd.Client):
 
     async def reauthenticate(self) -> bool:
         """Get a new auth token (etcd forgot the last one). False when there is no user to authenticate as
-        or no channel yet (the next connect authenticates)."""
+        or the client is not connected yet (the next connect authenticates)."""
         if self._auth is None or not self._connected.is_set():
             return False
         if self._authenticating is None:
