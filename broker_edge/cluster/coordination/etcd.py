@@ -214,7 +214,8 @@ class Etcd:
         self._auth = auth
         self._explain_tls = explain_tls
         self._client = self._new_client(timeout_s)
-        self._retired: set[asyncio.Task[None]] = set()
+        self._retired: dict[asyncio.Task[None], SecureClient] = {}
+        """Clients ``renew`` replaced, each closed by its task when its grace period ends, or by ``close``."""
         self.timeout_s = timeout_s
         self.urls = tuple(urls)
 
@@ -255,8 +256,8 @@ class Etcd:
             await self._close(old)
 
         task = asyncio.get_running_loop().create_task(retire())
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
+        self._retired[task] = old
+        task.add_done_callback(self._retired.pop)
         log.info("etcd channel renewed (%s)", reason)
 
     async def _close(self, client: aetcd.Client) -> None:
@@ -266,8 +267,12 @@ class Etcd:
             log.debug("closing the etcd channel failed", exc_info=True)
 
     async def close(self) -> None:
-        for task in list(self._retired):
+        """Close the channel in use and those ``renew`` replaced whose grace period has not ended."""
+        retired = list(self._retired.items())  # (each task takes its own entry out once it has ended)
+        for task, _ in retired:
             task.cancel()
+        for _, client in retired:
+            await self._close(client)
         await self._close(self._client)
 
     async def __aenter__(self) -> Etcd:

@@ -4,7 +4,8 @@ meanwhile; once etcd is back a call succeeds on it. The client opened a new chan
 closed it when the authentication failed, and the error's traceback held it until the garbage collector
 ran: with a broker's collector settings (young collections every 100,000 allocations, `runtime`) the
 closed channels piled up, and gRPC's threads spent CPU on each one not yet freed, a third of a core within
-two minutes of etcd going away."""
+two minutes of etcd going away. And a client closed while a channel it replaced is in its grace period
+closes that one too."""
 
 from __future__ import annotations
 
@@ -71,3 +72,27 @@ def test_a_client_whose_etcd_is_down_keeps_one_channel_and_is_served_on_it_once_
     assert failures == FAILED_CALLS  # every call failed while etcd was down
     assert opened <= 1, f"{opened} channels opened for {FAILED_CALLS} calls while etcd was down"
     assert value == b"v"
+
+
+def test_closing_a_client_closes_the_channel_a_renewal_replaced_before_its_grace_period_ends(
+    etcd: EtcdTarget,
+) -> None:
+    """``renew`` closes the channel it replaced after a grace period (its watches are made again meanwhile);
+    a client closed before that closes it too, instead of leaving it open for the rest of the process."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        client = etcd.client(timeout_s=5.0)
+        replaced = client._client
+        try:
+            await client.put(f"{etcd.prefix}/k", b"v")
+            client.renew("a renewal just before the client is closed")
+            await client.get(f"{etcd.prefix}/k")  # served on the new channel
+            open_before = replaced.channel is not None
+        finally:
+            await client.close()
+        return open_before, replaced.channel is None, client._client.channel is None
+
+    open_before, replaced_closed, current_closed = asyncio.run(scenario())
+    assert open_before  # in its grace period: still open
+    assert replaced_closed
+    assert current_closed
