@@ -42,6 +42,7 @@ from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.launcher import BrokerProcess, free_ports
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
+from tests.harness.etcd_gateway import GatewayConnections
 
 __all__ = [
     "ETCD_BINARY",
@@ -92,6 +93,7 @@ class EtcdServer:
         self.root_password = secrets.token_urlsafe(16)
         self._users: dict[str, EtcdUser] = {}
         self._token: str | None = None
+        self._connections = GatewayConnections(self.url, self._ssl_context)
 
     @property
     def tls(self) -> EtcdTlsConfig | None:
@@ -218,31 +220,26 @@ class EtcdServer:
     # -- reading and writing as root (the tests' own view, and what an etcd operator can do) ---------------
 
     def _gateway(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST to etcd's JSON gateway as root (authenticating when needed)."""
+        """POST to etcd's JSON gateway as root (authenticating when needed), on this thread's kept-alive
+        connection (``etcd_gateway``)."""
         for attempt in range(2):
-            headers = {"Content-Type": "application/json"}
+            headers = {}
             if self.secure:
                 if self._token is None or attempt:
                     self._token = self._authenticate()
                 headers["Authorization"] = self._token
-            request = urllib.request.Request(f"{self.url}{path}", json.dumps(body).encode(), headers)
             try:
-                with urllib.request.urlopen(request, timeout=5, context=self._ssl_context()) as answer:
-                    document: dict[str, Any] = json.loads(answer.read())
-                    return document
+                return self._connections.post(path, body, headers)
             except urllib.error.HTTPError as error:
                 if error.code != 401 or attempt:
                     raise
         raise AssertionError("unreachable")
 
     def _authenticate(self) -> str:
-        request = urllib.request.Request(
-            f"{self.url}/v3/auth/authenticate",
-            json.dumps({"name": "root", "password": self.root_password}).encode(),
-            {"Content-Type": "application/json"},
+        answer = self._connections.post(
+            "/v3/auth/authenticate", {"name": "root", "password": self.root_password}, {}
         )
-        with urllib.request.urlopen(request, timeout=5, context=self._ssl_context()) as answer:
-            return str(json.loads(answer.read())["token"])
+        return str(answer["token"])
 
     def range(self, prefix: str) -> list[tuple[str, bytes]]:
         """``(key, value)`` of every key under ``prefix``."""
