@@ -351,14 +351,6 @@ class PacketDecoder:
             return None, pos
         return decode_properties(buf, view, pos, end, packet_type, self.max_user_properties)
 
-    def _connect_properties(self, buf, view: memoryview, pos: int, end: int, packet_type: int):
-        """An MQTT 5 CONNECT's (or its will's) properties; too many of them say the protocol level."""
-        try:
-            return decode_properties(buf, view, pos, end, packet_type, self.max_user_properties)
-        except TooManyElements as error:
-            error.protocol_level = MQTT_5
-            raise
-
     def _decode_connect(self, first: int, buf, view: memoryview, pos: int, end: int) -> Connect:
         protocol_name, pos = read_utf8(buf, view, pos, end)
         version, pos = read_u8(buf, pos, end)
@@ -366,6 +358,19 @@ class PacketDecoder:
             raise UnsupportedProtocolVersion(
                 f"unsupported protocol {protocol_name!r} level {version}", protocol_name, version
             )
+        try:
+            connect = self._connect_after_level(protocol_name, version, buf, view, pos, end)
+        except MQTTError as error:  # the level is known: an MQTT 5 client is told why in a CONNACK
+            error.protocol_level = version
+            raise
+        self.protocol_version = version
+        self._accepted = _ACCEPTED_FIRST_BYTES[self.role, version]
+        return connect
+
+    def _connect_after_level(
+        self, protocol_name: str, version: int, buf, view: memoryview, pos: int, end: int
+    ) -> Connect:
+        """The rest of a CONNECT whose protocol name and level were read and match, from its flags."""
         flags, pos = read_u8(buf, pos, end)
         keep_alive, pos = read_u16(buf, pos, end)
         if flags & 0x01:
@@ -379,15 +384,16 @@ class PacketDecoder:
         if has_password and not has_username and version == MQTT_3_1_1:
             raise MalformedPacket("password without user name")
         properties = None
+        limit = self.max_user_properties
         if version == MQTT_5:
-            properties, pos = self._connect_properties(buf, view, pos, end, _T.CONNECT)
+            properties, pos = decode_properties(buf, view, pos, end, _T.CONNECT, limit)
             _check_authentication(properties)
         client_id, pos = read_utf8(buf, view, pos, end)
         will = None
         if has_will:
             will_properties = None
             if version == MQTT_5:
-                will_properties, pos = self._connect_properties(buf, view, pos, end, WILL)
+                will_properties, pos = decode_properties(buf, view, pos, end, WILL, limit)
             will_topic, pos = read_utf8(buf, view, pos, end)
             if not will_topic or "+" in will_topic or "#" in will_topic:
                 raise InvalidTopic(f"invalid will topic {will_topic!r}")
@@ -399,8 +405,6 @@ class PacketDecoder:
         if has_password:
             password, pos = read_binary(buf, view, pos, end)
         _check_consumed(pos, end, "CONNECT")
-        self.protocol_version = version
-        self._accepted = _ACCEPTED_FIRST_BYTES[self.role, version]
         return Connect(
             protocol_name,
             version,

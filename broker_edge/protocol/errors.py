@@ -16,6 +16,9 @@ class MQTTError(Exception):
     """
 
     default_reason_code: int = ReasonCode.UNSPECIFIED_ERROR
+    protocol_level: int | None = None
+    """Of an error in a first packet (a CONNECT): the protocol level it named, when that was read before the
+    error (an MQTT 5 client is told the reason code in a CONNACK; an older one has codes for none of them)."""
 
     def __init__(self, message: str, reason_code: int | None = None) -> None:
         if len(message) > MESSAGE_MOST:
@@ -45,9 +48,6 @@ class PacketTooLarge(ProtocolError):
     """The packet is larger than the receiver's maximum packet size (0x95); raised before the body arrives."""
 
     default_reason_code = ReasonCode.PACKET_TOO_LARGE
-    protocol_level: int | None = None
-    """Of a first packet (a CONNECT): the protocol level that came with its fixed header, if it did (an MQTT
-    5 client may be told 0x95 in a CONNACK, an older one has no such code)."""
 
 
 class TooManyElements(ProtocolError):
@@ -61,9 +61,6 @@ class TooManyElements(ProtocolError):
         self.element = element
         """What was counted: ``subscribe_filters``, ``user_properties``, ``subscription_identifiers``."""
         self.limit = limit
-
-    protocol_level: int | None = None
-    """Of a CONNECT: its protocol level (an MQTT 5 client is told 0x97 in a CONNACK)."""
 
 
 class InvalidTopic(ProtocolError):

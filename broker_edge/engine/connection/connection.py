@@ -79,7 +79,7 @@ from broker_edge.protocol.packets import (
     Unsubscribe,
 )
 from broker_edge.protocol.properties import Properties
-from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+from broker_edge.protocol.reason_codes import CONNACK_REASON_CODES, ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,6 +94,7 @@ if TYPE_CHECKING:
 __all__ = ["Connection", "ConnectionHost"]
 
 _ANSWERED_LATER = frozenset((Subscribe, Unsubscribe))
+_PROTOCOL_ERROR = ReasonCode.PROTOCOL_ERROR
 """Packets whose answer may wait for work in later loop turns (``HELD_FOR_SUBACK``): the packets read after
 one wait for it too."""
 
@@ -580,8 +581,9 @@ class Connection(Outgoing):
             elif isinstance(error, PacketTooLarge):
                 v5 = MQTT_5 in (self.decoder.protocol_version, error.protocol_level)
                 self.refuse_connect_too_large(error.message, error.reason_code if v5 else None)
-            elif self.decoder.protocol_version == MQTT_5:
-                self.refuse("protocol_error", error.reason_code, version=MQTT_5)
+            elif MQTT_5 in (self.decoder.protocol_version, error.protocol_level):  # a CONNECT's level read
+                code = error.reason_code if error.reason_code in CONNACK_REASON_CODES else _PROTOCOL_ERROR
+                self.refuse("protocol_error", code, version=MQTT_5)
             else:
                 self.refuse("protocol_error", None)
             return

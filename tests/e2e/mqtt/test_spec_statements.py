@@ -492,14 +492,61 @@ def test_v311_connection_without_will_publishes_nothing_when_it_drops(broker):
     watcher.expect_none()
 
 
-@pytest.mark.mqtt5("MQTT-3.1.4-1")
 @pytest.mark.mqtt311("MQTT-3.1.4-1", "MQTT-3.2.2-6")
-@pytest.mark.parametrize("version", [5, 4])
-def test_a_malformed_connect_is_closed_without_connack(broker, version):
-    raw = RawClient(broker.port, version)
-    frame = bytearray(encode(Connect(protocol_version=version, client_id="abc"), version))
+def test_a_malformed_connect_is_closed_without_connack(broker):
+    """An MQTT 3.1.1 client: no return code says malformed, so the connection is closed."""
+    raw = RawClient(broker.port, 4)
+    frame = bytearray(encode(Connect(protocol_version=4, client_id="abc"), 4))
     frame[frame.index(b"abc") : frame.index(b"abc") + 3] = b"a\xffc"  # not UTF-8
     raw.send(bytes(frame))
+    assert raw.recv() is None
+
+
+_V5_CONNECT = encode(Connect(protocol_version=5, client_id="abc"), 5)
+"""10 10 | 00 04 MQTT 05 | flags 02 | keep alive 003c | properties 00 | client id 0003 abc."""
+
+
+def _v5_connect(
+    flags: int = 0x02, properties: bytes = b"\x00", client_id: bytes = b"abc", tail: bytes = b""
+) -> bytes:
+    """A v5 CONNECT made by hand: ``flags``, ``properties`` (with their length) and the client id's bytes."""
+    body = b"\x00\x04MQTT\x05" + bytes([flags]) + b"\x00\x3c" + properties
+    body += len(client_id).to_bytes(2, "big") + client_id + tail
+    return bytes([0x10, len(body)]) + body
+
+
+@pytest.mark.mqtt5("MQTT-3.1.4-1", "MQTT-4.13.1-1")
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (_v5_connect(flags=0x03), 0x81),  # the reserved flag [MQTT-3.1.2-3]
+        (_v5_connect(flags=0x0A), 0x81),  # will QoS 1 without a will [MQTT-3.1.2-11]
+        (_v5_connect(properties=b"\x0a\x11\x00\x00\x00\x01\x11\x00\x00\x00\x01"), 0x82),  # twice
+        (_v5_connect(properties=b"\x03\x21\x00\x00"), 0x82),  # Receive Maximum 0
+        (_v5_connect(properties=b"\x03\x23\x00\x01"), 0x81),  # a Topic Alias: not a CONNECT property
+        (_v5_connect(client_id=b"a\xffc"), 0x81),  # a client id that is not UTF-8 [MQTT-1.5.4-1]
+        (_v5_connect(tail=b"\x00"), 0x81),  # a byte past the CONNECT's last field
+    ],
+    ids=[
+        "reserved flag",
+        "will QoS without will",
+        "property twice",
+        "receive maximum 0",
+        "topic alias",
+        "client id not UTF-8",
+        "trailing byte",
+    ],
+)
+def test_a_malformed_v5_connect_is_told_why_in_a_connack_and_closed(broker, frame, code):
+    """MQTT 5 4.13.1: before CONNACK, a malformed packet or protocol error may be answered with a CONNACK
+    of 0x80 or above: once the CONNECT's protocol level is read, the broker knows the client speaks MQTT 5
+    and tells it which (no reason string: the client's Maximum Packet Size was never read)."""
+    assert _v5_connect() == _V5_CONNECT  # the hand-made frame is the codec's
+    raw = RawClient(broker.port, 5)
+    raw.send(frame)
+    ack = raw.recv()
+    assert isinstance(ack, ConnAck), ack
+    assert (ack.reason_code, ack.session_present, ack.properties) == (code, False, None)
     assert raw.recv() is None
 
 
