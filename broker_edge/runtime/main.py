@@ -312,6 +312,7 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
         check_data_directory(config)
     except (ConfigError, OSError) as exc:
         return _refused(exc, config_path, tell, member=report is not None)
+    require_cluster_client(config)
     configure_logging(config.logging, node=node)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
     asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
@@ -377,6 +378,23 @@ def check_data_directory(config: BrokerConfig) -> None:
         check_directory("storage.directory", config.storage.directory)
 
 
+CLUSTER_CLIENT = ("aetcd", "grpc")
+"""The etcd client a cluster member needs: the ``cluster`` extra (``pip install 'timestone[cluster]'``)."""
+
+
+def require_cluster_client(config: BrokerConfig, workers: int = 1) -> None:
+    """A ``cluster:`` section, or ``--workers`` (whose members form a cluster), needs the etcd client:
+    imported here, before anything is bound or opened, so that a start and ``--check`` without the extra end
+    the same way, with the extra to install (``ModuleNotFoundError``, which ``timestone`` says as exit status
+    3), not a broker that serves and then exits as it joins."""
+    if config.cluster is None and workers == 1:
+        return
+    import importlib
+
+    for module in CLUSTER_CLIENT:
+        importlib.import_module(module)
+
+
 def check_config(config_path: str | None, workers: int = 1) -> int:
     """``timestone broker --check [--workers N]``: load the config and read every file it names, as a start
     does before anything is opened (and refuse what N members refuse, or settings needing more file
@@ -387,6 +405,7 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
         document, config = load_broker_document(config_path)  # read once: it may be a pipe
         read_security_files(config)
         check_data_directory(config)
+        require_cluster_client(config, workers)
         if workers > 1:
             from broker_edge.runtime.workers import check_workers
 

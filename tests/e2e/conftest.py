@@ -215,15 +215,16 @@ def tuned_collector() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def project_wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheels of this checkout and of its base dependencies (``pip wheel .``), made once per test
-    session: what an installation without an index (the image's build, a gateway's install) installs from."""
+    """The wheels of this checkout and of its base and cluster dependencies (``pip wheel '.[cluster]'``),
+    made once per test session: what an installation without an index (the image's build, with the cluster
+    extra; a gateway's install, without) installs from."""
     import subprocess
     import sys
 
     wheels = tmp_path_factory.mktemp("wheels")
     root = Path(__file__).resolve().parents[2]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(root)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), f"{root}[cluster]"],
         check=True,
         timeout=600,
         capture_output=True,

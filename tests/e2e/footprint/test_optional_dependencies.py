@@ -113,3 +113,45 @@ def test_a_command_whose_extras_lack_the_missing_module_names_the_extra_that_bri
         "(pyspark is not installed)"
     )
     assert "pip install 'timestone[pipelines,spark]'" in done.stderr
+
+
+def _broker_config(tmp_path: Path, cluster: bool) -> Path:
+    """A broker on a fixed free port; with ``cluster``, a member of a cluster on an etcd that is not there."""
+    document: dict = {
+        "listeners": [{"host": "127.0.0.1", "port": free_port()}],
+        "storage": {"directory": str(tmp_path / "data")},
+        "offsets_api": {"port": 0},
+        "admin_http": {"port": 0},
+    }
+    if cluster:
+        document["cluster"] = {"node_id": "b1", "etcd": [f"http://127.0.0.1:{free_port()}"]}
+    config = tmp_path / ("member.yaml" if cluster else "broker.yaml")
+    config.write_text(yaml.safe_dump(document))
+    return config
+
+
+def test_a_cluster_member_without_the_cluster_extra_names_it_before_it_listens(tmp_path):
+    """A ``cluster:`` section, or ``--workers`` (whose members form a cluster), needs the etcd client of the
+    cluster extra. A start without it served its listener, then exited 3 as it joined, and ``--check`` said
+    the configuration was OK; each now says which extra to install, before anything is bound or made."""
+    member, alone = _broker_config(tmp_path, cluster=True), _broker_config(tmp_path, cluster=False)
+    commands = [
+        ["broker", "--check", "--config", str(member)],
+        ["broker", "--config", str(member)],
+        ["broker", "--workers", "2", "--check", "--config", str(alone)],
+        ["broker", "--workers", "2", "--config", str(alone)],
+    ]
+    for command in commands:
+        done = subprocess.run(
+            without(["aetcd", "grpc"], f"main({command!r})"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        said = done.stdout + done.stderr
+        assert done.returncode == 3, (command, said)
+        assert "timestone broker: this command needs the optional dependencies of timestone[cluster]" in said
+        assert "pip install 'timestone[cluster]'" in said
+        assert "Traceback" not in said and "listening" not in said and "configuration OK" not in said
+        assert not (tmp_path / "data").exists(), command  # nothing made: no data directory, no etcd

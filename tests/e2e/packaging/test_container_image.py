@@ -64,6 +64,11 @@ def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(
     assert built.stdout.strip() == TAG
     history = podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", TAG).stdout
     assert "pip install --quiet --no-index" in history  # the wheels made here, no index reached
+    client = podman(
+        "run", "--rm", *runtime_options(), "--entrypoint", "/opt/timestone/bin/python", TAG,
+        "-c", "import aetcd, grpc; print('etcd client', aetcd.__name__, grpc.__version__)",
+    )  # fmt: skip
+    assert client.returncode == 0 and "etcd client aetcd" in client.stdout, client.stderr  # a hub member's
 
     config = tmp_path / "etc"
     (config / "secrets").mkdir(parents=True)
