@@ -15,8 +15,9 @@ A number written with an exponent (``1e3``, ``2.5E-3``) is a float, as YAML 1.2 
 reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. An integer with
 leading zeros is decimal (``010000`` is 10000, where YAML 1.1 reads octal 4096); digits joined by colons
 are a string (``10:00``, where YAML 1.1 reads base 60: 600). A document that
-is no YAML is refused in one line naming its line and column. A path setting that starts with ``~`` is in
-the home directory (``expand_home``).
+is no YAML is refused in one line naming its line and column, and so is a value its tag cannot read
+(``2026-13-45``, a date that does not exist; ``!!int abc``), naming its key and line. A path setting that
+starts with ``~`` is in the home directory (``expand_home``).
 """
 
 from __future__ import annotations
@@ -76,12 +77,32 @@ class EnvironmentValue:
         return value
 
 
+class _UnreadableValue(Exception):
+    """A value its YAML tag cannot read (``2026-13-45``, a date that does not exist; ``!!int abc``; an
+    integer of more digits than Python converts): its node (with its line) and why."""
+
+    def __init__(self, node: Any, error: Exception) -> None:
+        self.node = node
+        if isinstance(error, (ValueError, OverflowError)):  # less the digits' limit's advice to programmers
+            reason = str(error).partition("; use sys.")[0]
+        else:  # a constructor's own failure (``!!timestamp abc``) says nothing of the value
+            tag = str(getattr(node, "tag", "")).replace("tag:yaml.org,2002:", "!!")
+            reason = f"{str(getattr(node, 'value', ''))[:60]!r} is not a {tag}"
+        super().__init__(" ".join(reason.split()))
+
+
 @functools.cache
 def _yaml_loader() -> type:
     import yaml  # here: a broker started without a file never needs it
 
     class ConfigLoader(yaml.SafeLoader):
-        """YAML's safe loader, plus ``!env NAME``."""
+        """YAML's safe loader, plus ``!env NAME``; a value its tag cannot read is an ``_UnreadableValue``."""
+
+        def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+                raise _UnreadableValue(node, exc) from None
 
     def environment_value(loader: yaml.SafeLoader, node: yaml.Node) -> EnvironmentValue:
         name = loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else ""
@@ -119,26 +140,35 @@ def yaml_error_line(error: Exception) -> str:
 def parse_yaml(text: str, path: str = "") -> Any:
     """One YAML document as configuration reads it: safe, with ``!env NAME`` values; a key given twice in
     one mapping is a ``ConfigError`` naming it (YAML would keep the last silently). ``path``: the dotted key
-    the document is the value of, prefixed to the keys that errors name."""
+    the document is the value of, prefixed to the keys that errors name. A value its tag cannot read
+    (``2026-13-45``, ``!!int abc``) is a ``ConfigError`` naming its key, or none (a key itself), and its
+    line as its source."""
     loader = _yaml_loader()(text)  # the safe loader, with one more tag
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        _check_duplicate_keys(node, path, set())
-        return loader.construct_document(node)
+        paths: dict[int, str] = {}
+        _check_duplicate_keys(node, path, paths)
+        try:
+            return loader.construct_document(node)
+        except _UnreadableValue as exc:
+            line = exc.node.start_mark.line + 1
+            raise ConfigError(
+                paths.get(id(exc.node), ""), f"not a valid value: {exc}", f"line {line}"
+            ) from None
     finally:
         loader.dispose()
 
 
-def _check_duplicate_keys(node: Any, path: str, visited: set[int]) -> None:
+def _check_duplicate_keys(node: Any, path: str, visited: dict[int, str]) -> None:
     """Raise ``ConfigError`` naming the first key given twice in a mapping under ``node``; a node reached
-    again through an alias is checked once."""
+    again through an alias is checked once. ``visited``: the key path of each node checked, by its id."""
     import yaml
 
     if id(node) in visited:
         return
-    visited.add(id(node))
+    visited[id(node)] = path
     if isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _check_duplicate_keys(item, f"{path}[{index}]", visited)
@@ -305,8 +335,9 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(str(path), f"not valid YAML: {yaml_error_line(exc)}") from None
     except RecursionError:  # the parser follows each nesting with a call of its own
         raise ConfigError(str(path), f"not valid YAML: {TOO_DEEP}") from None
-    except ConfigError as exc:  # a key given twice: its lines are this file's
-        raise ConfigError(exc.path, exc.detail, f"in {path}") from None
+    except ConfigError as exc:  # a key given twice, or a value its tag cannot read: its lines are this file's
+        line = f", {exc.source}" if exc.source else ""
+        raise ConfigError(exc.path, exc.detail, f"in {path}{line}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
