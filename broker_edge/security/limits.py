@@ -26,6 +26,9 @@ __all__ = [
 ]
 
 MQTT_MAX_PACKET_SIZE = 268_435_455  # largest Remaining Length plus fixed header the protocol can express
+MAX_WRITE_BUFFER_BYTES = 2**31 - 1
+"""Largest ``outgoing_buffer_bytes``: uvloop keeps a transport's write-buffer limits in C ints, and a larger
+high-water mark raised ``OverflowError`` on every connection."""
 
 
 def topic_over_limits(topic: str, max_length: int, max_levels: int) -> bool:
@@ -257,7 +260,8 @@ class LimitsConfig:
     turn, those sockets not read meanwhile, so a flood never holds the loop: writes, timers, PINGREQ and
     ``/metrics`` are served between turns."""
     outgoing_buffer_bytes: int = 1_048_576
-    """Write-buffer high-water mark of one connection; above it the subscriber is slow (see policy)."""
+    """Write-buffer high-water mark of one connection (at most 2147483647); above it the subscriber is slow
+    (see policy)."""
     slow_subscriber_policy: Literal["backpressure", "disconnect", "drop_qos0"] = "backpressure"
     """What to do with a slow subscriber's QoS 0 messages (QoS 1/2 wait in its session): ``backpressure``
     writes them and stops reading their publishers until it drains (TCP slows them down), ``drop_qos0``
@@ -313,7 +317,7 @@ class LimitsConfig:
         _at_least(self, "max_offline_messages", 0)
         _at_least(self, "max_offline_bytes", 0)
         _at_least(self, "read_bytes_per_turn", 1024)
-        _at_least(self, "outgoing_buffer_bytes", 1024)
+        _between(self, "outgoing_buffer_bytes", 1024, MAX_WRITE_BUFFER_BYTES)
         if self.slow_subscriber_policy not in ("backpressure", "disconnect", "drop_qos0"):
             raise ConfigError(
                 "slow_subscriber_policy",

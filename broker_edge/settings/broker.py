@@ -24,7 +24,7 @@ from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback
 from broker_edge.security.limits import LimitsConfig, check_http_limits
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig, client_ssl_context
-from broker_edge.settings.bound_ports import BoundEndpoint, check_distinct_ports
+from broker_edge.settings.bound_ports import BoundEndpoint, check_bind_host, check_distinct_ports
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.settings.named_files import check_named_files, check_server_tls
 from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
@@ -90,6 +90,7 @@ class ListenerConfig:
             raise ConfigError("name", "must not be empty")
         if self.type not in ("tcp", "tls", "websocket", "wss"):
             raise ConfigError("type", f"expected tcp, tls, websocket or wss, got {self.type!r}")
+        check_bind_host(self.host)
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         if self.type in ("tls", "wss") and self.tls is None:
@@ -316,6 +317,7 @@ class OffsetsApiConfig:
             raise ConfigError("reader_connection_share", f"must be above 0 and at most 1, got {share!r}")
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        check_bind_host(self.host)
         check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
         if self.enabled and not self.authenticates and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
@@ -382,6 +384,7 @@ class AdminHttpConfig:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         if not self.host:
             raise ConfigError("host", "must not be empty")
+        check_bind_host(self.host)
         check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
 
 

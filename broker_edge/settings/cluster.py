@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from broker_edge.config.loader import ConfigError, expand_home
 from broker_edge.security.limits import check_http_limits
+from broker_edge.settings.bound_ports import check_bind_host
 
 __all__ = [
     "AdvertiseConfig",
@@ -27,6 +28,9 @@ NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 """The form of a node id: 1-63 letters, digits, ``_``, ``.`` or ``-``, starting with a letter or digit."""
 MAX_PARTITIONS = 4096
 """Upper bound of ``partitions``: every partition is one etcd key that every node watches."""
+MAX_LEASE_TTL_S = 3600
+"""Upper bound of ``lease_ttl_s``: a dead member's partitions wait that long for a new leader, so a longer
+lease is a slip of units, not a setting (etcd itself refuses a TTL past 9000000000 s, its MaxLeaseTTL)."""
 
 
 def etcd_endpoint(url: str) -> tuple[str, int]:
@@ -141,6 +145,8 @@ class MemberListenConfig:
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if self.host is not None:
+            check_bind_host(self.host)
         check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
 
 
@@ -222,7 +228,7 @@ class ClusterConfig:
     refuses to start (exit 2)."""
     lease_ttl_s: int = 3
     """Seconds of this node's etcd lease: a node that stops renewing it leaves the cluster after this long,
-    and fences itself (acknowledges nothing) a little before (at least 2)."""
+    and fences itself (acknowledges nothing) a little before (at least 2, at most 3600)."""
     fenced_clients_hold_ms: int = 3000
     """How long a member fenced without losing its lease (etcd slow, restarting or out of reach) keeps its
     MQTT clients before it sends them to the other members; one whose lease etcd says is gone sends them at
@@ -306,6 +312,10 @@ class ClusterConfig:
             )
         if self.partitions > MAX_PARTITIONS:
             raise ConfigError("partitions", f"must be <= {MAX_PARTITIONS}, got {self.partitions}")
+        if self.lease_ttl_s > MAX_LEASE_TTL_S:
+            raise ConfigError(
+                "lease_ttl_s", f"must be <= {MAX_LEASE_TTL_S} (an hour), got {self.lease_ttl_s}"
+            )
         prefix = self.key_prefix
         if not prefix.startswith("/") or prefix.endswith("/") or "//" in prefix:
             raise ConfigError(

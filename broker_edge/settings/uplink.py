@@ -16,6 +16,7 @@ from broker_edge.config.loader import ConfigError, expand_home
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 from broker_edge.security.tls import TlsConfig
+from broker_edge.settings.bound_ports import check_bind_host
 
 __all__ = [
     "SITE_ID",
@@ -35,6 +36,9 @@ SITE_PREFIX = "$site/"
 Compression = Literal["zstd", "zlib", "none"]
 MIN_KEEPALIVE_S = 1.0
 MAX_KEEPALIVE_S = 3600.0
+MAX_WAIT_S = 3600.0
+"""Most seconds of ``reconnect_min_s``, ``reconnect_max_s`` and ``heartbeat_s``: a site that waits longer
+between dials, or between looks at its logs, is a slip of units, not a setting (1e300 never dialled again)."""
 
 
 def site_topic(site_id: str, topic: str) -> str:
@@ -96,11 +100,13 @@ class UplinkConfig:
     max_batches_in_flight: int = 4
     """Batches sent and not yet acknowledged by the hub, at most."""
     reconnect_min_s: float = 0.5
-    """First wait before dialling again after the connection failed (doubles up to ``reconnect_max_s``)."""
+    """First wait before dialling again after the connection failed (doubles up to ``reconnect_max_s``). At
+    most 3600 (an hour)."""
     reconnect_max_s: float = 30.0
-    """Longest wait between two attempts to reach the hub."""
+    """Longest wait between two attempts to reach the hub. At most 3600 (an hour)."""
     heartbeat_s: float = 5.0
-    """Seconds between two reports of this site's log ends when nothing else is sent (the hub's lag)."""
+    """Seconds between two reports of this site's log ends when nothing else is sent (the hub's lag). At most
+    3600 (an hour)."""
     keepalive_s: float = 15.0
     """Seconds the link may stay silent before the site pings the hub; a hub that does not answer within
     half of that is taken for gone and the site dials again, so a silent cut is noticed within 1.5 x this."""
@@ -148,8 +154,10 @@ class UplinkConfig:
                 raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("reconnect_min_s", "reconnect_max_s", "heartbeat_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(name, f"must be a number > 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_WAIT_S:
+                raise ConfigError(
+                    name, f"must be a number within (0, {MAX_WAIT_S:g}] s (an hour), got {value!r}"
+                )
         if isinstance(self.keepalive_s, bool) or not isinstance(self.keepalive_s, (int, float)):
             raise ConfigError("keepalive_s", f"must be a number, got {self.keepalive_s!r}")
         if not MIN_KEEPALIVE_S <= self.keepalive_s <= MAX_KEEPALIVE_S:
@@ -194,7 +202,8 @@ class UplinkHubConfig:
     a site's ``HELLO`` may ask for less, never more; ``[]`` = none."""
     site_downlink: dict[str, list[str]] = field(default_factory=dict)
     """Per site id, the topic filters sent down to that site instead of ``downlink`` (what is meant for
-    it: ``{plant-1: [actions/all, actions/groups/line-1]}``)."""
+    it: ``{plant-1: [actions/all, actions/groups/line-1]}``). With ``sites`` set, each key must be one of
+    them."""
 
     def downlink_of(self, site: str) -> list[str]:
         """The topic filters of this hub's logs that ``site`` is sent, whatever it asks for."""
@@ -206,6 +215,7 @@ class UplinkHubConfig:
         self.tls.require_client_cert = True
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        check_bind_host(self.host)
         if not self.path.startswith("/"):
             raise ConfigError("path", f"must start with '/', got {self.path!r}")
         for index, site in enumerate(self.sites or []):
@@ -222,6 +232,9 @@ class UplinkHubConfig:
         for site, filters in self.site_downlink.items():
             if not isinstance(site, str) or not SITE_ID.match(site):
                 raise ConfigError(f"site_downlink.{site}", f"not a site id: {site!r}")
+            if self.sites is not None and site not in self.sites:  # null: any site, so any id
+                listed = ", ".join(self.sites) or "none"
+                raise ConfigError(f"site_downlink.{site}", f"not a site of uplink_hub.sites ({listed})")
             _check_downlink(filters, f"site_downlink.{site}")
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
+import socket
 
 import pytest
 
@@ -151,7 +153,9 @@ def test_every_limit_field_is_documented() -> None:
         ("max_inflight_out", 0, "between 1 and 65535"),
         ("max_client_id_length", 10, "between 23 and 65535"),
         ("max_topic_levels", 0, "must be >= 1"),
-        ("outgoing_buffer_bytes", 10, "must be >= 1024"),
+        ("outgoing_buffer_bytes", 10, "between 1024 and 2147483647"),
+        ("outgoing_buffer_bytes", 2**31, "between 1024 and 2147483647"),
+        ("outgoing_buffer_bytes", 2**63, "between 1024 and 2147483647"),
         ("slow_subscriber_policy", "ignore", "expected one of"),
         ("max_keepalive_s", 0, "between 1 and 65535"),
         ("messages_burst_per_client", 0, "must be >= 1"),
@@ -161,3 +165,22 @@ def test_every_limit_field_is_documented() -> None:
 def test_out_of_range_values_name_the_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"^limits\.{field}: .*{message}"):
         load_dataclass(LimitsConfig, {field: value}, "limits")
+
+
+def test_the_largest_outgoing_buffer_is_one_the_event_loop_takes() -> None:
+    """uvloop keeps a transport's write-buffer limits in C ints: one past ``outgoing_buffer_bytes``'s bound
+    raised ``OverflowError`` on every connection, the bound itself is taken."""
+    uvloop = pytest.importorskip("uvloop")
+    high = LimitsConfig(outgoing_buffer_bytes=2**31 - 1).outgoing_buffer_bytes
+
+    async def limits_taken() -> tuple[int, int]:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(asyncio.Protocol, ours)
+            try:
+                transport.set_write_buffer_limits(high=high, low=high // 2)
+                return transport.get_write_buffer_limits()
+            finally:
+                transport.close()
+
+    assert uvloop.run(limits_taken()) == (high // 2, high)

@@ -3,6 +3,9 @@ naming both keys; port 0, other addresses of the same port, and endpoints switch
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +15,7 @@ from broker_edge.process.sockets import hosts_overlap
 from broker_edge.settings.broker import BrokerConfig
 
 CLUSTER = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}
+TLS = {"certfile": "hub.pem", "keyfile": "hub.key", "cafile": "ca.pem"}
 
 
 def load(document: dict[str, Any]) -> BrokerConfig:
@@ -94,3 +98,71 @@ def test_free_ports_other_addresses_and_endpoints_switched_off_load(document) ->
 def test_hosts_overlap_where_one_port_would_clash(first, second, overlap) -> None:
     assert hosts_overlap(first, second) is overlap
     assert hosts_overlap(second, first) is overlap
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            {"listeners": [{"host": "0.0.0.0:8883", "port": 8883, "allow_anonymous": True}]},
+            "listeners[0].host: not an address or host name ('0.0.0.0:8883'; give the port in port)",
+        ),
+        (
+            {"listeners": [{"name": "a"}, {"name": "b", "host": "[::1]", "port": 1884}]},
+            "listeners[1].host: not an address or host name ('[::1]')",
+        ),
+        (
+            {"listeners": [{"host": "broker .local", "allow_anonymous": True}]},
+            "listeners[0].host: not an address or host name ('broker .local')",
+        ),
+        (
+            {"offsets_api": {"host": "127.0.0.1:9884"}},
+            "offsets_api.host: not an address or host name ('127.0.0.1:9884'; give the port in port)",
+        ),
+        (
+            {"admin_http": {"host": "http://127.0.0.1"}},
+            "admin_http.host: not an address or host name ('http://127.0.0.1')",
+        ),
+        (
+            {"uplink_hub": {"tls": TLS, "host": "hub.example.com:9886"}},
+            "uplink_hub.host: not an address or host name ('hub.example.com:9886'; give the port in port)",
+        ),
+        (
+            {"cluster": {**CLUSTER, "listen": {"host": "127.0.0.1:9885"}}},
+            "cluster.listen.host: not an address or host name ('127.0.0.1:9885'; give the port in port)",
+        ),
+    ],
+)
+def test_a_host_that_is_no_address_nor_host_name_is_refused_naming_its_key(document, message) -> None:
+    assert refusal(document) == message
+
+
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "::", "", "127.0.0.1", "::1", "10.0.0.5", "localhost", "b1.plant.example", "edge."]
+)
+def test_the_documented_host_forms_load(host: str) -> None:
+    config = load(
+        {
+            "listeners": [{"host": host, "allow_anonymous": True}],
+            "offsets_api": {"host": host, "token": "s3cret-token-of-a-reader"},
+            "uplink_hub": {"tls": TLS, "host": host},
+        }
+    )
+    assert config.listeners[0].host == config.offsets_api.host == host
+    if host:  # the admin endpoint alone refuses an empty host, as it always did
+        assert load({"admin_http": {"host": host}}).admin_http.host == host
+
+
+def test_broker_check_refuses_a_host_with_its_port(tmp_path: Path) -> None:
+    config = tmp_path / "broker.yaml"
+    config.write_text('listeners: [{host: "0.0.0.0:8883", port: 8883, allow_anonymous: true}]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "listeners[0].host: not an address or host name ('0.0.0.0:8883'; give the port in port)" in (
+        result.stderr
+    )

@@ -51,6 +51,8 @@ def test_no_section_means_no_cluster() -> None:
         ({"min_insync_replicas": 4}, "cluster.min_insync_replicas: must be <= replication_factor (3), got 4"),
         ({"replication_factor": 0}, "cluster.replication_factor: must be an integer >= 1, got 0"),
         ({"lease_ttl_s": 1}, "cluster.lease_ttl_s: must be an integer >= 2, got 1"),
+        ({"lease_ttl_s": 9_999_999_999}, "cluster.lease_ttl_s: must be <= 3600 (an hour), got 9999999999"),
+        ({"lease_ttl_s": 3601}, "cluster.lease_ttl_s: must be <= 3600 (an hour), got 3601"),
         ({"partitions": 0}, "cluster.partitions: must be an integer >= 1"),
         ({"partitions": 100_000}, "cluster.partitions: must be <= 4096"),
         ({"node_id": "a b"}, "cluster.node_id: must be 1-63 letters"),
@@ -98,6 +100,11 @@ def test_bad_values_name_the_field(cluster: dict[str, Any], message: str) -> Non
     with pytest.raises(ConfigError) as raised:
         load(**cluster)
     assert str(raised.value).startswith(message)
+
+
+def test_a_lease_of_an_hour_loads() -> None:
+    cluster = load(lease_ttl_s=3600).cluster
+    assert cluster is not None and cluster.lease_ttl_s == 3600
 
 
 def test_node_id_and_etcd_are_required() -> None:

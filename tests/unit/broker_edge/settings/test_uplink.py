@@ -51,6 +51,19 @@ def test_a_hub_serves_each_site_its_own_downlink_or_the_default() -> None:
     ]
 
 
+def test_a_hub_with_sites_listed_gives_them_their_own_downlink() -> None:
+    uplink_hub = hub(
+        sites=["plant-1", "plant-2"], site_downlink={"plant-2": ["actions/groups/line-2"]}
+    ).uplink_hub
+    assert uplink_hub is not None
+    assert uplink_hub.downlink_of("plant-2") == ["actions/groups/line-2"]
+
+
+def test_a_site_waits_at_most_an_hour_between_dials() -> None:
+    uplink = site(reconnect_min_s=3600, reconnect_max_s=3600, heartbeat_s=3600).uplink
+    assert uplink is not None and uplink.reconnect_max_s == 3600
+
+
 @pytest.mark.parametrize(
     ("uplink", "message"),
     [
@@ -64,6 +77,13 @@ def test_a_hub_serves_each_site_its_own_downlink_or_the_default() -> None:
         ({"bandwidth_bytes_per_s": 0}, "uplink.bandwidth_bytes_per_s: must be an integer >= 1 or null"),
         ({"batch_bytes": 0}, "uplink.batch_bytes: must be an integer >= 1"),
         ({"reconnect_min_s": 5, "reconnect_max_s": 1}, "uplink.reconnect_max_s: must be >= reconnect_min_s"),
+        ({"reconnect_max_s": 1e300}, "uplink.reconnect_max_s: must be a number within (0, 3600] s"),
+        (
+            {"reconnect_min_s": 3601, "reconnect_max_s": 7200},
+            "uplink.reconnect_min_s: must be a number within (0, 3600] s (an hour), got 3601",
+        ),
+        ({"reconnect_min_s": 0}, "uplink.reconnect_min_s: must be a number within (0, 3600] s"),
+        ({"heartbeat_s": 1e300}, "uplink.heartbeat_s: must be a number within (0, 3600] s"),
         ({"retention_warning_ratio": 1.5}, "uplink.retention_warning_ratio: must be in (0, 1]"),
         ({"tls": {"certfile": "a", "keyfile": "b"}}, "uplink.tls.cafile: required key is missing"),
         ({"bogus": 1}, "uplink.bogus: unknown key"),
@@ -87,6 +107,14 @@ def test_bad_site_values_name_the_field(uplink: dict[str, Any], message: str) ->
         ({"downlink": ["$SYS/#"]}, "uplink_hub.downlink[0]: the hub's '$' topics are its own"),
         ({"site_downlink": {"plant/1": ["actions/all"]}}, "uplink_hub.site_downlink.plant/1: not a site id"),
         ({"site_downlink": {"p1": ["actions/all", "a/+b"]}}, "uplink_hub.site_downlink.p1[1]:"),
+        (
+            {"sites": ["plant-1"], "site_downlink": {"plant-l": ["actions/all"]}},
+            "uplink_hub.site_downlink.plant-l: not a site of uplink_hub.sites (plant-1)",
+        ),
+        (
+            {"sites": [], "site_downlink": {"plant-1": ["actions/all"]}},
+            "uplink_hub.site_downlink.plant-1: not a site of uplink_hub.sites (none)",
+        ),
     ],
 )
 def test_bad_hub_values_name_the_field(uplink_hub: dict[str, Any], message: str) -> None:
