@@ -312,8 +312,13 @@ def run_broker(config_path: str | None, node: str | None = None, report: Report 
         check_data_directory(config)
     except (ConfigError, OSError) as exc:
         return _refused(exc, config_path, tell, member=report is not None)
-    require_cluster_client(config)
+    if config.cluster is not None:
+        require_cluster_client()
     configure_logging(config.logging, node=node)
+    try:
+        check_certificate_names(config)  # before the data directory is made or locked
+    except (ConfigError, OSError) as exc:
+        return _refused(exc, config_path, tell, member=report is not None)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
     asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     if config.runtime.event_loop == "uvloop":
@@ -353,8 +358,9 @@ def _refused(
 
 
 def read_security_files(config: BrokerConfig) -> None:
-    """Read the password file, the ACL file and the readers' tokens file as a start reads them, so what
-    the start would refuse in them is a ``ConfigError`` naming the key (and the file's line)."""
+    """Read the password file, the ACL file, the readers' tokens file and the certificates naming this site
+    or member as a start reads them, so what the start would refuse in them is a ``ConfigError`` naming the
+    key (and the file's line)."""
     from broker_edge.security.acl import AccessControl
 
     if config.auth.password_file:
@@ -370,6 +376,48 @@ def read_security_files(config: BrokerConfig) -> None:
         problem = files_not_valid_now(tls)
         if problem:
             raise ConfigError(f"{key}.{problem[0]}", problem[1])
+    check_certificate_names(config)
+
+
+def check_certificate_names(config: BrokerConfig) -> None:
+    """The certificates that say who this broker is name it, as a start requires (``ConfigError`` naming the
+    key): a site's (``uplink.tls.certfile``) its ``uplink.site_id``, as the hub reads it; a cluster member's
+    (``cluster.tls``) its ``node_id``, its files loaded as the member loads them."""
+    uplink = config.uplink
+    if uplink is not None:
+        from broker_edge.uplink.site_identity import site_uri
+
+        named = _site_of_certificate_file(uplink.tls.certfile)
+        if named != uplink.site_id:
+            raise ConfigError(
+                "uplink.tls.certfile",
+                f"must name this site as its one URI subject alternative name {site_uri(uplink.site_id)!r} "
+                f"(uplink.site_id), names {named!r}",
+            )
+    cluster = config.cluster
+    if cluster is not None and cluster.tls is not None:
+        from broker_edge.cluster.links.member_identity import MemberTls
+
+        MemberTls(cluster.tls, cluster.node_id)
+
+
+def _site_of_certificate_file(path: str) -> str | None:
+    """The site id the first certificate of a PEM file names, read as the hub reads a site's (None: none,
+    or several)."""
+    from cryptography import x509
+
+    from broker_edge.uplink.site_identity import site_of_certificate
+
+    try:
+        certificate = x509.load_pem_x509_certificate(Path(path).read_bytes())
+    except ValueError as error:
+        raise ConfigError("uplink.tls.certfile", f"not a PEM certificate: {error}") from None
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = names.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    return site_of_certificate({"subjectAltName": tuple(("URI", uri) for uri in uris)})
 
 
 def check_data_directory(config: BrokerConfig) -> None:
@@ -382,13 +430,11 @@ CLUSTER_CLIENT = ("aetcd", "grpc")
 """The etcd client a cluster member needs: the ``cluster`` extra (``pip install 'timestone[cluster]'``)."""
 
 
-def require_cluster_client(config: BrokerConfig, workers: int = 1) -> None:
-    """A ``cluster:`` section, or ``--workers`` (whose members form a cluster), needs the etcd client:
-    imported here, before anything is bound or opened, so that a start and ``--check`` without the extra end
-    the same way, with the extra to install (``ModuleNotFoundError``, which ``timestone`` says as exit status
-    3), not a broker that serves and then exits as it joins."""
-    if config.cluster is None and workers == 1:
-        return
+def require_cluster_client() -> None:
+    """What a ``cluster:`` section, or ``--workers`` (whose members form a cluster), needs: the etcd client,
+    imported before anything is bound or opened, so that a start and ``--check`` without the extra end the
+    same way, with the extra to install (``ModuleNotFoundError``, which ``timestone`` says as exit status 3),
+    not a broker that serves and then exits as it joins."""
     import importlib
 
     for module in CLUSTER_CLIENT:
@@ -405,7 +451,8 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
         document, config = load_broker_document(config_path)  # read once: it may be a pipe
         read_security_files(config)
         check_data_directory(config)
-        require_cluster_client(config, workers)
+        if config.cluster is not None or workers > 1:
+            require_cluster_client()
         if workers > 1:
             from broker_edge.runtime.workers import check_workers
 
@@ -491,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers > 1:
         from broker_edge.runtime.workers import run_workers
 
+        require_cluster_client()  # its members form a cluster: before etcd or a member starts
         return run_workers(args.config, args.workers, run_broker)
     return run_broker(args.config)
 

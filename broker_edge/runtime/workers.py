@@ -187,9 +187,6 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
         error = sourced(exc, config_path) if isinstance(exc, ConfigError) else exc
         print(f"timestone broker: configuration error: {error}", file=sys.stderr)
         return 2
-    from broker_edge.runtime.main import require_cluster_client  # (the command's module: loaded already)
-
-    require_cluster_client(config, workers)  # its members form a cluster: before etcd or a member starts
     configure_logging(config.logging)
     try:
         return supervise(document, config, workers, run, config_path)

@@ -71,3 +71,26 @@ def test_a_site_ca_file_replaced_by_one_that_does_not_load_is_named_at_each_dial
     record = named()[0]
     assert record.exc_info is None
     assert f"cannot load CA certificates from {ca_copy}" in record.getMessage()
+
+
+def test_a_site_certificate_naming_another_site_is_refused_by_check_and_start(tmp_path: Path) -> None:
+    """The hub files a site's logs under the site its certificate names: a site whose certificate names
+    another one than ``uplink.site_id`` would send them where its own status does not say."""
+    pki = pki_in(tmp_path / "pki")
+    other = pki.site("plant-u")
+    tls = {"certfile": str(other.cert), "keyfile": str(other.key), "cafile": str(pki.ca.cert)}
+    uplink = {"hubs": ["wss://127.0.0.1:1/v1/uplink"], "site_id": "plant-t", "tls": tls}
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        yaml.safe_dump({"uplink": uplink, "admin_http": {"port": 0}, "offsets_api": {"port": 0}})
+    )
+    expected = (
+        "configuration error: uplink.tls.certfile: must name this site as its one URI subject alternative "
+        "name 'timestone://site/plant-t' (uplink.site_id), names 'plant-u'"
+    )
+    command = [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert expected in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert expected in site_refused(tmp_path, tls)  # site_id plant-t: no data directory made
