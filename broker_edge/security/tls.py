@@ -238,6 +238,28 @@ def certificate_not_valid_now(certfile: str, now: datetime.datetime | None = Non
     return None
 
 
+def not_for_servers(certfile: str) -> str | None:
+    """Why the first certificate of ``certfile`` cannot serve TLS, or None: an extended key usage without
+    serverAuth (a client's or a site's certificate), which every client refuses in its handshake. A
+    certificate without the extension is good for any use."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    try:
+        certificate = x509.load_pem_x509_certificate(Path(certfile).read_bytes())
+        usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except (ValueError, x509.ExtensionNotFound):
+        return None  # not PEM (loading it says so), or good for any use
+    if ExtendedKeyUsageOID.SERVER_AUTH in usages or ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE in usages:
+        return None
+    names = {ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth", ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning"}
+    named = ", ".join(names.get(usage, usage.dotted_string) for usage in usages) or "none"
+    return (
+        f"{certfile} is not a server's certificate: its extended key usage ({named}) has no serverAuth, "
+        "so every client refuses it; issue one with `timestone pki issue server`"
+    )
+
+
 def certificate_end(certfile: str) -> float:
     """When the first certificate of ``certfile`` expires (Unix time; 0.0 when it does not parse)."""
     from cryptography import x509

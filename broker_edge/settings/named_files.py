@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 
 from broker_edge.config.loader import ConfigError
-from broker_edge.security.tls import TlsConfig, server_ssl_context
+from broker_edge.security.tls import TlsConfig, not_for_servers, server_ssl_context
 
 __all__ = ["check_directory", "check_named_files", "check_server_tls"]
 
@@ -41,6 +41,9 @@ def check_server_tls(key: str, config: TlsConfig) -> None:
         server_ssl_context(config)
     except ConfigError as error:
         raise ConfigError(f"{key}.{error.path}", error.detail) from None
+    problem = not_for_servers(config.certfile)
+    if problem:
+        raise ConfigError(f"{key}.certfile", problem)
 
 
 def check_directory(key: str, path: str) -> None:

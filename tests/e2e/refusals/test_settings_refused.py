@@ -75,6 +75,24 @@ def test_tls_files_are_named_by_their_dotted_key(tmp_path):
     assert "listeners[1].tls.certfile: cannot load certificate/key" in err
 
 
+def test_a_clients_certificate_on_a_tls_listener_is_refused_naming_it(tmp_path):
+    """A certificate whose extended key usage has no serverAuth (a client's, a site's, as ``timestone pki``
+    issues them) loaded, the broker served it, and every TLS client refused the handshake ('unsuitable
+    certificate purpose'); the start and ``--check`` now refuse it naming the key."""
+    pki = make_test_pki(tmp_path / "pki")
+    err = refused(tmp_path, tls_listener(pki.client_cert, pki.client_key))
+    assert "listeners[1].tls.certfile: " in err
+    assert "its extended key usage (clientAuth) has no serverAuth" in err
+    assert "timestone pki issue server" in err
+    config = tmp_path / "broker.yaml"
+    command = [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(config)]
+    checked = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert checked.returncode == 2 and "has no serverAuth" in checked.stderr, checked.stderr
+    config.write_text(tls_listener(pki.server_cert, pki.server_key))  # a server's certificate: served
+    served = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert served.returncode == 0 and "configuration OK" in served.stdout, served.stderr
+
+
 def test_an_acl_file_that_is_a_directory_is_named(tmp_path):
     err = refused(tmp_path, f"acl: {{file: {tmp_path}}}\n")
     assert f"acl.file: is a directory, not a file: {tmp_path}" in err
