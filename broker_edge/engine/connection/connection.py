@@ -94,9 +94,9 @@ if TYPE_CHECKING:
 __all__ = ["Connection", "ConnectionHost"]
 
 _ANSWERED_LATER = frozenset((Subscribe, Unsubscribe))
-_PROTOCOL_ERROR = ReasonCode.PROTOCOL_ERROR
 """Packets whose answer may wait for work in later loop turns (``HELD_FOR_SUBACK``): the packets read after
 one wait for it too."""
+_PROTOCOL_ERROR = ReasonCode.PROTOCOL_ERROR
 
 log = logging.getLogger("broker_edge.connection")
 
