@@ -385,9 +385,12 @@ def check_certificate_names(config: BrokerConfig) -> None:
     (``cluster.tls``) its ``node_id``, its files loaded as the member loads them."""
     uplink = config.uplink
     if uplink is not None:
-        from broker_edge.uplink.site_identity import site_uri
+        from broker_edge.uplink.site_identity import site_of_certificate_file, site_uri
 
-        named = _site_of_certificate_file(uplink.tls.certfile)
+        try:
+            named = site_of_certificate_file(uplink.tls.certfile)
+        except ValueError as error:
+            raise ConfigError("uplink.tls.certfile", f"not a PEM certificate: {error}") from None
         if named != uplink.site_id:
             raise ConfigError(
                 "uplink.tls.certfile",
@@ -399,25 +402,6 @@ def check_certificate_names(config: BrokerConfig) -> None:
         from broker_edge.cluster.links.member_identity import MemberTls
 
         MemberTls(cluster.tls, cluster.node_id)
-
-
-def _site_of_certificate_file(path: str) -> str | None:
-    """The site id the first certificate of a PEM file names, read as the hub reads a site's (None: none,
-    or several)."""
-    from cryptography import x509
-
-    from broker_edge.uplink.site_identity import site_of_certificate
-
-    try:
-        certificate = x509.load_pem_x509_certificate(Path(path).read_bytes())
-    except ValueError as error:
-        raise ConfigError("uplink.tls.certfile", f"not a PEM certificate: {error}") from None
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = names.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    return site_of_certificate({"subjectAltName": tuple(("URI", uri) for uri in uris)})
 
 
 def check_data_directory(config: BrokerConfig) -> None:

@@ -260,6 +260,21 @@ def not_for_servers(certfile: str) -> str | None:
     )
 
 
+def certificate_uris(certfile: str) -> tuple[list[str], datetime.datetime]:
+    """The URI subject alternative names of the first certificate of ``certfile`` (where a member's and a
+    site's certificates say who they are), and when it expires; ``ValueError`` when it holds no PEM
+    certificate."""
+    from cryptography import x509
+
+    certificate = x509.load_pem_x509_certificate(Path(certfile).read_bytes())
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = names.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    return uris, certificate.not_valid_after_utc
+
+
 def certificate_end(certfile: str) -> float:
     """When the first certificate of ``certfile`` expires (Unix time; 0.0 when it does not parse)."""
     from cryptography import x509

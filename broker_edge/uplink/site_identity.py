@@ -12,7 +12,7 @@ from typing import Any
 
 from broker_edge.settings.uplink import SITE_ID
 
-__all__ = ["SITE_URI_PREFIX", "site_of_certificate", "site_uri"]
+__all__ = ["SITE_URI_PREFIX", "site_of_certificate", "site_of_certificate_file", "site_uri"]
 
 SITE_URI_PREFIX = "timestone://site/"
 
@@ -27,7 +27,18 @@ def site_of_certificate(peercert: dict[str, Any] | None) -> str | None:
     several: a certificate names one site)."""
     if not peercert:
         return None
-    uris = [str(value) for kind, value in peercert.get("subjectAltName", ()) if kind == "URI"]
+    return _site_of_uris([str(value) for kind, value in peercert.get("subjectAltName", ()) if kind == "URI"])
+
+
+def site_of_certificate_file(path: str) -> str | None:
+    """The site id the first certificate of a PEM file names, read as ``site_of_certificate`` reads a
+    peer's (None: none, or several); ``ValueError`` when the file holds no PEM certificate."""
+    from broker_edge.security.tls import certificate_uris
+
+    return _site_of_uris(certificate_uris(path)[0])
+
+
+def _site_of_uris(uris: list[str]) -> str | None:
     named = [uri[len(SITE_URI_PREFIX) :] for uri in uris if uri.startswith(SITE_URI_PREFIX)]
     if len(named) != 1 or not SITE_ID.match(named[0]):
         return None

@@ -31,7 +31,7 @@ from typing import Any
 
 from broker_edge.config.loader import ConfigError
 from broker_edge.security.client_trust import ClientTrust
-from broker_edge.security.tls import ServerContexts, load_key_pair
+from broker_edge.security.tls import ServerContexts, certificate_uris, load_key_pair
 from broker_edge.settings.cluster import NODE_ID, MemberTlsConfig
 
 __all__ = ["MEMBER_URI_PREFIX", "MemberTls", "member_uri", "node_of_certificate", "node_of_certificate_file"]
@@ -64,15 +64,8 @@ def node_of_certificate(peercert: dict[str, Any] | None) -> str | None:
 
 def node_of_certificate_file(path: str) -> tuple[str | None, datetime.datetime]:
     """The node id the first certificate of a PEM file names (or None), and when it expires."""
-    from cryptography import x509
-
-    certificate = x509.load_pem_x509_certificate(Path(path).read_bytes())
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = names.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    return _node_of_uris(uris), certificate.not_valid_after_utc
+    uris, expires = certificate_uris(path)
+    return _node_of_uris(uris), expires
 
 
 class MemberTls:
