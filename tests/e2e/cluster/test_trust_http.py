@@ -30,6 +30,7 @@ from tests.e2e.cluster.proof import (
     Device,
     check_nothing_acknowledged_was_lost,
     cluster_state,
+    leadership_spread,
     settled,
     wait_settled,
     wait_until,
@@ -99,6 +100,7 @@ def test_strangers_holding_every_connection_starve_neither_readers_nor_members(
     }
     brokers = {node: cluster_brokers(node, sections=sections, lease_ttl_s=2) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
+    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
     order = [brokers[node] for node in NODES]
     devices = [
         Device(f"flood-{n}", topic_led_by(etcd, node, f"flood/{node}")[0], order, start_at=n)

@@ -44,7 +44,9 @@ NODES = ("a", "b", "c")
 
 
 def topic_led_by(target: EtcdTarget, leader: str, prefix: str) -> tuple[str, int]:
-    """A topic whose partition ``leader`` leads, and that partition."""
+    """A topic whose partition ``leader`` leads, and that partition (once ``leader`` leads one: a member that
+    has just joined may be in every in-sync set before the controller hands it any leadership)."""
+    wait_until(lambda: cluster_state(target).leaders().get(leader, 0) > 0, what=f"{leader} leading one")
     state = cluster_state(target)
     count = len(state.partitions)
     for n in range(10_000):
