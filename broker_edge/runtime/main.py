@@ -357,10 +357,11 @@ def _refused(
     return 2
 
 
-def read_security_files(config: BrokerConfig) -> None:
+def read_security_files(config: BrokerConfig, own_member: bool = True) -> None:
     """Read the password file, the ACL file, the readers' tokens file and the certificates naming this site
     or member as a start reads them, so what the start would refuse in them is a ``ConfigError`` naming the
-    key (and the file's line)."""
+    key (and the file's line). ``own_member`` False: the members of ``--workers`` each have their own
+    certificate (``workers.check_workers``), the one configured is none of theirs."""
     from broker_edge.security.acl import AccessControl
 
     if config.auth.password_file:
@@ -376,13 +377,14 @@ def read_security_files(config: BrokerConfig) -> None:
         problem = files_not_valid_now(tls)
         if problem:
             raise ConfigError(f"{key}.{problem[0]}", problem[1])
-    check_certificate_names(config)
+    check_certificate_names(config, own_member)
 
 
-def check_certificate_names(config: BrokerConfig) -> None:
+def check_certificate_names(config: BrokerConfig, own_member: bool = True) -> None:
     """The certificates that say who this broker is name it, as a start requires (``ConfigError`` naming the
     key): a site's (``uplink.tls.certfile``) its ``uplink.site_id``, as the hub reads it; a cluster member's
-    (``cluster.tls``) its ``node_id``, its files loaded as the member loads them."""
+    (``cluster.tls``, unless not ``own_member``) its ``node_id``, its files loaded as the member loads
+    them."""
     uplink = config.uplink
     if uplink is not None:
         from broker_edge.uplink.site_identity import site_of_certificate_file, site_uri
@@ -398,7 +400,7 @@ def check_certificate_names(config: BrokerConfig) -> None:
                 f"(uplink.site_id), names {named!r}",
             )
     cluster = config.cluster
-    if cluster is not None and cluster.tls is not None:
+    if own_member and cluster is not None and cluster.tls is not None:
         from broker_edge.cluster.links.member_identity import MemberTls
 
         MemberTls(cluster.tls, cluster.node_id)
@@ -432,8 +434,9 @@ def check_config(config_path: str | None, workers: int = 1) -> int:
     configuration error). Nothing is bound, opened or written."""
     where = config_path if config_path is not None else "the embedded defaults"
     try:
-        document, config = load_broker_document(config_path)  # read once: it may be a pipe
-        read_security_files(config)
+        # read once: it may be a pipe
+        document, config = load_broker_document(config_path, own_member=workers == 1)
+        read_security_files(config, own_member=workers == 1)
         check_data_directory(config)
         if config.cluster is not None or workers > 1:
             require_cluster_client()

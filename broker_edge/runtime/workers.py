@@ -47,6 +47,7 @@ a member names it (``node=w<n>``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -60,7 +61,7 @@ from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile
 from broker_edge.runtime.data_lock import DataDirectoryLock
-from broker_edge.runtime.workers_config import member_documents, write_yaml
+from broker_edge.runtime.workers_config import member_certificate, member_documents, node_id, write_yaml
 from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
 from broker_edge.runtime.workers_members import Member, RunBroker, config_error_of
 from broker_edge.runtime.workers_supervision import SIGNALS, run_members, stop_members
@@ -70,6 +71,7 @@ from broker_edge.settings.broker import (
     load_broker_config,
     load_broker_document,
 )
+from broker_edge.settings.cluster import MemberTlsConfig
 from broker_edge.settings.named_files import check_directory
 
 __all__ = ["check_workers", "run_workers", "supervise"]
@@ -167,9 +169,31 @@ def _naming_running_members(error: ConfigError, base: Path) -> ConfigError:
 
 def check_workers(document: dict[str, Any], config: BrokerConfig, workers: int) -> None:
     """``ConfigError`` for what ``workers`` members refuse in ``document`` (loaded as ``config``): a listener
-    on port 0, the log off, an uplink hub, a ``storage.directory`` that cannot be made (``--check`` too)."""
+    on port 0, the log off, an uplink hub, a ``storage.directory`` that cannot be made, a member's own
+    certificate missing or naming another node (``--check`` too)."""
     member_documents(document, config, workers, "http://127.0.0.1:2379")
     check_directory("storage.directory", config.storage.directory)
+    if config.cluster is not None and config.cluster.tls is not None:
+        for index in range(workers):
+            _check_member_certificate(config.cluster.tls, node_id(config, index), index)
+
+
+def _check_member_certificate(tls: MemberTlsConfig, node: str, index: int) -> None:
+    """Member ``node``'s certificate and key load and name it, as its start requires (``ConfigError``)."""
+    from broker_edge.cluster.links.member_identity import MemberTls
+
+    own = dataclasses.replace(
+        tls, certfile=member_certificate(tls.certfile, index), keyfile=member_certificate(tls.keyfile, index)
+    )
+    try:
+        MemberTls(own, node)
+    except ConfigError as error:
+        raise ConfigError(
+            error.path,
+            f"member {node} of --workers: {error.detail} (each member has its own certificate, named as "
+            f"cluster.tls.certfile and keyfile with -{index} before the suffix: timestone pki issue member "
+            f"{node} --ca CA --out {own.certfile.removesuffix('.pem')})",
+        ) from None
 
 
 def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
@@ -181,7 +205,8 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
     # the start is passed on to the members once they run, instead of ending the command.
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
-        document, config = load_broker_document(config_path)  # read once: it may be a pipe
+        # read once: it may be a pipe
+        document, config = load_broker_document(config_path, own_member=False)
         check_workers(document, config, workers)
     except (ConfigError, OSError) as exc:
         error = sourced(exc, config_path) if isinstance(exc, ConfigError) else exc

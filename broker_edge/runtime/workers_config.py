@@ -1,6 +1,7 @@
 """The members' configurations of ``timestone broker --workers N``: each one made from the YAML given,
 with the shared listeners (``SO_REUSEPORT``), a listener of its own, its data directory and its ``cluster:``
-section (the command's own etcd, or the one configured)."""
+section (the command's own etcd, or the one configured, with each member's own certificate where members
+prove who they are: ``member_certificate``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ from typing import Any
 from broker_edge.config.loader import ConfigError, EnvironmentValue
 from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig
 
-__all__ = ["host_name", "member_documents", "node_id", "write_yaml"]
+__all__ = ["host_name", "member_certificate", "member_documents", "node_id", "write_yaml"]
 
 
 def node_id(config: BrokerConfig, index: int) -> str:
     """The node id of member ``index``: ``w<index>``, or ``<node_id>-<index>`` in a configured cluster."""
     cluster = config.cluster
     return f"{cluster.node_id}-{index}" if cluster is not None else f"w{index}"
+
+
+def member_certificate(path: str, index: int) -> str:
+    """Member ``index``'s file of ``cluster.tls.certfile`` or ``keyfile`` ``path``: its name with ``-<index>``
+    before its suffix (``member-edge.pem``: ``member-edge-0.pem``), as ``timestone pki issue member edge-0``
+    names the files of node ``edge-0`` in a directory. A certificate names one node, so each member has its
+    own."""
+    file = Path(path)
+    return str(file.with_name(f"{file.stem}-{index}{file.suffix}"))
 
 
 def member_documents(
@@ -55,6 +65,12 @@ def member_documents(
             for side in ("offsets_api", "admin_http"):
                 member[side] = {**(member.get(side) or {}), "port": 0}
         cluster = member["cluster"] = _cluster_section(member.get("cluster"), node, etcd_url, own is not None)
+        if config.cluster is not None and config.cluster.tls is not None:
+            cluster["tls"] = {
+                **cluster["tls"],
+                "certfile": member_certificate(config.cluster.tls.certfile, index),
+                "keyfile": member_certificate(config.cluster.tls.keyfile, index),
+            }
         if own is None and "mqtt" not in cluster.setdefault("advertise", {}):
             # every interface: the devices' way to the shared listener is this host's name, as best known
             cluster["advertise"]["mqtt"] = f"{host_name()}:{config.listeners[0].port}"

@@ -528,8 +528,10 @@ class BrokerConfig:
             needs["cluster.listen.max_connections"] = 2 * self.cluster.listen.max_connections + 1
         return needs
 
-    def named_files(self) -> list[tuple[str, str | None]]:
-        """Every file a setting names, by dotted key (TLS servers' files apart: see ``server_tls``)."""
+    def named_files(self, own_member: bool = True) -> list[tuple[str, str | None]]:
+        """Every file a setting names, by dotted key (TLS servers' files apart: see ``server_tls``);
+        ``own_member`` False: not ``cluster.tls``' certificate and key, which name the members' own files
+        (``timestone broker --workers``)."""
         files: list[tuple[str, str | None]] = [
             ("auth.password_file", self.auth.password_file),
             ("acl.file", self.acl.file),
@@ -539,7 +541,8 @@ class BrokerConfig:
         if cluster is not None:
             for section, tls_files in (("etcd_tls", cluster.etcd_tls), ("tls", cluster.tls)):
                 for name in ("certfile", "keyfile", "cafile"):
-                    files.append((f"cluster.{section}.{name}", getattr(tls_files, name, None)))
+                    if own_member or section != "tls" or name == "cafile":
+                        files.append((f"cluster.{section}.{name}", getattr(tls_files, name, None)))
             auth = cluster.etcd_auth
             files.append(("cluster.etcd_auth.password_file", auth.password_file if auth else None))
         if self.uplink is not None:
@@ -563,9 +566,10 @@ class BrokerConfig:
         return servers
 
 
-def check_files_of(config: BrokerConfig) -> None:
-    """Read every file ``config`` names, before anything is opened (``ConfigError`` naming the key)."""
-    check_named_files(config.named_files())
+def check_files_of(config: BrokerConfig, own_member: bool = True) -> None:
+    """Read every file ``config`` names, before anything is opened (``ConfigError`` naming the key);
+    ``own_member``: as ``BrokerConfig.named_files``."""
+    check_named_files(config.named_files(own_member))
     for key, tls in config.server_tls():
         check_server_tls(key, tls)
     if config.uplink is not None:  # a site's TLS client, loaded as each dial loads it
@@ -586,13 +590,16 @@ def read_broker_settings(path: str | Path) -> BrokerConfig:
     return load_dataclass(BrokerConfig, load_yaml_file(path))
 
 
-def load_broker_document(path: str | Path | None) -> tuple[dict[str, Any], BrokerConfig]:
+def load_broker_document(
+    path: str | Path | None, own_member: bool = True
+) -> tuple[dict[str, Any], BrokerConfig]:
     """The YAML document of ``path`` ({} when None) and the configuration it holds, as
     ``load_broker_config``: the file is read once (a pipe, ``-c <(envsubst < broker.yaml)``, reads empty a
-    second time, and a named pipe opened again waits for a writer)."""
+    second time, and a named pipe opened again waits for a writer). ``own_member`` False: the file of
+    ``--workers``, whose members read certificates of their own (``BrokerConfig.named_files``)."""
     document = load_yaml_file(path) if path is not None else {}
     config = load_dataclass(BrokerConfig, document)
-    check_files_of(config)
+    check_files_of(config, own_member)
     return document, config
 
 

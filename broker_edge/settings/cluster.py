@@ -106,7 +106,9 @@ class MemberTlsConfig:
 
     certfile: str
     """PEM certificate of this broker (then intermediates), naming its node id as the URI subject
-    alternative name ``timestone://node/<node_id>``; used both to serve and to connect to members."""
+    alternative name ``timestone://node/<node_id>``; used both to serve and to connect to members. With
+    ``--workers``, member n reads its own, named as this with ``-<n>`` before the suffix (and ``keyfile``'s
+    too)."""
     keyfile: str
     """PEM private key of ``certfile`` (unencrypted; keep it at mode 0600)."""
     cafile: str

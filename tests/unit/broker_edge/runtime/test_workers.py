@@ -69,6 +69,29 @@ def test_a_configured_cluster_is_joined_by_each_member_under_a_name_of_its_own()
         assert cluster.advertise.offsets_api is None
 
 
+def test_members_proving_who_they_are_each_read_a_certificate_of_their_own():
+    """A member certificate names one node: member n of node ``plant`` reads the files named as the ones
+    configured with ``-n`` before the suffix, the names ``timestone pki issue member plant-n`` gives them."""
+    tls = {"certfile": "/etc/tls/member-plant.pem", "keyfile": "/etc/tls/member-plant.key"}
+    document: dict[str, Any] = {
+        "cluster": {
+            "node_id": "plant",
+            "etcd": ["http://127.0.0.1:2379"],
+            "tls": {**tls, "cafile": "/etc/tls/ca.pem", "min_version": "TLSv1.2"},
+        }
+    }
+    made = members(document, 2)
+    for index, (node, config) in enumerate(made):
+        member_tls = config.cluster.tls if config.cluster is not None else None
+        assert member_tls is not None
+        assert (member_tls.certfile, member_tls.keyfile) == (
+            f"/etc/tls/member-{node}.pem",
+            f"/etc/tls/member-plant-{index}.key",
+        )
+        assert (member_tls.cafile, member_tls.min_version) == ("/etc/tls/ca.pem", "TLSv1.2")
+    assert document["cluster"]["tls"]["certfile"] == tls["certfile"]  # the configuration given as it was
+
+
 def test_members_listening_on_every_interface_have_no_address_of_their_own_to_send_devices_to():
     made = members({"listeners": [{"host": "0.0.0.0", "port": 1883}], "auth": {"allow_anonymous": True}})
     for _, config in made:
