@@ -76,14 +76,16 @@ def open_descriptors() -> int:
 def plan_descriptors(limit: int, max_connections: int, needs: Mapping[str, int]) -> DescriptorBudget:
     """Share ``limit`` descriptors: ``needs`` first, then connections (at most ``max_connections``).
 
-    ``ConfigError`` naming the largest settings when ``needs`` leave no room for a single connection.
+    ``ConfigError`` when ``needs`` leave no room for a single connection: its key the setting that needs
+    the most (a need named by a dotted key), the others said after it.
     """
     if limit == resource.RLIM_INFINITY or limit < 0:
         return DescriptorBudget(limit, dict(needs), max_connections, None)
     room = limit - sum(needs.values())
     if room < 1:
+        settings = [name for name in needs if "." in name]
         raise ConfigError(
-            "limits.max_connections",
+            max(settings, key=needs.__getitem__, default="limits.max_connections"),
             f"no file descriptor left for client connections: the process may open {limit} "
             f"(ulimit -n) and {_largest(needs)} need {sum(needs.values())}; lower those settings or "
             "raise the limit",

@@ -78,7 +78,7 @@ def test_settings_whose_file_descriptors_the_process_cannot_hold_are_status_2_as
     )
     done = check("--config", str(config), cwd=tmp_path)
     assert done.returncode == 2, done.stdout
-    assert "no file descriptor left for client connections" in done.stderr
+    assert "storage.max_open_files: no file descriptor left for client connections" in done.stderr
     assert "storage.max_open_files 1000000002" in done.stderr
     assert not (tmp_path / "data").exists()
 

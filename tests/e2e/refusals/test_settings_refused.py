@@ -103,7 +103,7 @@ def test_settings_whose_descriptors_leave_no_room_for_a_connection_are_refused(t
         tmp_path, "storage: {max_open_files: 10000000}\nadmin_http: {port: 0}\noffsets_api: {port: 0}\n"
     )
     assert (
-        "configuration error: limits.max_connections: no file descriptor left for client connections" in err
+        "configuration error: storage.max_open_files: no file descriptor left for client connections" in err
     )
     assert "storage.max_open_files 10000002" in err
 

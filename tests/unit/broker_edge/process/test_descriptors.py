@@ -36,7 +36,7 @@ def test_the_documented_default_limit_caps_the_default_connections_and_says_why(
 def test_needs_that_leave_no_connection_are_refused_naming_the_largest():
     with pytest.raises(
         ConfigError,
-        match=r"^limits\.max_connections: no file descriptor left .* 1024 .*"
+        match=r"^storage\.max_open_files: no file descriptor left .* 1024 .*"
         r"storage\.max_open_files 1026",
     ):
         plan_descriptors(1024, 100, NEEDS)
