@@ -387,18 +387,9 @@ def check_certificate_names(config: BrokerConfig, own_member: bool = True) -> No
     them."""
     uplink = config.uplink
     if uplink is not None:
-        from broker_edge.uplink.site_identity import site_of_certificate_file, site_uri
+        from broker_edge.uplink.site_identity import check_site_certificate
 
-        try:
-            named = site_of_certificate_file(uplink.tls.certfile)
-        except ValueError as error:
-            raise ConfigError("uplink.tls.certfile", f"not a PEM certificate: {error}") from None
-        if named != uplink.site_id:
-            raise ConfigError(
-                "uplink.tls.certfile",
-                f"must name this site as its one URI subject alternative name {site_uri(uplink.site_id)!r} "
-                f"(uplink.site_id), names {named!r}",
-            )
+        check_site_certificate(uplink.tls.certfile, uplink.site_id)
     cluster = config.cluster
     if own_member and cluster is not None and cluster.tls is not None:
         from broker_edge.cluster.links.member_identity import MemberTls

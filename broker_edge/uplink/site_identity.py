@@ -10,9 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker_edge.config.loader import ConfigError
 from broker_edge.settings.uplink import SITE_ID
 
-__all__ = ["SITE_URI_PREFIX", "site_of_certificate", "site_of_certificate_file", "site_uri"]
+__all__ = [
+    "SITE_URI_PREFIX",
+    "check_site_certificate",
+    "site_of_certificate",
+    "site_of_certificate_file",
+    "site_uri",
+]
 
 SITE_URI_PREFIX = "timestone://site/"
 
@@ -36,6 +43,22 @@ def site_of_certificate_file(path: str) -> str | None:
     from broker_edge.security.tls import certificate_uris
 
     return _site_of_uris(certificate_uris(path)[0])
+
+
+def check_site_certificate(certfile: str, site_id: str) -> None:
+    """``ConfigError`` naming ``uplink.tls.certfile`` unless the certificate in ``certfile`` names ``site_id``
+    (the hub would file the site's logs under the site it names): a start's and ``--check``'s check, and
+    each dial's, since the files are read again at each one."""
+    try:
+        named = site_of_certificate_file(certfile)
+    except ValueError as error:
+        raise ConfigError("uplink.tls.certfile", f"not a PEM certificate: {error}") from None
+    if named != site_id:
+        raise ConfigError(
+            "uplink.tls.certfile",
+            f"must name this site as its one URI subject alternative name {site_uri(site_id)!r} "
+            f"(uplink.site_id), names {named!r}",
+        )
 
 
 def _site_of_uris(uris: list[str]) -> str | None:

@@ -34,6 +34,7 @@ from broker_edge.uplink.batches_elsewhere import batch_elsewhere
 from broker_edge.uplink.hub_certificate import HubCertificate
 from broker_edge.uplink.hub_ends import follow_hub_ends
 from broker_edge.uplink.mirror import Gap, apply_batch, mirror_batch
+from broker_edge.uplink.site_identity import check_site_certificate
 from broker_edge.uplink.throttle import Throttle
 from broker_edge.uplink.unsent import CHECKED_AT_ONCE, UnsentRecords
 from broker_edge.uplink.wire import (
@@ -98,9 +99,10 @@ def _failure(error: BaseException) -> str:
 
 def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
     """The site's TLS, its files read now (``ConfigError`` naming the ``uplink.tls`` file that does not
-    load)."""
+    load, or a certificate replaced by one naming another site than ``uplink.site_id``)."""
     tls = config.tls
     context = tls_client_context(tls.certfile, tls.keyfile, tls.cafile, "uplink.tls")
+    check_site_certificate(tls.certfile, config.site_id)
     context.check_hostname = tls.check_hostname
     return context
 

@@ -73,6 +73,35 @@ def test_a_site_ca_file_replaced_by_one_that_does_not_load_is_named_at_each_dial
     assert f"cannot load CA certificates from {ca_copy}" in record.getMessage()
 
 
+def test_a_site_certificate_replaced_by_one_naming_another_site_is_refused_at_each_dial(
+    brokers: Callable[..., RunningBroker], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The files are read again at each dial (a rotation is taken without a restart): a certificate and key
+    replaced by another site's of the same CA would have been taken, the hub filing this site's logs under
+    the other one's."""
+    pki = pki_in(tmp_path / "pki")
+    other = pki.site("plant-u")
+    section = site_section(pki, "plant-t", free_port())  # no hub there: the site keeps dialling
+    cert, key = tmp_path / "site.pem", tmp_path / "site.key"
+    cert.write_bytes(Path(section["tls"]["certfile"]).read_bytes())
+    key.write_bytes(Path(section["tls"]["keyfile"]).read_bytes())
+    section["tls"].update(certfile=str(cert), keyfile=str(key))
+    brokers("site", uplink=section)
+    key.write_bytes(other.key.read_bytes())
+    cert.write_bytes(other.cert.read_bytes())
+
+    def named() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "uplink.tls.certfile" in r.getMessage()]
+
+    assert wait_for(lambda: bool(named()), timeout=10)
+    record = named()[0]
+    assert record.exc_info is None and record.levelno == logging.ERROR
+    assert (
+        "must name this site as its one URI subject alternative name 'timestone://site/plant-t' "
+        "(uplink.site_id), names 'plant-u'" in record.getMessage()
+    )
+
+
 def test_a_site_certificate_naming_another_site_is_refused_by_check_and_start(tmp_path: Path) -> None:
     """The hub files a site's logs under the site its certificate names: a site whose certificate names
     another one than ``uplink.site_id`` would send them where its own status does not say."""
