@@ -141,6 +141,8 @@ def file_system_failure(error: Exception) -> str | None:
     """The file system's reason, in one line, when a table store's read or write failed for one (a full disk,
     a read-only or vanished directory: an ``OSError``, or delta-rs's error ending in ``(os error N)``); None
     for any other failure, which is not the operator's to fix."""
+    if isinstance(error, BrokenPipeError):  # the reader of the command's output went away (``| head``)
+        return None
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # less its colours
     found = _OS_ERROR.findall(text) or _RUST_OS_ERROR.findall(text)
     if found:

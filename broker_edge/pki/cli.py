@@ -158,6 +158,8 @@ def pki_main(argv: list[str]) -> int:
     except PkiError as error:
         print(f"timestone pki {args.command}: {error}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of what it says went away: the command's status 141, not 1
+        raise
     except OSError as error:
         print(f"timestone pki {args.command}: {error}", file=sys.stderr)
         return 1

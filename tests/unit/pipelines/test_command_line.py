@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import resource
+import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -274,20 +276,36 @@ def test_a_demo_timeout_no_step_can_wait_is_a_wrong_command_line(capsys, tmp_pat
     )
 
 
-def test_a_reader_that_went_away_ends_the_command_quietly_with_status_141(tmp_path):
-    """``timestone ... | head``: the reader closed its end before the command wrote, where the command ended
-    in a BrokenPipeError traceback (and Python's 'Exception ignored' at its exit)."""
-    import subprocess
-    import sys
-
+def _to_a_reader_gone(*words: str) -> subprocess.CompletedProcess[bytes]:
+    """``timestone <words>`` writing to a pipe whose reader closed its end before the command wrote."""
     reader, writer = os.pipe()
     os.close(reader)
     try:
-        command = [sys.executable, "-m", "pipelines.cli", "--help"]
-        done = subprocess.run(command, stdout=writer, stderr=subprocess.PIPE, timeout=60)
+        command = [sys.executable, "-m", "pipelines.cli", *words]
+        return subprocess.run(command, stdout=writer, stderr=subprocess.PIPE, timeout=60)
     finally:
         os.close(writer)
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly_with_status_141(tmp_path):
+    """``timestone ... | head``: the reader closed its end before the command wrote, where the command ended
+    in a BrokenPipeError traceback (and Python's 'Exception ignored' at its exit)."""
+    done = _to_a_reader_gone("--help")
     assert (done.returncode, done.stderr.decode()) == (141, "")
+
+
+def test_commands_that_catch_their_own_os_errors_end_with_status_141_when_their_reader_went_away(tmp_path):
+    """``timestone pki`` said ``[Errno 32] Broken pipe`` with status 1 (refused, nothing written) after it had
+    written the certificate, and ``timestone ota status`` said that reading its tables failed: each caught
+    the broken pipe with the file system's errors."""
+    ca = tmp_path / "ca"
+    assert _to_a_reader_gone("pki", "ca", str(ca)).returncode == 141
+    done = _to_a_reader_gone("pki", "issue", "client", "p1", "--ca", str(ca), "--out", str(tmp_path / "p1"))
+    assert (done.returncode, done.stderr.decode()) == (141, "")
+    assert (tmp_path / "p1.pem").is_file() and (tmp_path / "p1.key").is_file()
+    for words in (("pki", "show", str(tmp_path / "p1.pem")), ("pki", "crl", "--ca", str(ca))):
+        done = _to_a_reader_gone(*words)
+        assert (done.returncode, done.stderr.decode()) == (141, ""), words
 
 
 def test_the_readmes_command_table_names_every_command_and_subcommand(capsys):
@@ -349,3 +367,12 @@ def test_every_config_option_is_also_dash_c(tmp_path, capsys, argv):
     assert main([part.replace("CONFIG", str(config)) for part in argv]) == 2
     err = capsys.readouterr().err
     assert "nonsense_key: unknown key" in err and f"(in {config}, line 1)" in err, err
+
+
+def test_a_broken_pipe_is_no_failure_of_the_file_system():
+    """``timestone ota status | head``: the commands that say a table store's file system failure in one line
+    (a full disk, a read-only directory) let a reader gone away end them with status 141 instead."""
+    from pipelines.output_paths import file_system_failure
+
+    assert file_system_failure(BrokenPipeError(32, "Broken pipe")) is None
+    assert file_system_failure(OSError(28, "No space left on device")) == "No space left on device"
