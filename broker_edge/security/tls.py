@@ -31,6 +31,7 @@ __all__ = [
     "check_crls_cover",
     "client_ssl_context",
     "files_not_valid_now",
+    "no_client_ca",
     "peer_common_name",
     "peer_timestone_uri",
     "server_ssl_context",
@@ -137,6 +138,9 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
             context.load_verify_locations(cafile=config.cafile)
         except ssl.SSLError as exc:
             raise ConfigError("cafile", f"cannot load CA certificates from {config.cafile}: {exc}") from exc
+        problem = no_client_ca(config.cafile)
+        if problem:
+            raise ConfigError("cafile", problem)
         context.verify_mode = ssl.CERT_REQUIRED if config.require_client_cert else ssl.CERT_OPTIONAL
         if config.crlfile:
             _load_crls(context, config.crlfile, _CRL_CHECKS[config.crl_check])
@@ -144,6 +148,30 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def no_client_ca(cafile: str) -> str | None:
+    """Why ``cafile`` can verify no client certificate, or None: every certificate in it is an end one
+    (``basicConstraints`` CA:FALSE, issued by another), such as a server's or a client's own certificate put
+    where its CA belongs, which the start took and then every client's handshake failed against."""
+    from cryptography import x509
+
+    try:
+        certificates = x509.load_pem_x509_certificates(Path(cafile).read_bytes())
+    except ValueError:
+        return f"holds no PEM certificate: {cafile}"
+    for certificate in certificates:
+        try:
+            constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            return None  # no constraints said: OpenSSL may take it as a CA
+        if constraints.ca or certificate.subject == certificate.issuer:
+            return None  # a CA, or a certificate trusted as itself
+    names = "; ".join(certificate.subject.rfc4514_string() for certificate in certificates)
+    return (
+        f"holds no CA certificate, only end ones ({names}) that can verify no client's: name the file of "
+        f"the CA that issued the clients' certificates (timestone pki: its ca.pem) in {cafile}'s place"
+    )
 
 
 def _load_crls(context: ssl.SSLContext, crlfile: str, check: ssl.VerifyFlags) -> None:

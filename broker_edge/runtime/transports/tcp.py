@@ -212,6 +212,9 @@ class HandedInConnection(TcpConnection):
             self.flush()
 
 
+_CLIENT_NOT_VERIFIED = "certificate_verify_failed"
+"""OpenSSL's reason for a client certificate the broker refused (not of its CAs, expired, not yet valid)."""
+
 _REFUSED_BY_THE_CLIENT = frozenset(
     f"{version}_alert_{alert}"
     for version in ("sslv3", "tlsv1")
@@ -220,14 +223,22 @@ _REFUSED_BY_THE_CLIENT = frozenset(
 """OpenSSL's reasons for an alert the client sent about the broker's certificate."""
 
 
-def report_tls_failures(broker: ConnectionHost, listener: str, certfile: str = "") -> HandshakeFailure:
+def report_tls_failures(
+    broker: ConnectionHost, listener: str, certfile: str = "", cafile: str = ""
+) -> HandshakeFailure:
     """What a TLS listener does with a failed handshake (a bad or missing client certificate, not TLS at
     all, none within ``limits.connect_timeout_s``): count it by reason and write a refusal line naming the
     listener, the peer and why; when the client refused the broker's certificate (``certfile``), it says so
-    (``refused_by``)."""
+    (``refused_by``), and when the broker refused the client's, it names the CA file it checked against
+    (``cafile``, the ``hint``)."""
     refused_by = (
         f"the client: the broker's certificate ({certfile}) does not name the host it dialled, is not of a "
         "CA it trusts, or has expired (timestone pki show)"
+    )
+    not_verified = (
+        f"the client's certificate did not verify against the listener's tls.cafile ({cafile}): not issued "
+        "by a CA there, expired or not yet valid, as the error says (timestone pki show names a "
+        "certificate's issuer and validity)"
     )
 
     def failed(peer: str, reason: str, error: BaseException) -> None:
@@ -239,6 +250,8 @@ def report_tls_failures(broker: ConnectionHost, listener: str, certfile: str = "
         fields = {"refused_by": refused_by} if reason in _REFUSED_BY_THE_CLIENT else {}
         if reason == NO_CRL:
             fields["hint"] = NO_CRL_HINT
+        elif reason == _CLIENT_NOT_VERIFIED and cafile:
+            fields["hint"] = not_verified
         counters.refusal_log.write(
             _log,
             broker.now(),
@@ -292,7 +305,12 @@ async def start_tcp_listener(
             config.port,
             ssl_context,
             broker.config.limits.connect_timeout_s,
-            report_tls_failures(broker, listener.name, config.tls.certfile if config.tls else ""),
+            report_tls_failures(
+                broker,
+                listener.name,
+                config.tls.certfile if config.tls else "",
+                (config.tls.cafile or "") if config.tls else "",
+            ),
             BACKLOG,
             reuse_port=config.reuse_port,
             serving=serving,

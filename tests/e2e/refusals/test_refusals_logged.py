@@ -4,6 +4,7 @@ user, topic and action, rate-limited per reason, counted by reason; JSON log lin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -222,3 +223,39 @@ def test_a_client_refusing_the_brokers_certificate_is_told_apart_from_a_refused_
         f"the client: the broker's certificate ({pki.server_cert}) does not name the host it dialled, "
         "is not of a CA it trusts, or has expired (timestone pki show)"
     )
+
+
+def test_a_client_certificate_the_broker_refuses_names_the_ca_file_it_was_checked_against(
+    start_broker, tmp_path, caplog
+):
+    """A device whose certificate is of another CA than the listener's ``tls.cafile`` (or the file holds
+    another CA than meant): the line said only OpenSSL's ``unable to get local issuer certificate``, naming
+    no setting. It names the file it was checked against (``hint``)."""
+    caplog.set_level(logging.INFO)
+    pki = make_test_pki(tmp_path / "pki")
+    tls = {
+        "certfile": str(pki.server_cert),
+        "keyfile": str(pki.server_key),
+        "cafile": str(pki.ca_cert),
+        "require_client_cert": True,
+    }
+    broker = start_broker(
+        listeners=[{"name": "tls", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}]
+    )
+    stranger = client_ssl_context(pki, certificate=False)
+    stranger.load_cert_chain(str(pki.other_client_cert), str(pki.other_client_key))
+    with (
+        socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock,
+        contextlib.suppress(ssl.SSLError, OSError),  # TLS 1.3: the alert may come after the handshake
+    ):
+        stranger.wrap_socket(sock, server_hostname="localhost").recv(1)
+    assert wait_for(lambda: bool(refusals(caplog, "tls_error")))
+    (line,) = refusals(caplog, "tls_error")
+    assert line.tls_reason == "certificate_verify_failed"
+    assert "unable to get local issuer certificate" in line.error
+    assert line.hint == (
+        f"the client's certificate did not verify against the listener's tls.cafile ({pki.ca_cert}): not "
+        "issued by a CA there, expired or not yet valid, as the error says (timestone pki show names a "
+        "certificate's issuer and validity)"
+    )
+    assert not hasattr(line, "refused_by")

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.security.tls import no_client_ca
 from broker_edge.settings.broker import BrokerConfig
 from tests.tls_certs import make_test_pki
 
@@ -137,6 +138,29 @@ def test_the_uplinks_files_are_named_by_their_dotted_key(tmp_path):
     }
     err = refused(tmp_path, yaml.safe_dump({"uplink_hub": {"port": 0, "tls": hub_tls}}))
     assert "uplink_hub.tls.certfile: file not found" in err
+
+
+def test_a_ca_file_holding_only_end_certificates_is_refused_naming_it(tmp_path):
+    """A listener's ``tls.cafile`` naming the server's own certificate (or a device's) loaded, ``--check``
+    said OK, and every device's handshake then failed with 'unknown ca'."""
+    pki = make_test_pki(tmp_path / "pki")
+    tls = {
+        "certfile": str(pki.server_cert),
+        "keyfile": str(pki.server_key),
+        "cafile": str(pki.server_cert),
+        "require_client_cert": True,
+    }
+    listener = {"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}
+    err = refused(tmp_path, yaml.safe_dump({"listeners": [listener]}))
+    assert "configuration error: listeners[0].tls.cafile: holds no CA certificate, only end ones (" in err
+    assert (
+        "name the file of the CA that issued the clients' certificates (timestone pki: its ca.pem) in " in err
+    )
+    assert f"{pki.server_cert}'s place" in err
+    both = tmp_path / "both.pem"  # a CA beside an end certificate: it verifies the CA's clients
+    both.write_bytes(pki.server_cert.read_bytes() + pki.ca_cert.read_bytes())
+    assert no_client_ca(str(both)) is None
+    assert no_client_ca(str(pki.ca_cert)) is None
 
 
 def test_an_mqtt_listener_on_the_admin_port_is_refused_naming_both_keys(tmp_path):
