@@ -56,6 +56,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from broker_edge.config import load_dataclass
 from broker_edge.config.loader import ConfigError, sourced
 from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
@@ -169,13 +170,38 @@ def _naming_running_members(error: ConfigError, base: Path) -> ConfigError:
 
 def check_workers(document: dict[str, Any], config: BrokerConfig, workers: int) -> None:
     """``ConfigError`` for what ``workers`` members refuse in ``document`` (loaded as ``config``): a listener
-    on port 0, the log off, an uplink hub, a ``storage.directory`` that cannot be made, a member's own
-    certificate missing or naming another node (``--check`` too)."""
-    member_documents(document, config, workers, "http://127.0.0.1:2379")
+    on port 0, the log off, an uplink hub, a ``storage.directory`` that cannot be made, fewer members than
+    its logs are of, a member's configuration that would not load, a member's own certificate missing or
+    naming another node (``--check`` too, and the command before it starts anything)."""
+    members = member_documents(document, config, workers, "http://127.0.0.1:2379")
     check_directory("storage.directory", config.storage.directory)
+    if config.cluster is None:
+        _check_no_member_left_out(Path(config.storage.directory) / WORKERS_DIRECTORY, workers)
+    for node, member in members:
+        try:
+            load_dataclass(BrokerConfig, member)
+        except ConfigError as error:
+            raise ConfigError(error.path, f"member {node} of --workers: {error.detail}") from None
     if config.cluster is not None and config.cluster.tls is not None:
         for index in range(workers):
             _check_member_certificate(config.cluster.tls, node_id(config, index), index)
+
+
+def _check_no_member_left_out(base: Path, workers: int) -> None:
+    """``ConfigError`` when ``base`` holds the data of a member ``w<n>`` that ``workers`` members would not
+    start: it keeps the one copy of the logs of the partitions it led, which would stay offline (their
+    layout is kept in the command's etcd) and what it acknowledged unread."""
+    numbers = [int(path.name[1:]) for path in base.glob("w*") if path.name[1:].isdigit() and path.is_dir()]
+    left_out = sorted(n for n in numbers if n >= workers and any((base / f"w{n}").iterdir()))
+    if left_out:
+        most = left_out[-1] + 1
+        raise ConfigError(
+            "storage.directory",
+            f"{base} holds the data of {', '.join(f'w{n}' for n in left_out)}, members of an earlier "
+            f"--workers {most} that --workers {workers} would not start: the partitions they led would stay "
+            f"offline, what they acknowledged unread; start with --workers {most} or more (fewer members "
+            "need a storage.directory of their own)",
+        )
 
 
 def _check_member_certificate(tls: MemberTlsConfig, node: str, index: int) -> None:

@@ -51,6 +51,20 @@ def member_documents(
         raise ConfigError(
             "uplink_hub", "a hub's endpoint is served by one broker process: not with --workers"
         )
+    if config.offsets_api.host in WILDCARD_HOSTS:
+        raise ConfigError(
+            "offsets_api.host",
+            "--workers: each member's offsets API is advertised to readers (the Spark source, /v1/cluster) "
+            "at the address it binds, on a port of its own: give an address of this host (its network's, "
+            "or 127.0.0.1), not every interface",
+        )
+    nodes = {node_id(config, index) for index in range(workers)}
+    for index, listener in enumerate(config.listeners):
+        if listener.name in nodes:
+            raise ConfigError(
+                f"listeners[{index}].name",
+                f"--workers names each member's own listener after the member: {listener.name!r} is one",
+            )
     base = Path(config.storage.directory) / WORKERS_DIRECTORY
     members = []
     for index in range(workers):
@@ -78,6 +92,10 @@ def member_documents(
     return members
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+"""Hosts that bind every interface."""
+
+
 def host_name() -> str:
     """This host's name as devices may know it: its fully qualified name, or its name where that is a
     loopback name (the host's name mapped to 127.0.0.1 beside ``localhost``, as in many containers)."""
@@ -92,7 +110,7 @@ def _own_listener(first: dict[str, Any], host: str, node: str) -> dict[str, Any]
     advertises for it (where a configured ``cluster.redirect_publishers`` sends devices, and a fenced member
     sends its clients). None when the first listener binds every interface: then no address of the host is
     known to be the devices' way to it."""
-    if host in ("0.0.0.0", "::", ""):
+    if host in WILDCARD_HOSTS:
         return None
     return {**first, "name": node, "port": 0, "reuse_port": False}
 

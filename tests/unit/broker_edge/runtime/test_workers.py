@@ -117,11 +117,46 @@ def test_members_listening_on_every_interface_never_advertise_a_loopback_name():
         ({"listeners": [{"port": 0}]}, "listeners[0].port"),
         ({"storage": {"enabled": False}}, "storage.enabled"),
         ({"offsets_api": {"enabled": False}}, "offsets_api.enabled"),
+        # each member's address is the one it binds: every interface names none (the start refused it
+        # after starting etcd, under a cluster.advertise.offsets_api the file given cannot hold)
+        ({"offsets_api": {"host": "0.0.0.0", "token": "t0k3n"}}, "offsets_api.host"),
+        # a member's own listener bears its name: the start refused the duplicate after starting etcd
+        ({"listeners": [{"name": "plain", "port": 1883}, {"name": "w1", "port": 1884}]}, "listeners[1].name"),
     ],
 )
 def test_what_cannot_run_as_workers_is_refused_naming_the_field(document: dict[str, Any], field: str):
     with pytest.raises(ConfigError, match="^" + re.escape(field) + ": "):
         members(document)
+
+
+def test_fewer_members_than_the_data_holds_are_refused_and_as_many_or_more_start(tmp_path):
+    """Each member keeps the one copy of the logs of the partitions it leads, their layout kept in the
+    command's etcd: with fewer members the others' partitions stayed offline, their logs unread, and
+    nothing said so but an INFO line of the controller."""
+    from broker_edge.runtime.workers import check_workers
+
+    document: dict[str, Any] = {"storage": {"directory": str(tmp_path)}}
+    config = load_dataclass(BrokerConfig, document)
+    for node in ("w0", "w1", "w2"):
+        (tmp_path / "workers" / node / "log").mkdir(parents=True)
+    (tmp_path / "workers" / "w2.yaml").write_text("")  # a member's files beside: not a member's data
+    with pytest.raises(ConfigError, match=r"^storage\.directory: .* holds the data of w2, members of an "):
+        check_workers(document, config, 2)
+    check_workers(document, config, 3)
+    check_workers(document, config, 4)
+    (tmp_path / "workers" / "w9").mkdir()  # made, never written: no data
+    check_workers(document, config, 3)
+
+
+def test_a_member_configuration_that_would_not_load_is_refused_before_anything_starts():
+    """``--check --workers`` said OK to what each member then refused, after the command had started etcd."""
+    from broker_edge.runtime.workers import check_workers
+
+    document: dict[str, Any] = {"storage": {"directory": "/nonexistent/timestone"}}
+    config = load_dataclass(BrokerConfig, document)
+    document["cluster"] = {"node_id": "x"}  # what no member's configuration takes: made into one of each
+    with pytest.raises(ConfigError, match=r"^cluster\.etcd: member w0 of --workers: "):
+        check_workers(document, config, 2)
 
 
 @pytest.mark.parametrize("count", ["0", "-3", "100000"])
