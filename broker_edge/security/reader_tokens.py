@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file, sourced
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.access import Access
@@ -137,7 +137,10 @@ class ReaderTokens:
                 path,
                 stat.S_IMODE(mode),
             )
-        return load_dataclass(TokensFile, load_yaml_file(path), str(path)).tokens
+        try:
+            return load_dataclass(TokensFile, load_yaml_file(path)).tokens
+        except ConfigError as error:  # its key, then the file and the key's line there
+            raise sourced(error, path) from None
 
 
 def _bearer(authorization: str | None) -> str:

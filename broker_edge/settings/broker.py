@@ -320,7 +320,11 @@ class OffsetsApiConfig:
         check_bind_host(self.host)
         check_http_limits(self.max_connections, self.request_timeout_s, self.min_read_bytes_per_s)
         if self.enabled and not self.authenticates and not is_loopback_host(self.host):
-            raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
+            raise ConfigError(
+                "token",
+                f"required (or tokens, or tokens_file) when the offsets API listens on non-loopback "
+                f"{self.host!r}",
+            )
         if self.token is not None:
             try:  # the checks of every reader's token, made here to name the key
                 ReaderToken("token", self.token)

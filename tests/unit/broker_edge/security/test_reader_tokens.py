@@ -58,7 +58,12 @@ def test_a_tokens_file_that_does_not_load_keeps_the_tokens_in_force(tmp_path: Pa
     tokens = ReaderTokens([ReaderToken("inline", "t0")], str(path))
     assert tokens.access("Bearer t1") is not None and tokens.access("Bearer t0") is not None
     path.write_text(yaml.safe_dump({"tokens": [{"name": "job", "token": "t1", "topics": ["a/#/b"]}]}))
-    with pytest.raises(ConfigError, match=r"tokens\[0\]\.topics\[0\]"):
+    with pytest.raises(ConfigError) as refused:
+        tokens.reload()
+    said = str(refused.value)  # the key, then the file and its line, where they ran together ("yaml.tokens")
+    assert said.startswith("tokens[0].topics[0]: ") and said.endswith(f"(in {path}, line 5)"), said
+    path.write_text("tokens:\n  - {name: job, tokn: t1}\n")  # a key mistyped by hand
+    with pytest.raises(ConfigError, match=rf"^tokens\[0\]\.tokn: unknown key .*\(in {path}, line 2\)$"):
         tokens.reload()
     assert tokens.access("Bearer t1") is not None  # the tokens in force stay
     path.unlink()

@@ -166,3 +166,13 @@ def test_broker_check_refuses_a_host_with_its_port(tmp_path: Path) -> None:
     assert "listeners[0].host: not an address or host name ('0.0.0.0:8883'; give the port in port)" in (
         result.stderr
     )
+
+
+def test_an_offsets_api_off_loopback_without_a_token_names_every_way_to_give_one() -> None:
+    """The refusal named ``token`` alone, where ``tokens`` and ``tokens_file`` do as well."""
+    with pytest.raises(ConfigError) as refused:
+        load_dataclass(BrokerConfig, {"offsets_api": {"host": "0.0.0.0"}})
+    assert str(refused.value) == (
+        "offsets_api.token: required (or tokens, or tokens_file) when the offsets API listens on "
+        "non-loopback '0.0.0.0'"
+    )
