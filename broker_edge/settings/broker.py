@@ -282,7 +282,8 @@ class OffsetsApiConfig:
     enabled: bool = True
     """Serve the API (needs ``storage.enabled``)."""
     host: str = "127.0.0.1"
-    """Address to bind; a non-loopback address requires ``token``."""
+    """Address to bind; a non-loopback address requires a reader token (``token``, ``tokens`` or
+    ``tokens_file``)."""
     port: int = 9884
     """TCP port; 0 picks a free one."""
     token: str | None = None
