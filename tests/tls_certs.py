@@ -103,3 +103,14 @@ def client_ssl_context(
     if certificate:
         context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
     return context
+
+
+def mutual_tls(pki: PkiPaths, cafile: Path | None = None) -> dict[str, object]:
+    """A TLS listener's ``tls`` section serving the test server certificate and requiring a client
+    certificate of the test CA (or of ``cafile``)."""
+    return {
+        "certfile": str(pki.server_cert),
+        "keyfile": str(pki.server_key),
+        "cafile": str(cafile or pki.ca_cert),
+        "require_client_cert": True,
+    }

@@ -18,7 +18,7 @@ from broker_edge.observe.refusal_log import LINES_PER_WINDOW, RefusalLog
 from broker_edge.protocol.packets import PubAck, Publish, SubAck
 from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
-from tests.tls_certs import client_ssl_context, make_test_pki
+from tests.tls_certs import client_ssl_context, make_test_pki, mutual_tls
 
 ACL = {"rules": [{"permission": "allow", "action": "all", "topic": "devices/%u/#"}]}
 
@@ -233,12 +233,7 @@ def test_a_client_certificate_the_broker_refuses_names_the_ca_file_it_was_checke
     no setting. It names the file it was checked against (``hint``)."""
     caplog.set_level(logging.INFO)
     pki = make_test_pki(tmp_path / "pki")
-    tls = {
-        "certfile": str(pki.server_cert),
-        "keyfile": str(pki.server_key),
-        "cafile": str(pki.ca_cert),
-        "require_client_cert": True,
-    }
+    tls = mutual_tls(pki)
     broker = start_broker(
         listeners=[{"name": "tls", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}]
     )

@@ -15,7 +15,7 @@ import yaml
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.security.tls import no_client_ca
 from broker_edge.settings.broker import BrokerConfig
-from tests.tls_certs import make_test_pki
+from tests.tls_certs import make_test_pki, mutual_tls
 
 
 def refused(tmp_path: Path, text: str, environment: dict[str, str] | None = None) -> str:
@@ -144,12 +144,7 @@ def test_a_ca_file_holding_only_end_certificates_is_refused_naming_it(tmp_path):
     """A listener's ``tls.cafile`` naming the server's own certificate (or a device's) loaded, ``--check``
     said OK, and every device's handshake then failed with 'unknown ca'."""
     pki = make_test_pki(tmp_path / "pki")
-    tls = {
-        "certfile": str(pki.server_cert),
-        "keyfile": str(pki.server_key),
-        "cafile": str(pki.server_cert),
-        "require_client_cert": True,
-    }
+    tls = mutual_tls(pki, cafile=pki.server_cert)
     listener = {"name": "devices", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}
     err = refused(tmp_path, yaml.safe_dump({"listeners": [listener]}))
     assert "configuration error: listeners[0].tls.cafile: holds no CA certificate, only end ones (" in err
