@@ -8,6 +8,7 @@ links) log failures with ``failure_text`` instead.
 
 from __future__ import annotations
 
+import os
 from http import HTTPStatus
 
 __all__ = ["failure_text"]
@@ -23,7 +24,10 @@ def failure_text(error: BaseException) -> str:
     if isinstance(error, aiohttp.ClientConnectorSSLError):
         return f"TLS with {error.host}:{error.port} failed: {error.os_error}"
     if isinstance(error, aiohttp.ClientConnectorError):
-        why = error.os_error.strerror or str(error.os_error) or type(error.os_error).__name__
+        os_error = error.os_error
+        # asyncio's "Connect call failed ('10.0.0.5', 9886)" says no reason: its errno's name does
+        why = os.strerror(os_error.errno) if os_error.errno else os_error.strerror
+        why = why or str(os_error) or type(os_error).__name__
         return f"cannot connect to {error.host}:{error.port}: {why}"
     if isinstance(error, aiohttp.ClientResponseError):
         try:

@@ -126,10 +126,16 @@ class UplinkConfig:
             parts = urlsplit(hub) if isinstance(hub, str) else None
             if parts is None or parts.scheme != "wss" or not parts.hostname:
                 raise ConfigError(f"hubs[{index}]", f"expected wss://host:port/path, got {hub!r}")
+            if parts.path in ("", "/"):  # the hub answers 404 there, at every dial
+                raise ConfigError(
+                    f"hubs[{index}]",
+                    f"expected wss://host:port/path, the path the hub's uplink_hub.path names (/v1/uplink by "
+                    f"default), got {hub!r}",
+                )
             _check_port(parts, f"hubs[{index}]")
         if self.proxy is not None:
             parts = urlsplit(self.proxy) if isinstance(self.proxy, str) else None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            if parts is None or parts.scheme != "http" or not parts.hostname:
                 raise ConfigError("proxy", f"expected http://host:port, got {self.proxy!r}")
             _check_port(parts, "proxy")
         if not isinstance(self.site_id, str) or not SITE_ID.match(self.site_id):

@@ -139,6 +139,9 @@ class SiteLink:
         self.stored_bytes = 0
         """Bytes of the records sent as stored, before compression."""
         self.gap_records = 0
+        self._gaps_said: dict[str, tuple[int, int]] = {}
+        """Per topic, the last gap said (``[position, start)``): a batch built again before the gap could
+        travel (no record after it yet) does not say nor count it again."""
         self.logs: MirrorLogs | None = None
         """A cluster member's ``mirror_logs`` port (None: a broker alone, whose store holds every log): the
         logs this member holds no copy of are read from their leaders, the downlink appended on them."""
@@ -343,19 +346,26 @@ class SiteLink:
                 ssl.SSLError,
             ) as error:
                 refused = isinstance(error, WireError) and not self._acknowledged  # nothing taken: it lasts
+                delay = self._wait_after(delay, refused)
                 log.warning("uplink to %s: %s; again in %.1f s", hub, _failure(error), delay)
             except ConfigError as error:  # its files were replaced by ones that do not load
+                delay = self._wait_after(delay, refused)
                 log.error("uplink to %s: %s; again in %.1f s", hub, error, delay)
             except Exception:  # never let the link end for good: whatever it was, dial again
+                delay = self._wait_after(delay, refused)
                 log.exception("uplink to %s failed; again in %.1f s", hub, delay)
             finally:
-                if self.connected and not refused:  # a link that worked ended: dial again soon
-                    delay = config.reconnect_min_s
+                delay = self._wait_after(delay, refused)
                 self.connected = False
                 self._ws = None
                 self.hub_certificate.unwatch()
             await asyncio.sleep(delay)
             delay = min(delay * 2, config.reconnect_max_s)
+
+    def _wait_after(self, delay: float, refused: bool) -> float:
+        """The wait before the next dial: ``reconnect_min_s`` after a link that worked (connected, not
+        refused), else ``delay``; said in the line of the failure, so it is set before that line."""
+        return self.config.reconnect_min_s if self.connected and not refused else delay
 
     async def _converse(self, ws: ClientWebSocketResponse) -> None:
 
@@ -589,13 +599,18 @@ class SiteLink:
         return batch
 
     def _gap(self, topic: str, position: int, start: int) -> None:
+        said = self._gaps_said.get(topic)
+        counted = said[1] if said is not None and said[0] == position else position
+        if start <= counted:
+            return  # said and counted already: it waits for a record after it to travel with
         log.warning(
             "uplink: %r records [%d, %d) are gone before they were sent (retention, or damage)",
             topic,
             position,
             start,
         )
-        self.gap_records += start - position
+        self.gap_records += start - counted
+        self._gaps_said[topic] = (position, start)
 
     async def _changed_ends(self) -> tuple[dict[str, list[int]], dict[str, int]]:
         """The ends of the logs changed since they were last reported, and of those the hub holds nothing

@@ -134,10 +134,13 @@ def _unreached(broker: str, error: object) -> str:
 
 
 def _is_admin_endpoint(broker: str, context: ssl.SSLContext | None = None) -> bool:
-    """Whether ``broker`` answers ``/health`` as a broker's admin endpoint does (a JSON object with
-    ``status``), which the offsets API never serves."""
+    """Whether ``broker``'s host and port answer ``/health`` as a broker's admin endpoint does (a JSON object
+    with ``status``), which the offsets API never serves; a path given with it (``/metrics``) is left out."""
+    parts = urllib.parse.urlsplit(broker)
+    origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else broker.rstrip("/")
+    health = f"{origin}/health"
     try:
-        with urllib.request.urlopen(broker.rstrip("/") + "/health", timeout=10, context=context) as answer:
+        with urllib.request.urlopen(health, timeout=10, context=context) as answer:
             body = answer.read(65536)
     except urllib.error.HTTPError as error:
         body = error.read(65536) if error.code == 503 else b""

@@ -159,7 +159,9 @@ def test_uplink_status_pointed_at_the_admin_endpoint_says_so(start_broker, capsy
 
     broker = start_broker()
     admin = f"http://127.0.0.1:{broker.broker.admin_port}"
-    assert uplink_main(["status", "--broker", admin]) == 1
-    said = capsys.readouterr().err
-    assert "has no uplink" not in said
-    assert "admin endpoint (/metrics, /health), not its offsets API" in said and len(said.splitlines()) == 1
+    for given in (admin, f"{admin}/metrics", f"{admin}/health/"):  # a path: it said "has no uplink"
+        assert uplink_main(["status", "--broker", given]) == 1
+        said = capsys.readouterr().err
+        assert "has no uplink" not in said, given
+        assert "admin endpoint (/metrics, /health), not its offsets API" in said, given
+        assert len(said.splitlines()) == 1

@@ -48,3 +48,27 @@ def test_a_site_the_hub_keeps_refusing_backs_off_between_its_dials(tmp_path: Pat
         hub.stop()
     assert 2 <= seen <= 5, f"{seen} refusals in {elapsed:.1f} s"
     assert "the broker keeps at most 1000 logs" in site.log_path.read_text()
+
+
+def test_the_wait_said_after_a_link_that_worked_is_the_one_waited(tmp_path: Path) -> None:
+    """After dials that failed (the wait grown to 4 s), a link that worked and ended sets the wait back to
+    ``reconnect_min_s``: the line saying the end said the grown wait ('again in 4.0 s') and the site dialled
+    0.5 s later."""
+    pki = pki_in(tmp_path)
+    port = free_port()
+    section = site_section(pki, "plant-w", port, reconnect_min_s=0.5, reconnect_max_s=4.0)
+    site = BrokerProcess(tmp_path / "site", dies_with_parent=True, uplink=section).start()
+    hub = BrokerProcess(tmp_path / "hub", dies_with_parent=True, uplink_hub=hub_section(pki, port=port))
+    try:
+        assert wait_for(lambda: "again in 4.0 s" in site.log_path.read_text(), timeout=20)  # no hub yet
+        hub.start()
+        assert wait_for(lambda: "uplink: connected to" in site.log_path.read_text(), timeout=20)
+        connected = site.log_path.read_text().count("uplink: connected to")
+        hub.stop()
+        assert wait_for(lambda: "again in" in site.log_path.read_text().split("uplink: connected to")[-1])
+        said = site.log_path.read_text().split("uplink: connected to")[-1]
+        assert "again in 0.5 s" in said and "again in 4.0 s" not in said, said
+        assert connected == 1
+    finally:
+        site.stop()
+        hub.stop()

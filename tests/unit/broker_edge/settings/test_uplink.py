@@ -69,6 +69,18 @@ def test_a_site_waits_at_most_an_hour_between_dials() -> None:
     [
         ({"hubs": []}, "uplink.hubs: at least one hub address"),
         ({"hubs": ["https://hub:9886/v1/uplink"]}, "uplink.hubs[0]: expected wss://host:port/path"),
+        # no path: the hub answered 404 at every dial, and --check said OK
+        ({"hubs": ["wss://hub:9886"]}, "uplink.hubs[0]: expected wss://host:port/path, the path the hub's"),
+        (
+            {"hubs": ["wss://hub:9886/v1/uplink", "wss://hub2/"]},
+            "uplink.hubs[1]: expected wss://host:port/path",
+        ),
+        # the link to the hub goes through an HTTP proxy (CONNECT), as documented; https:// was taken
+        (
+            {"proxy": "https://proxy:3128"},
+            "uplink.proxy: expected http://host:port, got 'https://proxy:3128'",
+        ),
+        ({"proxy": "socks5://proxy:1080"}, "uplink.proxy: expected http://host:port"),
         ({"site_id": "plant/1"}, "uplink.site_id: letters, digits"),
         ({"site_id": "$plant"}, "uplink.site_id: letters, digits"),
         ({"topics": ["telemetry/#/x"]}, "uplink.topics[0]:"),
