@@ -21,6 +21,7 @@ __all__ = [
     "check_checkpoint",
     "check_input_location",
     "check_output_location",
+    "check_table_root",
     "file_system_failure",
 ]
 
@@ -115,6 +116,17 @@ def _damage(file: Path, *, offsets: bool) -> str | None:
 def _json_error(error: Exception) -> str:
     """Why a line is not JSON: the parser's error, or that it nests past what the parser follows."""
     return TOO_DEEP if isinstance(error, RecursionError) else str(error)
+
+
+def check_table_root(location: str, key: str) -> None:
+    """Raise ConfigError naming ``key`` when delta-rs would not find the tables of ``location`` there: a '%'
+    and two hex digits in a local root, which it reads as a URL escape (``sinks.object_store.check_root``)."""
+    from sinks.object_store import check_root  # (pyarrow: only where a table root is checked)
+
+    try:
+        check_root(location)
+    except ValueError as error:
+        raise ConfigError(key, str(error)) from None
 
 
 def check_input_location(location: str, key: str) -> None:

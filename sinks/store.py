@@ -12,6 +12,7 @@ from one checkpoint) and the micro-batch id, so a batch replayed after a crash w
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -298,6 +299,15 @@ def _sql_literal(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise TypeError(f"a target filter takes strings and integers, not {type(value).__name__}")
+
+
+def command_write_id(name: str) -> str:
+    """The app id of one run of a command's write (``timestone ota create``, ``devices register``), batch 0:
+    ``name`` and a uuid of its own. What such a write merges is idempotent by its keys; under one fixed app
+    id the table's transaction marked it done for ever, and the same write made again (after another tool
+    deleted its row, or from a host whose clock is behind, where the batch was the time) was skipped and
+    said done."""
+    return f"{name}/{uuid.uuid4().hex}"
 
 
 def check_batch(app_id: str, batch_id: int) -> None:

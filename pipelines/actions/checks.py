@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -110,6 +110,10 @@ def timestamp(value: Any) -> str | None:
         return f"expected a timestamp, got {type(value).__name__}"
     if value.tzinfo is None:
         return "a timestamp without a time zone (give it in UTC)"
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        return "a timestamp outside the years 1 to 9999 in UTC"
     return None
 
 

@@ -32,7 +32,12 @@ from pipelines.actions.rollout_options import OPTION_OF_FIELD as ROLLOUT_OPTIONS
 from pipelines.actions.rollout_options import add_rollout_options, instant, rollout_fields
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
-from pipelines.output_paths import check_input_location, check_output_location, file_system_failure
+from pipelines.output_paths import (
+    check_input_location,
+    check_output_location,
+    check_table_root,
+    file_system_failure,
+)
 from sinks.arrow_conform import SchemaMismatch
 from sinks.backends import open_table_store
 from sinks.store import TableStore
@@ -185,10 +190,12 @@ def ota_main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"timestone ota: bad config: {exc}", file=sys.stderr)
         return INVALID
-    root = args.tables_root or config.tables_root
+    root = config.tables_root if args.tables_root is None else args.tables_root
     check = check_output_location if args.verb in ("create", "cancel", "end") else check_input_location
     try:
-        check(root, "--tables-root" if args.tables_root else "tables_root")
+        key = "--tables-root" if args.tables_root is not None else "tables_root"
+        check(root, key)
+        check_table_root(root, key)
     except ConfigError as exc:
         print(f"timestone ota {args.verb}: {exc}", file=sys.stderr)
         return INVALID

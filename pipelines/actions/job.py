@@ -46,7 +46,7 @@ from pipelines.actions.reports import (
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
-from pipelines.output_paths import check_backend, check_checkpoint, check_output_location
+from pipelines.output_paths import check_backend, check_checkpoint, check_output_location, check_table_root
 from pipelines.spark_session import stop_between_batches
 from pipelines.supervisor import GaveUp, SupervisedQuery, Supervisor
 from sinks.backends import Backend, open_table_store
@@ -352,6 +352,7 @@ def validate(section: object) -> ActionsConfig:
     config = load_dataclass(ActionsConfig, section or {})
     check_backend(config.backend, "backend")
     check_output_location(config.tables_root, "tables_root")
+    check_table_root(config.tables_root, "tables_root")
     check_output_location(config.checkpoint_root, "checkpoint_root")
     for query in QUERIES:
         checkpoint = str(Path(config.checkpoint_root) / query)

@@ -20,7 +20,7 @@ from pipelines.actions.summary import FINAL_ACTION_STATES
 from pipelines.actions.validation import check_action_row
 from sinks.arrow_conform import SchemaMismatch
 from sinks.spark_arrow import to_spark
-from sinks.store import TableStore
+from sinks.store import TableStore, command_write_id
 
 OPERATOR_APP_ID = "operator"
 
@@ -234,7 +234,7 @@ def create_action(store: TableStore, action: NewAction) -> str:
                 "give the new action another --id"
             )
         return action.action_id
-    store.merge("actions", table, f"{OPERATOR_APP_ID}/create/{action.action_id}", 0, update=False)
+    store.merge("actions", table, command_write_id(f"{OPERATOR_APP_ID}/create"), 0, update=False)
     return action.action_id
 
 
@@ -266,7 +266,7 @@ def cancel_action(store: TableStore, action_id: str) -> bool:
     store.merge(
         "actions",
         table,
-        f"{OPERATOR_APP_ID}/cancel/{action_id}",
+        command_write_id(f"{OPERATOR_APP_ID}/cancel"),
         0,
         insert=False,
         update_set={"cancel": "s.cancel", "updated_at": "s.updated_at"},
@@ -299,7 +299,7 @@ def end_action(store: TableStore, action_id: str, at: datetime | None = None) ->
     store.merge(
         "actions",
         table,
-        f"{OPERATOR_APP_ID}/end/{action_id}/{int(end.timestamp() * 1000)}",
+        command_write_id(f"{OPERATOR_APP_ID}/end"),
         0,
         insert=False,
         update_set={"schedule": "s.schedule", "updated_at": "s.updated_at"},

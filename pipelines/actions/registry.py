@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from sinks.store import Matching, TableStore
+from sinks.store import Matching, TableStore, command_write_id
 
 __all__ = ["register_devices", "register_main"]
 
@@ -55,9 +55,9 @@ def register_devices(
         for device_id in ids
     ]
     table = pa.Table.from_pylist(rows, schema=store.spec(DEVICES).arrow_schema)
-    batch = int(now.timestamp() * 1000)
     update_set = {"group": "s.group", "updated_at": "s.updated_at", "tags": "coalesce(s.tags, t.tags)"}
-    store.merge(DEVICES, table, "devices/register", batch, update_set=update_set, target_where=listed)
+    app_id = command_write_id("devices/register")
+    store.merge(DEVICES, table, app_id, 0, update_set=update_set, target_where=listed)
     return len(ids), len(set(ids) - known)
 
 
@@ -67,7 +67,7 @@ def register_main(args: argparse.Namespace) -> int:
     from broker_edge.config import ConfigError
     from pipelines.actions.checks import topic_level
     from pipelines.actions.cli import listed_ids, load_actions_config, said_file_system_failure
-    from pipelines.output_paths import check_output_location
+    from pipelines.output_paths import check_output_location, check_table_root
     from sinks.backends import open_table_store
 
     ids = list(args.devices)
@@ -87,8 +87,10 @@ def register_main(args: argparse.Namespace) -> int:
     )
     try:
         config = load_actions_config(args.config)
-        root = args.tables_root or config.tables_root
-        check_output_location(root, "--tables-root" if args.tables_root else "tables_root")
+        root = config.tables_root if args.tables_root is None else args.tables_root
+        key = "--tables-root" if args.tables_root is not None else "tables_root"
+        check_output_location(root, key)
+        check_table_root(root, key)
     except ConfigError as error:
         problem = problem or str(error)
     if problem is not None:

@@ -134,7 +134,14 @@ def instant(text: str) -> datetime:
         raise argparse.ArgumentTypeError(
             f"expected an ISO time such as 2026-12-01T02:00Z, got {text!r}"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:  # a time whose UTC falls outside the years 1 to 9999 no table or job reads back
+        value.astimezone(UTC)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is outside the years 1 to 9999 once in UTC (the actions job rejects such a row)"
+        ) from None
+    return value
 
 
 def add_rollout_options(create: argparse.ArgumentParser) -> None:

@@ -385,14 +385,16 @@ def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
             lines.append(f"          {device} {execution['state']}{details} since {_time(since)}")
         if status.open_count > len(status.open_devices):
             lines.append(f"          ... and {status.open_count - len(status.open_devices)} more")
+    printed = [_printable(line) for line in lines]  # what rows written by hand hold, as a terminal shows it
     if not status.ended:
-        lines.append(job)
-    return "\n".join(lines)
+        printed.append(job)
+    return "\n".join(printed)
 
 
 def _printable(text: str) -> str:
-    """What a device sent (its id, its report's details) as one line a terminal shows as it is: a character
-    that is not printable (a newline, an ANSI escape) is written as Python escapes it (``\\n``, ``\\x1b``)."""
+    """What a device sent (its id, its report's details) or a row written by hand holds, as one line a
+    terminal shows as it is: a character that is not printable (a newline, an ANSI escape) is written as
+    Python escapes it (``\\n``, ``\\x1b``)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
@@ -413,7 +415,7 @@ def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:
     """Every action, one line each (newest first), then whether the job runs; the action column as wide as
     its longest id (a rollback's is its action's and ``-rollback``)."""
     statuses = list(statuses)
-    width = max([22, *(len(status.action_id or "-") for status in statuses)])
+    width = max([22, *(len(_printable(status.action_id or "-")) for status in statuses)])
     header = f"{'action':<{width}} {'kind':<8} {'state':<12} {'done':>11}  {'created':<23} target"
     lines = [header]
     for status in statuses:
@@ -425,8 +427,9 @@ def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:
         kind = str(row.get("kind", "-"))[:8]
         target = _target(row) if row else "-"
         created = _time(row.get("created_at"))
-        action = status.action_id or "-"
-        lines.append(f"{action:<{width}} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}")
+        action = _printable(status.action_id or "-")
+        line = f"{action:<{width}} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}"
+        lines.append(_printable(line))  # an id or a group written by hand forges no line, moves no cursor
     lines.append(job)
     return "\n".join(lines)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 from broker_edge.config.loader import ConfigError
 from sinks.maintenance import Upkeep, maintenance_pass
 
-from .config import MaintenanceTarget
+from .config import MAX_RETENTION_HOURS, MaintenanceTarget
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,8 +76,12 @@ def tables_main(argv: list[str]) -> int:
     if args.config is not None and len(names) != 1:
         print("timestone tables maintain: --config needs exactly one pipeline", file=sys.stderr)
         return 2
-    if args.retention_hours is not None and not 0 <= args.retention_hours < math.inf:  # nan too
-        print("timestone tables maintain: --retention-hours must be a finite number >= 0", file=sys.stderr)
+    if args.retention_hours is not None and not 0 <= args.retention_hours <= MAX_RETENTION_HOURS:  # nan too
+        print(
+            f"timestone tables maintain: --retention-hours must be a number from 0 to {MAX_RETENTION_HOURS} "
+            "(a hundred years)",
+            file=sys.stderr,
+        )
         return 2
     spark: SparkSession | None = None
     done: list[Upkeep] = []

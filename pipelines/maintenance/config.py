@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 #: Shorter retentions could delete the files of a write still running (or a read of a moment ago).
 MIN_RETENTION_HOURS = 1 / 60
+MAX_RETENTION_HOURS = 876_000
+"""A hundred years: delta-rs keeps a retention in a duration of milliseconds (it panicked past its bound)."""
 
 #: Spark keeps this many batches of a streaming query's offsets and commits in its checkpoint.
 MIN_BATCHES_TO_RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
@@ -54,6 +56,8 @@ class MaintenanceConfig:
         for name in ("retention_hours", "log_retention_hours"):
             if getattr(self, name) < MIN_RETENTION_HOURS:
                 raise ConfigError(name, f"must be at least {MIN_RETENTION_HOURS:.4f} (a minute)")
+            if not getattr(self, name) <= MAX_RETENTION_HOURS:  # nan too
+                raise ConfigError(name, f"must be at most {MAX_RETENTION_HOURS} (a hundred years)")
         if self.retention_hours < self.log_retention_hours:  # a version the log holds must stay readable
             raise ConfigError(
                 "retention_hours",

@@ -40,7 +40,7 @@ from pipelines import available_now as available_now_run
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
-from pipelines.output_paths import check_backend, check_checkpoint, check_output_location
+from pipelines.output_paths import check_backend, check_checkpoint, check_output_location, check_table_root
 from pipelines.payloads.sparkplug_tables import sparkplug_metrics
 from pipelines.preflight import require_brokers
 from pipelines.supervisor import Supervisor
@@ -453,6 +453,7 @@ def validate(section: Any) -> TelemetryConfig:
     config = load_telemetry_config(section)
     check_backend(config.tables.backend, "telemetry.tables.backend")
     check_output_location(config.tables.root, "telemetry.tables.root")
+    check_table_root(config.tables.root, "telemetry.tables.root")
     check_output_location(config.stream.checkpoint, "telemetry.stream.checkpoint")
     for checkpoint in (config.stream.checkpoint, sparkplug.checkpoint(config)):
         check_checkpoint(checkpoint, "telemetry.stream.checkpoint")

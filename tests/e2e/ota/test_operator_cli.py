@@ -105,6 +105,24 @@ def test_impossible_values_are_refused_naming_the_option_and_the_field(tmp_path,
     assert not store.exists("actions")
 
 
+@pytest.mark.parametrize("at", ["9999-12-31T23:00:00-05:00", "0001-01-01T00:00:00+01:00"])
+def test_a_time_outside_the_years_1_to_9999_once_in_utc_is_a_wrong_command_line(tmp_path, capsys, at):
+    """Written, it was a row the job rejects, and an end of it one that neither ``cancel`` nor ``end`` could
+    read again: the action could no longer be stopped from the command line."""
+    root = str(tmp_path / "tables")
+    with pytest.raises(SystemExit) as refused:
+        ota(root, "create", "--id", "far", "--devices", "d1", *FIRMWARE, "--start-at", at)
+    assert refused.value.code == 2
+    assert f"{at!r} is outside the years 1 to 9999 once in UTC" in capsys.readouterr().err
+    assert ota(root, "create", "--id", "near", "--devices", "d1", *FIRMWARE) == 0
+    with pytest.raises(SystemExit) as refused:
+        ota(root, "end", "near", "--at", at)
+    assert refused.value.code == 2
+    assert "outside the years 1 to 9999" in capsys.readouterr().err
+    assert ota(root, "cancel", "near") == 0  # still readable: nothing was written
+    assert [(r["schedule"] or {}).get("end_at") for r in actions(root) if r["id"] == "near"] == [None]
+
+
 def test_every_problem_of_an_action_is_listed(tmp_path, capsys):
     root = str(tmp_path / "tables")
     argv = ["create", "--all", "--version", "2.0.0", "--url", "notaurl", "--sha256", "abc", "--size", "-5"]
@@ -168,6 +186,32 @@ def test_cancel_sets_the_flag_once_and_refuses_unknown_and_ended_actions(tmp_pat
     assert ota(root, "cancel", "done") == 1
     assert "action done has ended (COMPLETED): nothing to cancel" in capsys.readouterr().err
     assert [r["cancel"] for r in actions(root) if r["id"] == "done"] == [False]
+
+
+def test_writes_made_again_after_another_tool_deleted_the_row_are_written(tmp_path, capsys):
+    """Each command's write was marked done under an app id of its action (``operator/create/<id>``, batch 0)
+    and a device registration under one app id with the time as its batch: after a notebook deleted the
+    action's row, ``create`` and ``cancel`` of the same id printed success and wrote nothing, and a
+    registration from a host whose clock is behind the last one's was skipped."""
+    from pipelines.actions.registry import register_devices as register
+
+    root = str(tmp_path / "tables")
+    store = open_table_store(None, root, backend="delta-rs")
+    argv = ["create", "--id", "again", "--kind", "command", "--command", "reboot", "--devices", "d1"]
+    assert ota(root, *argv) == 0
+    assert ota(root, "cancel", "again") == 0
+    DeltaTable(store.location("actions")).delete("id = 'again'")
+    assert ota(root, *argv) == 0
+    assert [(r["id"], r["cancel"]) for r in actions(root)] == [("again", False)]
+    assert ota(root, "cancel", "again") == 0
+    assert [(r["id"], r["cancel"]) for r in actions(root)] == [("again", True)]
+    assert "cancel requested for again" in capsys.readouterr().out
+
+    now = datetime.now(UTC)
+    assert register(store, ["c-0"], "ahead", now.replace(year=now.year + 1)) == (1, 1)
+    assert register(store, ["c-1"], "behind", now) == (1, 1)  # this host's clock a year behind the last
+    registered = store.read_arrow("devices").to_pylist()
+    assert sorted((r["device_id"], r["group"]) for r in registered) == [("c-0", "ahead"), ("c-1", "behind")]
 
 
 def test_a_row_created_after_the_year_9999_is_shown_and_refused_not_a_traceback(tmp_path, capsys):
@@ -354,6 +398,26 @@ def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
     assert main(["ota", "--tables-root", "/etc/hostname", "create", "--all", *FIRMWARE]) == 2
     err = capsys.readouterr().err
     assert err == "timestone ota create: --tables-root: '/etc/hostname' is a file, not a directory\n"
+
+
+def test_an_empty_tables_root_and_one_delta_rs_would_read_elsewhere_are_refused_in_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    """``--tables-root ""`` (a shell variable unset) wrote under the default root; a root holding '%20' ended
+    every verb and ``devices register`` in a traceback."""
+    monkeypatch.chdir(tmp_path)
+    escaped = str(tmp_path / "pct%20lake")
+    for root, said in (("", "--tables-root: must not be empty"), (escaped, "holds a '%' and two hex digits")):
+        for argv in (
+            ["ota", "--tables-root", root, "create", "--all", *FIRMWARE],
+            ["ota", "--tables-root", root, "status"],
+        ):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert said in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert main(["devices", "register", "--tables-root", root, "--group", "g", "d-1"]) == 2
+        assert said in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # nothing written, the default root neither
 
 
 def no_file_may_grow() -> None:

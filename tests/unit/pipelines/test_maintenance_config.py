@@ -24,3 +24,9 @@ def test_a_retention_shorter_than_the_log_retention_is_refused_naming_both() -> 
 def test_equal_retentions_and_the_defaults_are_taken() -> None:
     assert MaintenanceConfig(retention_hours=2, log_retention_hours=2).retention_hours == 2
     assert MaintenanceConfig().retention_hours >= MaintenanceConfig().log_retention_hours
+
+
+def test_a_retention_past_a_hundred_years_is_refused_naming_the_key() -> None:
+    """delta-rs holds a retention as a duration of milliseconds: past its bound its vacuum panicked."""
+    with pytest.raises(ConfigError, match=r"^retention_hours: must be at most 876000 \(a hundred years\)"):
+        MaintenanceConfig(retention_hours=1e15)

@@ -30,5 +30,8 @@ def test_a_root_delta_rs_cannot_address_is_a_configuration_error(tmp_path: Path,
     status = tables_main(["maintain", "telemetry", "--set", f"telemetry.tables.root={root}"])
     assert status == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"timestone tables maintain telemetry: table root '{root}' holds a '%'")
+    assert err.startswith(
+        f"timestone tables maintain telemetry: telemetry.tables.root: table root '{root}' holds a '%'"
+    )  # the key, checked with the configuration's other locations
+    assert err.rstrip().endswith("(from --set telemetry.tables.root)")
     assert "Traceback" not in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pipelines.actions.operator import NewAction
-from pipelines.actions.status import ActionStatus, describe
+from pipelines.actions.status import ActionStatus, describe, describe_list
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -110,6 +110,28 @@ def test_status_shows_what_a_device_reported_escaped_one_line_per_device():
     assert all(c.isprintable() for line in lines for c in line), lines
     assert "(flashing\\n          dev-9 SUCCEEDED since 2026-11-25\\x1b[2J\\x1b[32m ok)" in shown[0]
     assert shown[1].startswith("          dev-\\x1b[31m2 QUEUED")
+
+
+def test_rows_written_by_hand_are_shown_escaped_in_the_action_and_in_the_list():
+    """An actions row another tool wrote (an id holding a newline and a forged line, a group with a carriage
+    return, a creator and a version with ANSI escapes) forged lines of ``timestone ota status`` and cleared
+    the operator's screen: only what devices sent was escaped."""
+    row = NewAction(
+        action_id="a-5\nok2  ota  COMPLETED", group="g\rOVERWRITE", version="2\x1b[0m",
+        url="https://fw.example/f", sha256="0" * 64, created_by="nb\x1b[2J",
+    ).row(NOW)  # fmt: skip
+    status = in_progress(row, 1)
+    status.action_id = row["id"]
+    for text in (describe(status, "job line"), describe_list([status], "job line")):
+        lines = text.splitlines()
+        assert all(c.isprintable() for line in lines for c in line), lines
+        assert lines[-1] == "job line"
+        assert not any(line.startswith("ok2") for line in lines), lines
+    detail = describe(status, "job line")
+    assert "action    a-5\\nok2  ota  COMPLETED" in detail and "group g\\rOVERWRITE" in detail
+    assert "by nb\\x1b[2J" in detail and "firmware 2\\x1b[0m from" in detail
+    listed = describe_list([status], "job line").splitlines()
+    assert len(listed) == 3 and listed[1].startswith("a-5\\nok2  ota  COMPLETED ")
 
 
 def test_status_shows_the_payload_the_job_sends_when_the_row_was_changed_in_place():
