@@ -27,7 +27,7 @@ MAX_COMMAND_ARGS = 64
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 """Day names of a weekly maintenance window, in ``datetime.weekday()`` order."""
 
-_TOPIC_UNSAFE = re.compile(r"[/+#\x00-\x1f\x7f]")
+_TOPIC_UNSAFE = re.compile("[/+#\x00-\x1f\x7f-\x9f\ufeff]")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _CLOCK_TIME = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
@@ -42,8 +42,10 @@ def text(max_length: int = MAX_TEXT_LENGTH) -> Check:
             return "must not be empty"
         if len(value) > max_length:
             return f"longer than {max_length} characters"
-        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):  # C0, DEL and C1
             return "contains control characters"
+        if "\ufeff" in value:  # files joined with their byte order marks: 'dev-3' became '\ufeffdev-3'
+            return "contains a byte order mark (U+FEFF), as a text file joined to another leaves one"
         return None
 
     return check

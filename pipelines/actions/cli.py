@@ -296,7 +296,8 @@ def listed_ids(path: str) -> list[str]:
     cannot be read."""
     try:
         with open(path if path != "-" else "/dev/stdin", encoding="utf-8-sig") as lines:
-            return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+            stripped = (line.strip() for line in lines)
+            return [line for line in stripped if line and not line.startswith("#")]  # "  # note" too
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
     except UnicodeDecodeError as error:

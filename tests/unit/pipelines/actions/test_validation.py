@@ -104,3 +104,30 @@ def test_the_definition_is_data_that_names_every_payload_field_it_checks():
     for kind in KINDS.values():
         assert {f"payload.{name}" for name in kind.uses} <= checked
         assert set(kind.required) <= set(kind.uses)
+
+
+@pytest.mark.parametrize(
+    ("device_id", "said"),
+    [
+        ("dev\u009b1", "contains control characters"),  # C1: a terminal's CSI
+        ("dev\u00851", "contains control characters"),  # C1: next line
+        ("\ufeffdev-3", "contains a byte order mark (U+FEFF)"),  # two files joined, each with its BOM
+    ],
+)
+def test_a_device_id_with_c1_controls_or_a_byte_order_mark_is_refused(device_id: str, said: str) -> None:
+    """Only C0 controls and DEL were refused: an id read from joined files targeted a device named
+    '\\ufeffdev-3', not dev-3, and C1 controls passed where the docs say no control characters do."""
+    from pipelines.actions.checks import topic_level, usable_as_topic_level
+
+    assert topic_level(device_id) == said or (topic_level(device_id) or "").startswith(said)
+    assert not usable_as_topic_level(device_id)
+    assert topic_level("dé-1") is None  # printable non-ASCII stays allowed
+
+
+def test_a_device_list_file_skips_indented_comments(tmp_path) -> None:
+    """An indented comment ('  # the night shift') was read as a device id and refused."""
+    from pipelines.actions.cli import listed_ids
+
+    listed = tmp_path / "devices.txt"
+    listed.write_bytes("\ufeff# line 1\r\ndev-1\r\n  # the night shift\r\n\r\n  dev-2  \r\n".encode())
+    assert listed_ids(str(listed)) == ["dev-1", "dev-2"]
