@@ -5,9 +5,11 @@ with failOnDataLoss=true and skips exactly the gap with false."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -59,23 +61,37 @@ def read_hub(spark: SparkSession, hub: RunningBroker, checkpoint: Path, fail_on_
     return sorted(offsets)
 
 
+@contextlib.contextmanager
+def site_behind_a_wan(
+    brokers: Callable[..., RunningBroker], tmp_path: Path, retention_ms: int, **uplink: Any
+) -> Iterator[tuple[RunningBroker, RunningBroker, WanRelay]]:
+    """A hub, and site ``plant-g`` reaching it through a relay the test cuts, with a short retention
+    (``retention_ms``) and ``uplink``'s settings; yielded once the hub holds its first 10 records of
+    ``TOPIC``."""
+    pki = pki_in(tmp_path)
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    wan = WanRelay(hub_port(hub))
+    try:
+        storage = {"retention_ms": retention_ms, "retention_interval_s": 0.2, "segment_bytes": 1024}
+        site = brokers("site", storage=storage, uplink=site_section(pki, "plant-g", wan.port, **uplink))
+        hub_store = hub.broker.store
+        assert hub_store is not None
+        publish(site, 0, 10)
+        assert wait_for(lambda: hub.call(lambda: hub_store.durable_end(HUB_TOPIC)) == 10, timeout=20)
+        yield hub, site, wan
+    finally:
+        wan.close()
+
+
 def test_a_sites_retention_gap_is_warned_before_recorded_on_the_hub_and_read_as_data_loss(
     spark: SparkSession,
     brokers: Callable[..., RunningBroker],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pki = pki_in(tmp_path)
-    hub = brokers("hub", uplink_hub=hub_section(pki))
-    wan = WanRelay(hub_port(hub))
-    try:
-        storage = {"retention_ms": 3000, "retention_interval_s": 0.2, "segment_bytes": 1024}
-        uplink = site_section(pki, "plant-g", wan.port, retention_warning_ratio=0.3)
-        site = brokers("site", storage=storage, uplink=uplink)
+    with site_behind_a_wan(brokers, tmp_path, 3000, retention_warning_ratio=0.3) as (hub, site, wan):
         site_store, hub_store = site.broker.store, hub.broker.store
         assert site_store is not None and hub_store is not None
-        publish(site, 0, 10)
-        assert wait_for(lambda: hub.call(lambda: hub_store.durable_end(HUB_TOPIC)) == 10, timeout=20)
         before_gap = hub.call(lambda: log_frames(hub_store, HUB_TOPIC))
 
         wan.cut(down=True)  # the WAN is down: records 10..29 wait on the site
@@ -106,8 +122,6 @@ def test_a_sites_retention_gap_is_warned_before_recorded_on_the_hub_and_read_as_
         assert lost.value.next_offset == lost_end
         after = hub.call(lambda: hub_store.replicated_log.read_frames(HUB_TOPIC, lost_end, 1 << 20))
         assert after == site.call(lambda: site_store.replicated_log.read_frames(TOPIC, lost_end, 1 << 20))
-    finally:
-        wan.close()
 
     checkpoint = tmp_path / "checkpoint"
     with pytest.raises(StreamingQueryException) as caught:

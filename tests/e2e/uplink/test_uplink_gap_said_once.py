@@ -10,33 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.settings.uplink import site_topic
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.uplink.test_uplink_gap import publish
-from tests.e2e.uplink.uplink_harness import WanRelay, hub_port, hub_section, pki_in, site_section
+from tests.e2e.uplink.test_uplink_gap import HUB_TOPIC, TOPIC, publish, site_behind_a_wan
 
 pytestmark = pytest.mark.timeout(90)
 
-TOPIC = "telemetry/a"
 SAID = "are gone before they were sent"
 
 
 def test_a_gap_waiting_for_a_record_to_travel_with_is_said_and_counted_once(
     brokers: Callable[..., RunningBroker], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    pki = pki_in(tmp_path)
-    hub = brokers("hub", uplink_hub=hub_section(pki))
-    wan = WanRelay(hub_port(hub))
-    try:
-        storage = {"retention_ms": 2000, "retention_interval_s": 0.2, "segment_bytes": 1024}
-        uplink = site_section(pki, "plant-g", wan.port, heartbeat_s=0.2)
-        site = brokers("site", storage=storage, uplink=uplink)
+    with site_behind_a_wan(brokers, tmp_path, 2000, heartbeat_s=0.2) as (hub, site, wan):
         site_store, hub_store = site.broker.store, hub.broker.store
         assert site_store is not None and hub_store is not None
-        hub_topic = site_topic("plant-g", TOPIC)
-        publish(site, 0, 10)
-        assert wait_for(lambda: hub.call(lambda: hub_store.durable_end(hub_topic)) == 10, timeout=20)
 
         wan.cut(down=True)
         publish(site, 10, 20)
@@ -51,9 +39,7 @@ def test_a_gap_waiting_for_a_record_to_travel_with_is_said_and_counted_once(
         assert caplog.text.count(SAID) == 1
 
         publish(site, 30, 5)  # the gap travels with the next record, the hub records it once
-        assert wait_for(lambda: hub.call(lambda: hub_store.durable_end(hub_topic)) == 35, timeout=20)
+        assert wait_for(lambda: hub.call(lambda: hub_store.durable_end(HUB_TOPIC)) == 35, timeout=20)
         assert hub.metric("timestone_broker_uplink_site_gap_records", site="plant-g") == 20
         assert site.metric("timestone_broker_uplink_gap_records") == 20
         assert caplog.text.count(SAID) == 1
-    finally:
-        wan.close()
