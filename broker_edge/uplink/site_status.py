@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -103,9 +103,11 @@ class SiteStatus:
 
 
 class SitesStatus:
-    """Every site this hub heard from, and their metrics (one series per site)."""
+    """Every site this hub admits by name (``admitted``) or heard from, and their metrics (one series per
+    site): a listed site not connected since the hub started is shown, not connected, where it was absent
+    from the status and ``/metrics`` until it dialled again."""
 
-    def __init__(self, store: LogStore, metrics: BrokerMetrics) -> None:
+    def __init__(self, store: LogStore, metrics: BrokerMetrics, admitted: Sequence[str] = ()) -> None:
         self.store = store
         self.sites: dict[str, SiteStatus] = {}
         self._lag_records = metrics.gauge(
@@ -143,6 +145,8 @@ class SitesStatus:
             "uplink_site_last_contact_timestamp", "Wall time of the last message from a site.", ["site"]
         )
         self._connected = metrics.gauge("uplink_site_connected", "1 while a site is connected.", ["site"])
+        for site_id in admitted:
+            self.site(site_id)
 
     def site(self, site_id: str) -> SiteStatus:
         status = self.sites.get(site_id)

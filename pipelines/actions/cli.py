@@ -241,6 +241,11 @@ def said_file_system_failure(command: str, root: str, error: Exception, writes: 
 
 
 def _create(store: TableStore, args: argparse.Namespace) -> int:
+    keys = [key for key, _ in args.arg]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:  # the last one was kept without a word
+        print(f"timestone ota create: --arg: {twice!r} given twice", file=sys.stderr)
+        return INVALID
     from_file = args.devices_from_file is not None
     try:
         devices = listed_ids(args.devices_from_file) if from_file else _comma_list(args.devices)

@@ -74,6 +74,8 @@ def phase(text: str) -> dict[str, Any]:
         item["devices"] = _integer(share, "a share: 5%, a device count or rest")
     for setting in settings:
         key, _, value = setting.partition("=")
+        if key in ("wait", "success") and {"wait": "wait_s", "success": "success_pct"}[key] in item:
+            raise argparse.ArgumentTypeError(f"phase setting {key!r} given twice in {text!r}")
         if key == "wait":
             item["wait_s"] = duration_s(value)
         elif key == "success":

@@ -123,6 +123,20 @@ def test_a_time_outside_the_years_1_to_9999_once_in_utc_is_a_wrong_command_line(
     assert [(r["schedule"] or {}).get("end_at") for r in actions(root) if r["id"] == "near"] == [None]
 
 
+def test_a_setting_given_twice_is_refused_not_the_last_kept(tmp_path, capsys):
+    """``--arg delay=5 --arg delay=6`` wrote delay=6, and ``--phase 10%,wait=1d,wait=2d`` a wait of 2 days,
+    without a word."""
+    root = str(tmp_path / "tables")
+    command = ["create", "--kind", "command", "--command", "reboot", "--devices", "d1"]
+    assert ota(root, *command, "--arg", "delay=5", "--arg", "delay=6") == 2
+    assert capsys.readouterr().err == "timestone ota create: --arg: 'delay' given twice\n"
+    with pytest.raises(SystemExit) as refused:
+        ota(root, *command, "--phase", "10%,wait=1d,wait=2d")
+    assert refused.value.code == 2
+    assert "phase setting 'wait' given twice in '10%,wait=1d,wait=2d'" in capsys.readouterr().err
+    assert not (tmp_path / "tables").exists()
+
+
 def test_every_problem_of_an_action_is_listed(tmp_path, capsys):
     root = str(tmp_path / "tables")
     argv = ["create", "--all", "--version", "2.0.0", "--url", "notaurl", "--sha256", "abc", "--size", "-5"]
