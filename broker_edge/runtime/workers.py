@@ -47,7 +47,6 @@ a member names it (``node=w<n>``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -62,7 +61,7 @@ from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.config_file import ConfigFile
 from broker_edge.runtime.data_lock import DataDirectoryLock
-from broker_edge.runtime.workers_config import member_certificate, member_documents, node_id, write_yaml
+from broker_edge.runtime.workers_config import member_documents, write_yaml
 from broker_edge.runtime.workers_etcd import LocalEtcd, StartStopped
 from broker_edge.runtime.workers_members import Member, RunBroker, config_error_of
 from broker_edge.runtime.workers_supervision import SIGNALS, run_members, stop_members
@@ -177,14 +176,13 @@ def check_workers(document: dict[str, Any], config: BrokerConfig, workers: int) 
     check_directory("storage.directory", config.storage.directory)
     if config.cluster is None:
         _check_no_member_left_out(Path(config.storage.directory) / WORKERS_DIRECTORY, workers)
-    for node, member in members:
+    for index, (node, member) in enumerate(members):
         try:
-            load_dataclass(BrokerConfig, member)
+            loaded = load_dataclass(BrokerConfig, member)
         except ConfigError as error:
             raise ConfigError(error.path, f"member {node} of --workers: {error.detail}") from None
-    if config.cluster is not None and config.cluster.tls is not None:
-        for index in range(workers):
-            _check_member_certificate(config.cluster.tls, node_id(config, index), index)
+        if loaded.cluster is not None and loaded.cluster.tls is not None:
+            _check_member_certificate(loaded.cluster.tls, node, index)
 
 
 def _check_no_member_left_out(base: Path, workers: int) -> None:
@@ -204,13 +202,11 @@ def _check_no_member_left_out(base: Path, workers: int) -> None:
         )
 
 
-def _check_member_certificate(tls: MemberTlsConfig, node: str, index: int) -> None:
-    """Member ``node``'s certificate and key load and name it, as its start requires (``ConfigError``)."""
+def _check_member_certificate(own: MemberTlsConfig, node: str, index: int) -> None:
+    """Member ``index`` (``node``)'s certificate and key, as its configuration names them (``own``), load
+    and name it, as its start requires (``ConfigError``)."""
     from broker_edge.cluster.links.member_identity import MemberTls
 
-    own = dataclasses.replace(
-        tls, certfile=member_certificate(tls.certfile, index), keyfile=member_certificate(tls.keyfile, index)
-    )
     try:
         MemberTls(own, node)
     except ConfigError as error:

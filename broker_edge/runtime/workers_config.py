@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.config.loader import ConfigError, EnvironmentValue
+from broker_edge.settings.bound_ports import WILDCARD_HOSTS
 from broker_edge.settings.broker import WORKERS_DIRECTORY, BrokerConfig
 
 __all__ = ["host_name", "member_certificate", "member_documents", "node_id", "write_yaml"]
@@ -90,10 +91,6 @@ def member_documents(
             cluster["advertise"]["mqtt"] = f"{host_name()}:{config.listeners[0].port}"
         members.append((node, member))
     return members
-
-
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-"""Hosts that bind every interface."""
 
 
 def host_name() -> str:

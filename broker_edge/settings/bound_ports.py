@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from broker_edge.config.loader import ConfigError
 from broker_edge.process.sockets import hosts_overlap
 
-__all__ = ["BoundEndpoint", "check_bind_host", "check_distinct_ports"]
+__all__ = ["WILDCARD_HOSTS", "BoundEndpoint", "check_bind_host", "check_distinct_ports"]
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+"""Hosts that bind every interface."""
 
 _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}\.?\Z){_LABEL}(?:\.{_LABEL})*\.?")

@@ -24,7 +24,12 @@ from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback
 from broker_edge.security.limits import LimitsConfig, check_http_limits
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig, client_ssl_context
-from broker_edge.settings.bound_ports import BoundEndpoint, check_bind_host, check_distinct_ports
+from broker_edge.settings.bound_ports import (
+    WILDCARD_HOSTS,
+    BoundEndpoint,
+    check_bind_host,
+    check_distinct_ports,
+)
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.settings.named_files import check_named_files, check_server_tls
 from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
@@ -472,17 +477,16 @@ class BrokerConfig:
             raise ConfigError(
                 "cluster", "peers replicate through the offsets API: set offsets_api.enabled: true"
             )
-        wildcard = ("0.0.0.0", "::", "")
-        if cluster.advertise.mqtt is None and self.listeners[0].host in wildcard:
+        if cluster.advertise.mqtt is None and self.listeners[0].host in WILDCARD_HOSTS:
             raise ConfigError(
                 "cluster.advertise.mqtt", "required when the first listener binds every interface"
             )
-        if cluster.advertise.offsets_api is None and self.offsets_api.host in wildcard:
+        if cluster.advertise.offsets_api is None and self.offsets_api.host in WILDCARD_HOSTS:
             raise ConfigError(
                 "cluster.advertise.offsets_api", "required when the offsets API binds every interface"
             )
         members_host = self.members_host(cluster)
-        if cluster.advertise.peer is None and members_host in wildcard:
+        if cluster.advertise.peer is None and members_host in WILDCARD_HOSTS:
             raise ConfigError(
                 "cluster.advertise.peer", "required when the members' endpoint binds every interface"
             )

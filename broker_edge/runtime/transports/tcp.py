@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.handlers.context import BrokerContext
     from broker_edge.protocol.packets import Connect
     from broker_edge.security.limits import ConnectionAdmission
+    from broker_edge.security.tls import TlsConfig
 
 __all__ = [
     "BACKLOG",
@@ -223,14 +224,13 @@ _REFUSED_BY_THE_CLIENT = frozenset(
 """OpenSSL's reasons for an alert the client sent about the broker's certificate."""
 
 
-def report_tls_failures(
-    broker: ConnectionHost, listener: str, certfile: str = "", cafile: str = ""
-) -> HandshakeFailure:
+def report_tls_failures(broker: ConnectionHost, listener: str, tls: TlsConfig | None) -> HandshakeFailure:
     """What a TLS listener does with a failed handshake (a bad or missing client certificate, not TLS at
     all, none within ``limits.connect_timeout_s``): count it by reason and write a refusal line naming the
-    listener, the peer and why; when the client refused the broker's certificate (``certfile``), it says so
-    (``refused_by``), and when the broker refused the client's, it names the CA file it checked against
-    (``cafile``, the ``hint``)."""
+    listener, the peer and why; when the client refused the broker's certificate (``tls.certfile``), it says
+    so (``refused_by``), and when the broker refused the client's, it names the CA file it checked against
+    (``tls.cafile``, the ``hint``)."""
+    certfile, cafile = (tls.certfile, tls.cafile) if tls is not None else ("", None)
     refused_by = (
         f"the client: the broker's certificate ({certfile}) does not name the host it dialled, is not of a "
         "CA it trusts, or has expired (timestone pki show)"
@@ -305,12 +305,7 @@ async def start_tcp_listener(
             config.port,
             ssl_context,
             broker.config.limits.connect_timeout_s,
-            report_tls_failures(
-                broker,
-                listener.name,
-                config.tls.certfile if config.tls else "",
-                (config.tls.cafile or "") if config.tls else "",
-            ),
+            report_tls_failures(broker, listener.name, config.tls),
             BACKLOG,
             reuse_port=config.reuse_port,
             serving=serving,

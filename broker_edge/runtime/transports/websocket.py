@@ -367,11 +367,6 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
         read_turns=partial(SocketTurns, turns=turns),
-        on_tls_failure=report_tls_failures(
-            broker,
-            listener.name,
-            config.tls.certfile if config.tls else "",
-            (config.tls.cafile or "") if config.tls else "",
-        ),
+        on_tls_failure=report_tls_failures(broker, listener.name, config.tls),
         reuse_port=config.reuse_port,
     )
