@@ -109,7 +109,7 @@ LIST_CHUNK = 1024
 its turn of the loop (``read_gate.work_turn``)."""
 SLICE_S = 0.002
 """Work a multi-topic fetch, or a read of many records, does between two yields to the event loop."""
-READ_SLICE = 1024
+READ_SLICE = 256
 """Records read at a time (``read_in_slices``): a few milliseconds of CPU at most, their checks mostly."""
 INLINE_RECORDS = 1024
 """Answers of more records are built in a thread of the loop's executor (100,000 records' JSON lines took

@@ -124,9 +124,9 @@ class PahoClient:
         self.publish_reasons: dict[int, int] = {}
         """The reason code of each QoS 1/2 publish's PUBACK (or PUBCOMP) by message id, until ``publish``
         takes it: paho calls a publish with a failure code published all the same."""
-        self.client.on_publish = lambda c, u, mid, reason, props: self.publish_reasons.__setitem__(
-            mid, reason.value
-        )
+        self.publish_reason_strings: dict[int, str] = {}
+        """The reason string of each acknowledgement that had one, by message id (a refusal says why)."""
+        self.client.on_publish = self._acknowledged
         if username is not None:
             self.client.username_pw_set(username, password)
         if will is not None:
@@ -181,6 +181,12 @@ class PahoClient:
         assert got_mid == mid
         return [c.value if hasattr(c, "value") else c for c in codes]
 
+    def _acknowledged(self, client, userdata, mid: int, reason, properties) -> None:
+        self.publish_reasons[mid] = reason.value
+        said = getattr(properties, "ReasonString", None)
+        if said:
+            self.publish_reason_strings[mid] = said
+
     def publish(
         self,
         topic: str,
@@ -198,10 +204,11 @@ class PahoClient:
             info.wait_for_publish(TIMEOUT)
             assert info.is_published(), f"no acknowledgement for {topic}"
             reason = self.publish_reasons.pop(info.mid, None)
+            said = self.publish_reason_strings.pop(info.mid, "")
             assert reason is not None or refusal is None, f"no reason code kept for {refusal:#04x}"
             if reason is not None:  # (None: a test replaced the callback and checks the codes itself)
                 if refusal is None:
-                    assert reason < 0x80, f"publish on {topic} refused: reason code {reason:#04x}"
+                    assert reason < 0x80, f"publish on {topic} refused: reason code {reason:#04x} ({said})"
                 else:
                     assert reason == refusal, (
                         f"publish on {topic}: reason code {reason:#04x}, not {refusal:#04x}"

@@ -448,6 +448,21 @@ def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int 
     )
 
 
+def leadership_settled(target: EtcdTarget) -> bool:
+    """Whether the controller's balancing (``assignment.balance_leaders``) has no leadership left to move:
+    no live member in sync on a partition leads two fewer than that partition's leader. Until then a
+    partition may change leader at any moment, and a publish its old leader was holding is refused (0x83)."""
+    state = cluster_state(target)
+    counts = state.leaders()
+    return all(
+        counts.get(replica, 0) + 1 >= counts[partition.leader]
+        for partition in state.partitions.values()
+        if partition.leader is not None
+        for replica in partition.isr
+        if replica in state.members and replica != partition.leader
+    )
+
+
 def wait_until(
     condition: Callable[[], bool],
     timeout: float = WAIT_S,

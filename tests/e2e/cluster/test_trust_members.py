@@ -37,6 +37,7 @@ from tests.e2e.cluster.proof import (
     wait_settled,
     wait_until,
 )
+from tests.harness.local_cluster import leadership_settled
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,9 +45,14 @@ NODES = ("a", "b", "c")
 
 
 def topic_led_by(target: EtcdTarget, leader: str, prefix: str) -> tuple[str, int]:
-    """A topic whose partition ``leader`` leads, and that partition (once ``leader`` leads one: a member that
-    has just joined may be in every in-sync set before the controller hands it any leadership)."""
-    wait_until(lambda: cluster_state(target).leaders().get(leader, 0) > 0, what=f"{leader} leading one")
+    """A topic whose partition ``leader`` leads, and that partition, once ``leader`` leads one and the
+    controller moves no more leadership (a member that has just joined may be in every in-sync set before
+    the controller hands it any leadership, and a publish to a partition whose leader moves is refused)."""
+    wait_until(
+        lambda: cluster_state(target).leaders().get(leader, 0) > 0 and leadership_settled(target),
+        what=f"{leader} leading one, leadership settled",
+        state=lambda: cluster_state(target),
+    )
     state = cluster_state(target)
     count = len(state.partitions)
     for n in range(10_000):

@@ -1,7 +1,8 @@
 """A read of the most records a request may ask for (100,000) does not hold the broker's event loop, where
 MQTT runs too: the records are read a slice at a time with the loop served between slices, and the
 answer is built in a thread. Measured from the loop itself: the longest time it went unserved while the
-answer was made, generous against a busy machine (held whole, it was 0.3 to 0.9 s)."""
+answer was made, generous against a busy machine (held whole, it was 0.3 to 0.9 s): 100 ms, or an eighth of
+the time one read of them all takes on the loop when the machine is so loaded that this is more."""
 
 from __future__ import annotations
 
@@ -75,6 +76,19 @@ def fetch(harness: ApiHarness, target: str, body: bytes | None = None) -> tuple[
         connection.close()
 
 
+def longest_hold_allowed(harness: ApiHarness) -> float:
+    """``LONGEST_HOLD_S``, or an eighth of the time the loop takes to read the whole log in one call (what
+    a read held whole would hold it for at least) when that is more: a 2-core machine running other tests
+    beside this one is several times slower than an idle one, for the slices as for the whole."""
+
+    async def read_whole(store: LogStore) -> float:
+        started = time.perf_counter()
+        store.read("dense", 0, RECORDS, 64 << 20)
+        return time.perf_counter() - started
+
+    return max(LONGEST_HOLD_S, harness.run(read_whole(harness.store)) / 8)
+
+
 def least_held(harness: ApiHarness, target: str, body: bytes | None = None) -> tuple[int, bytes, float]:
     """``fetch`` three times, with the shortest of the holds: on a loaded machine a thread may wait its turn
     for 100 ms, and a collection of the young generation in a descheduled process for as long, once or twice
@@ -89,9 +103,10 @@ def test_a_read_of_100000_records_leaves_the_loop_served(dense: ApiHarness, outp
     target = f"/v1/logs/dense/records?offset=0&max_records={RECORDS}&max_bytes={64 << 20}&format={output}"
 
     status, data, held = least_held(dense, target)
+    allowed = longest_hold_allowed(dense)
 
     assert status == 200 and len(data) > RECORDS * 40
-    assert held < LONGEST_HOLD_S, f"the loop went {held * 1000:.0f} ms unserved"
+    assert held < allowed, f"the loop went {held * 1000:.0f} ms unserved (at most {allowed * 1000:.0f} ms)"
 
 
 def test_a_batch_fetch_of_100000_records_leaves_the_loop_served(dense: ApiHarness):
@@ -99,9 +114,10 @@ def test_a_batch_fetch_of_100000_records_leaves_the_loop_served(dense: ApiHarnes
     fetch(dense, "/v1/fetch", json.dumps({**body, "max_records": 10}).encode())
 
     status, data, held = least_held(dense, "/v1/fetch", json.dumps({**body, "format": "jsonl"}).encode())
+    allowed = longest_hold_allowed(dense)
 
     assert status == 200 and json.loads(data.split(b"\n", 1)[0])["results"]["dense"]["records"] == RECORDS
-    assert held < LONGEST_HOLD_S, f"the loop went {held * 1000:.0f} ms unserved"
+    assert held < allowed, f"the loop went {held * 1000:.0f} ms unserved (at most {allowed * 1000:.0f} ms)"
 
 
 def test_the_records_read_in_slices_are_the_records_asked_for(dense: ApiHarness):
