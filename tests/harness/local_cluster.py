@@ -463,6 +463,21 @@ def leadership_settled(target: EtcdTarget) -> bool:
     )
 
 
+def placement_settled(target: EtcdTarget, replication_factor: int) -> bool:
+    """Whether the controller has nothing left to move: every partition's replicas are ``replication_factor``
+    copies all in sync, every live member holds its share of them within one, and leadership is settled
+    (``leadership_settled``). While a joining member takes its copies, a partition about to drop the copy of
+    its leader first moves its leadership, spread evenly or not."""
+    state = cluster_state(target)
+    held = dict.fromkeys(state.members, 0)
+    for partition in state.partitions.values():
+        if len(partition.replicas) != replication_factor or set(partition.isr) != set(partition.replicas):
+            return False
+        for replica in partition.replicas:
+            held[replica] = held.get(replica, 0) + 1
+    return max(held.values()) - min(held.values()) <= 1 and leadership_settled(target)
+
+
 def wait_until(
     condition: Callable[[], bool],
     timeout: float = WAIT_S,

@@ -24,7 +24,7 @@ from tests.e2e.cluster.proof import (
     wait_settled,
     wait_until,
 )
-from tests.harness.local_cluster import EtcdTarget
+from tests.harness.local_cluster import EtcdTarget, placement_settled
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -86,9 +86,13 @@ def test_a_device_handed_over_moves_on_when_its_partitions_leadership_moves(
     brokers["d"] = cluster_brokers("d", hand_over_connections=True)
     members = (*NODES, "d")
     wait_until(
-        lambda: leadership_spread(etcd, members) and cluster_state(etcd).leaders().get("d", 0) >= count // 4,
+        lambda: (
+            leadership_spread(etcd, members)
+            and cluster_state(etcd).leaders().get("d", 0) >= count // 4
+            and placement_settled(etcd, 3)
+        ),
         90,
-        "d leading its share, leadership settled",
+        "d leading its share, its copies taken, leadership settled",
         lambda: cluster_state(etcd),
     )
     moved_to_d = [

@@ -59,6 +59,10 @@ def test_a_device_outside_the_group_cannot_join_its_broadcast(spark, tmp_path, c
             **{d.device_id: "SUCCEEDED" for d in stack.fleet.devices},
             "dev-joiner": "FAILED",
         }
+        wait_for(  # (the summary is written after the executions: read between the two, it is behind)
+            lambda: (summary(store, group) or {}).get("total_count") == 3,
+            what="the summary to count the joiner",
+        )
         final = summary(store, group)
         assert final is not None and (final["total_count"], final["failed_count"]) == (3, 1)
         warned = [r.getMessage() for r in caplog.records if "not have in the group" in r.getMessage()]
