@@ -72,9 +72,10 @@ def phase(text: str) -> dict[str, Any]:
         item["percent"] = _number(share, "a percentage such as 5%")
     elif share != "rest":
         item["devices"] = _integer(share, "a share: 5%, a device count or rest")
+    given: set[str] = set()
     for setting in settings:
         key, _, value = setting.partition("=")
-        if key in ("wait", "success") and {"wait": "wait_s", "success": "success_pct"}[key] in item:
+        if key in given:
             raise argparse.ArgumentTypeError(f"phase setting {key!r} given twice in {text!r}")
         if key == "wait":
             item["wait_s"] = duration_s(value)
@@ -82,6 +83,7 @@ def phase(text: str) -> dict[str, Any]:
             item["success_pct"] = _number(value, "a success percentage such as 90")
         else:
             raise argparse.ArgumentTypeError(f"unknown phase setting {key!r}: wait=DURATION or success=PCT")
+        given.add(key)
     return item
 
 

@@ -452,7 +452,10 @@ def leadership_settled(target: EtcdTarget) -> bool:
     """Whether the controller's balancing (``assignment.balance_leaders``) has no leadership left to move:
     no live member in sync on a partition leads two fewer than that partition's leader. Until then a
     partition may change leader at any moment, and a publish its old leader was holding is refused (0x83)."""
-    state = cluster_state(target)
+    return _leaders_balanced(cluster_state(target))
+
+
+def _leaders_balanced(state: ClusterState) -> bool:
     counts = state.leaders()
     return all(
         counts.get(replica, 0) + 1 >= counts[partition.leader]
@@ -475,7 +478,7 @@ def placement_settled(target: EtcdTarget, replication_factor: int) -> bool:
             return False
         for replica in partition.replicas:
             held[replica] = held.get(replica, 0) + 1
-    return max(held.values()) - min(held.values()) <= 1 and leadership_settled(target)
+    return max(held.values()) - min(held.values()) <= 1 and _leaders_balanced(state)
 
 
 def wait_until(
