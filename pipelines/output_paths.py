@@ -17,6 +17,7 @@ from pathlib import Path
 from broker_edge.config.loader import TOO_DEEP, ConfigError
 
 __all__ = [
+    "NotWritable",
     "check_backend",
     "check_checkpoint",
     "check_input_location",
@@ -32,6 +33,11 @@ _RUST_OS_ERROR = re.compile(r'Os \{ code: \d+, kind: \w+, message: "([^"]+)" \}'
 """The same, where delta-rs gives it as Rust's error (``Os { code: 2, kind: NotFound, message: "..." }``)."""
 
 
+class NotWritable(ConfigError):
+    """A local location this process may not write (no write permission, a read-only file system): for a
+    command whose line is right, a failure of where it writes rather than of what it was told."""
+
+
 def check_backend(backend: str, key: str) -> None:
     """Raise ConfigError naming ``key`` when ``backend`` is ``native`` and this process has no Spark Delta:
     the store would fail at its first table, once Spark started (a Databricks task's line, run elsewhere)."""
@@ -43,7 +49,8 @@ def check_backend(backend: str, key: str) -> None:
 
 
 def check_output_location(location: str, key: str) -> None:
-    """Raise ConfigError naming ``key`` when a local ``location`` cannot be a directory written here."""
+    """Raise ConfigError naming ``key`` when a local ``location`` cannot be a directory written here
+    (:class:`NotWritable` when it could be, but this process may not write it)."""
     path = _local_directory(location, key)
     if path is None:
         return
@@ -53,7 +60,7 @@ def check_output_location(location: str, key: str) -> None:
     if not existing.is_dir():
         raise ConfigError(key, f"{location!r} cannot be created: {str(existing)!r} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
+        raise NotWritable(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
 
 
 def check_checkpoint(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +23,10 @@ MAX_ID_LENGTH = 128
 MAX_TEXT_LENGTH = 256
 MAX_URL_LENGTH = 2048
 MAX_COMMAND_ARGS = 64
+MAX_IDS_SHOWN = 20
+"""Unusable device ids one refusal names; it counts the others."""
+MAX_SHOWN_LENGTH = 48
+"""Characters of a refused value a refusal quotes."""
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 """Day names of a weekly maintenance window, in ``datetime.weekday()`` order."""
@@ -30,6 +34,7 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _TOPIC_UNSAFE = re.compile("[/+#\x00-\x1f\x7f-\x9f\ufeff]")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _CLOCK_TIME = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
+_NOT_ONE_LEVEL = "contains '/', '+' or '#', which cannot be part of one topic level"
 
 
 def text(max_length: int = MAX_TEXT_LENGTH) -> Check:
@@ -53,10 +58,36 @@ def text(max_length: int = MAX_TEXT_LENGTH) -> Check:
 
 def topic_level(value: Any) -> str | None:
     """A name that becomes one MQTT topic level (``actions/groups/<group>``, ``actions/devices/<id>``)."""
+    problem = _level_problem(value)
+    return f"{value!r} {problem}" if problem == _NOT_ONE_LEVEL else problem
+
+
+def _level_problem(value: Any) -> str | None:
+    """What keeps ``value`` from being one topic level, without naming the value."""
     problem = text(MAX_ID_LENGTH)(value)
     if problem is None and _TOPIC_UNSAFE.search(value):
-        return f"{value!r} contains '/', '+' or '#', which cannot be part of one topic level"
+        return _NOT_ONE_LEVEL
     return problem
+
+
+def unusable_ids(ids: Sequence[Any]) -> str | None:
+    """Every id of ``ids`` that cannot be one topic level, by its index and grouped by what is wrong with it
+    (the first :data:`MAX_IDS_SHOWN` named, the others counted); None when every one can."""
+    bad = [(index, problem) for index, value in enumerate(ids) if (problem := _level_problem(value))]
+    if not bad:
+        return None
+    named: dict[str, list[str]] = {}
+    for index, problem in bad[:MAX_IDS_SHOWN]:
+        named.setdefault(problem, []).append(f"[{index}] {_shown(ids[index])}")
+    said = "; ".join(f"{', '.join(listed)}: {problem}" for problem, listed in named.items())
+    more = f"; and {len(bad) - MAX_IDS_SHOWN} more" if len(bad) > MAX_IDS_SHOWN else ""
+    return f"{len(bad)} device {'id' if len(bad) == 1 else 'ids'} cannot be used: {said}{more}"
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a refusal quotes it: its ``repr``, cut short past :data:`MAX_SHOWN_LENGTH` characters."""
+    quoted = repr(value)
+    return quoted if len(quoted) <= MAX_SHOWN_LENGTH else f"{quoted[: MAX_SHOWN_LENGTH - 3]}..."
 
 
 def usable_as_topic_level(value: Any) -> bool:
@@ -145,11 +176,7 @@ def device_ids(value: Any) -> str | None:
         return f"expected a list of device ids, got {type(value).__name__}"
     if len(value) > MAX_DEVICE_IDS:
         return f"lists {len(value)} devices, more than {MAX_DEVICE_IDS} (target a group instead)"
-    for index, device_id in enumerate(value):
-        problem = topic_level(device_id)
-        if problem is not None:
-            return f"[{index}]: {problem}"
-    return _twice(value)
+    return unusable_ids(value) or _twice(value)
 
 
 def _twice(values: list | tuple) -> str | None:

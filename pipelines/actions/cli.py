@@ -1,8 +1,9 @@
 """``timestone ota``: create, cancel and follow actions (each only reads or writes the Delta tables).
 
 Exit status: 0 done; 1 the tables say no (an unknown action, an id taken by another action, an action that
-has ended); 2 the command line or the config is wrong (a value the rules of a valid action refuse, a group
-without devices); 130 ``status --watch`` stopped with Ctrl-C.
+has ended) or cannot be written (a full disk, no write permission); 2 the command line or the config is
+wrong (a value the rules of a valid action refuse, a group without devices); 130 ``status --watch`` stopped
+with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pipelines.actions.rollout_options import add_rollout_options, instant, roll
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
 from pipelines.output_paths import (
+    NotWritable,
     check_input_location,
     check_output_location,
     check_table_root,
@@ -86,8 +88,8 @@ def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, cancel or end of "
-    "an ended action, an actions table in a layout of its own) or cannot be written (a full disk); 2 a "
-    "wrong command line or config; 130 status --watch stopped by Ctrl-C"
+    "an ended action, an actions table in a layout of its own) or cannot be written (a full disk, no write "
+    "permission); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C"
 )
 
 
@@ -133,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--abort-failure-pct", type=float, help="abort when this %% of finished devices failed"
     )
     create.add_argument(
-        "--abort-min-executed", type=int, default=1, help="...after at least this many finished"
+        "--abort-min-executed",
+        type=int,
+        help="...after at least this many finished (default 1; only with --abort-failure-pct)",
     )
     create.add_argument("--timeout", type=int, help="in-progress timeout per device, seconds")
     add_rollout_options(create)
@@ -196,9 +200,9 @@ def ota_main(argv: list[str]) -> int:
         key = "--tables-root" if args.tables_root is not None else "tables_root"
         check(root, key)
         check_table_root(root, key)
-    except ConfigError as exc:
+    except ConfigError as exc:  # a root it may not write is a failure of the tables, not of the line
         print(f"timestone ota {args.verb}: {exc}", file=sys.stderr)
-        return INVALID
+        return REFUSED if isinstance(exc, NotWritable) else INVALID
     store = open_table_store(None, root, backend="delta-rs")
     try:
         if args.verb == "create":
@@ -241,10 +245,9 @@ def said_file_system_failure(command: str, root: str, error: Exception, writes: 
 
 
 def _create(store: TableStore, args: argparse.Namespace) -> int:
-    keys = [key for key, _ in args.arg]
-    twice = next((key for key in keys if keys.count(key) > 1), None)
-    if twice is not None:  # the last one was kept without a word
-        print(f"timestone ota create: --arg: {twice!r} given twice", file=sys.stderr)
+    wrong = _wrong_options(args)
+    if wrong is not None:
+        print(f"timestone ota create: {wrong}", file=sys.stderr)
         return INVALID
     from_file = args.devices_from_file is not None
     try:
@@ -265,7 +268,7 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
         args=dict(args.arg),
         max_per_minute=args.max_per_minute,
         failure_pct=args.abort_failure_pct,
-        min_executed=args.abort_min_executed,
+        min_executed=1 if args.abort_min_executed is None else args.abort_min_executed,
         in_progress_timeout_s=args.timeout,
         created_by=args.created_by,
         **rollout_fields(args),
@@ -289,6 +292,21 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
             return _invalid([InvalidAction("target.group", problem)])
     print(create_action(store, action))
     return 0
+
+
+def _wrong_options(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options of ``create`` taken together, or None: a key given twice (the last
+    one was kept without a word), a setting that means nothing without another."""
+    keys = [key for key, _ in args.arg]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:
+        return f"--arg: {twice!r} given twice"
+    if args.abort_min_executed is not None and args.abort_failure_pct is None:
+        return (
+            "--abort-min-executed needs --abort-failure-pct: it is how many devices must have finished "
+            "before their share of failures aborts the action"
+        )
+    return None
 
 
 def _comma_list(devices: str | None) -> list[str]:

@@ -65,9 +65,8 @@ def register_main(args: argparse.Namespace) -> int:
     """``timestone devices register`` (its options: ``pipelines.fleet.cli``): the devices given, in their
     group, in the ``devices`` table."""
     from broker_edge.config import ConfigError
-    from pipelines.actions.checks import topic_level
     from pipelines.actions.cli import listed_ids, load_actions_config, said_file_system_failure
-    from pipelines.output_paths import check_output_location, check_table_root
+    from pipelines.output_paths import NotWritable, check_output_location, check_table_root
     from sinks.backends import open_table_store
 
     ids = list(args.devices)
@@ -78,24 +77,19 @@ def register_main(args: argparse.Namespace) -> int:
             print(f"timestone devices register: --from-file: {error}", file=sys.stderr)
             return 2
     tags = dict(tag.partition("=")[::2] for tag in args.tag)
-    problem = (
-        "no device id given (as arguments or --from-file)"
-        if not ids
-        else next((f"--tag {tag!r}: expected KEY=VALUE" for tag in args.tag if "=" not in tag[1:]), None)
-        or next((f"--group: {why}" for why in [topic_level(args.group)] if why is not None), None)
-        or next((f"device id {d!r}: {why}" for d in ids if (why := topic_level(d)) is not None), None)
-    )
+    problem, status = _command_line_problem(args, ids), 2
     try:
         config = load_actions_config(args.config)
         root = config.tables_root if args.tables_root is None else args.tables_root
         key = "--tables-root" if args.tables_root is not None else "tables_root"
         check_output_location(root, key)
         check_table_root(root, key)
-    except ConfigError as error:
-        problem = problem or str(error)
+    except ConfigError as error:  # a root it may not write is a failure of the table, not of the line
+        if problem is None:
+            problem, status = str(error), 1 if isinstance(error, NotWritable) else 2
     if problem is not None:
         print(f"timestone devices register: {problem}", file=sys.stderr)
-        return 2
+        return status
     store = open_table_store(None, root, backend="delta-rs")
     try:
         registered, new = register_devices(store, ids, args.group, datetime.now(UTC), tags)
@@ -103,3 +97,16 @@ def register_main(args: argparse.Namespace) -> int:
         return said_file_system_failure("timestone devices register", root, error)
     print(f"registered {registered} devices in group {args.group!r} ({new} new) in {root}/devices")
     return 0
+
+
+def _command_line_problem(args: argparse.Namespace, ids: list[str]) -> str | None:
+    """What is wrong with the devices, group and tags given (every unusable device id at once), or None."""
+    from pipelines.actions.checks import topic_level, unusable_ids
+
+    if not ids:
+        return "no device id given (as arguments or --from-file)"
+    return (
+        next((f"--tag {tag!r}: expected KEY=VALUE" for tag in args.tag if "=" not in tag[1:]), None)
+        or next((f"--group: {why}" for why in [topic_level(args.group)] if why is not None), None)
+        or unusable_ids(ids)
+    )

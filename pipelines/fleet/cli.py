@@ -112,8 +112,8 @@ EXIT_STATUS = (
 )
 
 REGISTER_EXIT_STATUS = (
-    "exit status: 0 registered; 1 the devices table cannot be written (a full disk); 2 a wrong command line "
-    "or config, or no device given"
+    "exit status: 0 registered; 1 the devices table cannot be written (a full disk, no write permission); "
+    "2 a wrong command line or config, or no device given"
 )
 
 

@@ -71,7 +71,7 @@ def test_register_refuses_a_command_line_without_devices_or_with_an_unusable_nam
     assert main(["devices", "register", "--tables-root", root, "--group", "a/b", "d1"]) == 2
     assert "--group: 'a/b' contains '/'" in capsys.readouterr().err
     assert main(["devices", "register", "--tables-root", root, "--group", "g", "d+1"]) == 2
-    assert "device id 'd+1'" in capsys.readouterr().err
+    assert "1 device id cannot be used: [0] 'd+1': contains '/', '+'" in capsys.readouterr().err
 
 
 def test_a_file_of_device_ids_saved_by_an_editor_registers_the_ids_it_shows(tmp_path, capsys):

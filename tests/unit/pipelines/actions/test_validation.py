@@ -87,7 +87,7 @@ def test_device_id_lists_refuse_duplicates_unsafe_ids_and_oversized_lists():
     row = ota_row(target__group=None, target__device_ids=["d1", "d2", "d1"])
     assert [str(p) for p in problems(row)] == ["target.device_ids: lists d1 more than once"]
     row = ota_row(target__group=None, target__device_ids=["d1", "dev/2"])
-    assert "[1]: 'dev/2' contains '/'" in str(problems(row)[0])
+    assert "[1] 'dev/2': contains '/'" in str(problems(row)[0])
     many = [f"d{i}" for i in range(MAX_DEVICE_IDS + 1)]
     assert "target a group instead" in str(problems(ota_row(target__group=None, target__device_ids=many))[0])
 
