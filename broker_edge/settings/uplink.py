@@ -22,6 +22,7 @@ __all__ = [
     "SITE_ID",
     "SITE_PREFIX",
     "Compression",
+    "HubTlsConfig",
     "UplinkConfig",
     "UplinkHubConfig",
     "UplinkTlsConfig",
@@ -184,10 +185,28 @@ class UplinkConfig:
 
 
 @dataclass
+class HubTlsConfig(TlsConfig):
+    """The hub endpoint's TLS: always mutual, as sites are known by their certificates."""
+
+    require_client_cert: bool = True
+    """Refuse sites without a certificate signed by ``cafile``; always true for a hub (``false`` is refused:
+    sites are known by their certificates)."""
+
+    def __post_init__(self) -> None:
+        if self.require_client_cert is not True:  # written false: refused, never taken as true
+            raise ConfigError(
+                "require_client_cert", "must be true for a hub (sites are known by their certificates)"
+            )
+        if not self.cafile:
+            raise ConfigError("cafile", "required: sites are known by their certificates")
+        super().__post_init__()
+
+
+@dataclass
 class UplinkHubConfig:
     """This broker is a hub: sites dial in here and it holds each one's logs at the site's offsets."""
 
-    tls: TlsConfig
+    tls: HubTlsConfig
     """The endpoint's certificate, and ``cafile``, the CA of the sites' certificates (always required)."""
     host: str = "127.0.0.1"
     """Address to bind."""
@@ -216,9 +235,6 @@ class UplinkHubConfig:
         return self.site_downlink.get(site, self.downlink)
 
     def __post_init__(self) -> None:
-        if not self.tls.cafile:
-            raise ConfigError("tls.cafile", "required: sites are known by their certificates")
-        self.tls.require_client_cert = True
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         check_bind_host(self.host)

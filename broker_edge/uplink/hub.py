@@ -109,7 +109,7 @@ class UplinkHub:
         self.store = store
         self.logs: MirrorLogs = LocalMirrorLogs(store)
         self.config = config
-        self.status = SitesStatus(store, metrics, config.sites or ())
+        self.status = SitesStatus(store, metrics, config.sites)
         self.expired = ExpiredOnArrival(store)
         self.tls = ServerContexts(lambda: server_ssl_context(config.tls), config.tls, "uplink hub")
         self.certificates = SiteCertificates(self.tls.trust)

@@ -9,13 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker_edge.settings.uplink import site_topic
+from broker_edge.settings.uplink import SITE_ID, SITE_PREFIX, site_topic
 
 if TYPE_CHECKING:
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.storage import LogStore
 
-__all__ = ["CLOSE_REASONS", "SiteStatus", "SitesStatus"]
+__all__ = ["CLOSE_REASONS", "SiteStatus", "SitesStatus", "held_sites"]
 
 CLOSE_REASONS = ("expired", "untrusted", "revoked")
 """Why the hub ended a site's link for its certificate (``site_certificates``): the ``reason`` of
@@ -102,12 +102,25 @@ class SiteStatus:
         }
 
 
-class SitesStatus:
-    """Every site this hub admits by name (``admitted``) or heard from, and their metrics (one series per
-    site): a listed site not connected since the hub started is shown, not connected, where it was absent
-    from the status and ``/metrics`` until it dialled again."""
+def held_sites(store: LogStore) -> list[str]:
+    """The sites whose logs ``store`` holds (its ``$site/<site>/...`` topics), sorted."""
+    sites = set()
+    for topic in store.topics():
+        if topic.startswith(SITE_PREFIX):
+            site = topic[len(SITE_PREFIX) :].partition("/")[0]
+            if SITE_ID.match(site):
+                sites.add(site)
+    return sorted(sites)
 
-    def __init__(self, store: LogStore, metrics: BrokerMetrics, admitted: Sequence[str] = ()) -> None:
+
+class SitesStatus:
+    """Every site this hub admits by name (``admitted``; None: every site, then those it holds logs of) or
+    heard from, and their metrics (one series per site): such a site not connected since the hub started
+    is shown, not connected, where it was absent from the status and ``/metrics`` until it dialled again."""
+
+    def __init__(
+        self, store: LogStore, metrics: BrokerMetrics, admitted: Sequence[str] | None = None
+    ) -> None:
         self.store = store
         self.sites: dict[str, SiteStatus] = {}
         self._lag_records = metrics.gauge(
@@ -145,7 +158,7 @@ class SitesStatus:
             "uplink_site_last_contact_timestamp", "Wall time of the last message from a site.", ["site"]
         )
         self._connected = metrics.gauge("uplink_site_connected", "1 while a site is connected.", ["site"])
-        for site_id in admitted:
+        for site_id in held_sites(store) if admitted is None else admitted:
             self.site(site_id)
 
     def site(self, site_id: str) -> SiteStatus:

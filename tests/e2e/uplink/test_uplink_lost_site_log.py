@@ -1,7 +1,9 @@
-"""A site whose data directory was lost or replaced: the hub already holds its topics up to an end the new
-logs are below. The site moves each such log on to the hub's end at connection, so what its devices
-publish from then on reaches the hub (where everything below the hub's end was dropped there as already
-held); records taken before it could connect stay in its log and are named, never sent."""
+"""A site whose data directory was lost or replaced, or whose logs another broker with its certificate went
+on with in the hub's copy: the hub already holds its topics up to an end the site's logs are below. The site
+moves each such log on to the hub's end at connection, so what its devices publish from then on reaches the
+hub (where everything below the hub's end was dropped there as already held); the records it holds below
+that end stay in its log and are named, not sent up, with no word of their never being sent: they may have
+been, before the other broker went on."""
 
 from __future__ import annotations
 
@@ -100,7 +102,40 @@ def test_records_a_site_took_before_it_reached_the_hub_stay_in_its_log_and_are_n
     errors = messages(caplog, logging.ERROR)
     assert any(
         "the hub holds 'telemetry/w' up to 10, this site only to 5" in text
-        and "its records 0 to 4 stay here, never sent" in text
+        and "its records 0 to 4 stay here, not sent up (the hub holds records at those offsets already"
+        in text
         and "the log goes on at 10" in text
         for text in errors
     ), errors
+
+
+def test_a_site_back_after_another_broker_went_on_does_not_call_the_records_it_sent_never_sent(
+    brokers: Brokers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first broker sent 0 to 9 and stopped; a second with the site's certificate (another data
+    directory) took the site and sent 10 to 14. The first, started again on its data directory, moves its
+    log on to 15 and names its records 0 to 9 as kept here, not sent up, where it said "never sent" of
+    records the hub holds byte for byte."""
+    hub, pki = site_that_lost_its_disk(brokers, tmp_path)
+    clone = brokers("site-clone", uplink=site_section(pki, "plant-w", hub_port(hub)))
+    assert wait_for(lambda: clone.call(lambda: clone.broker.site_link.connected), timeout=20)
+    publish(clone, 5, "clone")
+    assert wait_for(lambda: hub_end(hub) == 15, timeout=20), hub_end(hub)
+    clone.stop()
+    caplog.set_level(logging.WARNING, logger="broker_edge")
+    first = brokers("site-disk-1", uplink=site_section(pki, "plant-w", hub_port(hub)))
+    assert wait_for(lambda: first.call(lambda: first.broker.site_link.connected), timeout=20)
+    publish(first, 3, "again")
+    assert wait_for(lambda: hub_end(hub) == 18, timeout=20), hub_end(hub)
+    sent = [f"before {n}".encode() for n in range(10)]
+    assert payloads(hub, HELD, 0, 10) == payloads(first, TOPIC, 0, 10) == sent
+    assert payloads(hub, HELD, 15, 18) == [f"again {n}".encode() for n in range(3)]
+    errors = messages(caplog, logging.ERROR)
+    assert any(
+        "the hub holds 'telemetry/w' up to 15, this site only to 10: this site's log was lost or replaced, "
+        "or another broker with this site's certificate sent the hub more; its records 0 to 9 stay here, "
+        "not sent up (the hub holds records at those offsets already: these if they were sent before, else "
+        "others); the log goes on at 15" in text
+        for text in errors
+    ), errors
+    assert not any("never sent" in text for text in errors), errors

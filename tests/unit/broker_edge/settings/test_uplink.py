@@ -39,6 +39,36 @@ def test_a_hub_always_requires_client_certificates() -> None:
     assert (uplink_hub.port, uplink_hub.path, uplink_hub.sites) == (0, "/v1/uplink", None)
 
 
+def test_a_hub_refuses_require_client_cert_written_false_naming_the_key() -> None:
+    """Written false, it was taken as true without a word."""
+    with pytest.raises(ConfigError) as refused:
+        hub(tls={**TLS, "require_client_cert": False})
+    assert str(refused.value) == (
+        "uplink_hub.tls.require_client_cert: must be true for a hub (sites are known by their certificates)"
+    )
+    uplink_hub = hub(tls={**TLS, "require_client_cert": True}).uplink_hub
+    assert uplink_hub is not None and uplink_hub.tls.require_client_cert is True
+
+
+def test_broker_check_names_require_client_cert_written_false_in_a_hub(tmp_path: Path) -> None:
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        "uplink_hub:\n  tls: {certfile: a, keyfile: b, cafile: c, require_client_cert: false}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "broker", "--check", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert (
+        "uplink_hub.tls.require_client_cert: must be true for a hub (sites are known by their certificates)"
+        f" (in {config}, line 2)"
+    ) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_hub_serves_each_site_its_own_downlink_or_the_default() -> None:
     uplink_hub = hub(site_downlink={"plant-1": ["actions/groups/line-1"]}).uplink_hub
     assert uplink_hub is not None
