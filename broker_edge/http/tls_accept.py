@@ -45,6 +45,7 @@ from broker_edge.process.sockets import listening_sockets
 
 __all__ = [
     "ACCEPT_PAUSE_S",
+    "CLIENT_NOT_VERIFIED",
     "NO_CRL",
     "NO_CRL_HINT",
     "PROBE",
@@ -53,6 +54,7 @@ __all__ = [
     "HandshakeFailure",
     "TlsServer",
     "failure_reason",
+    "not_verified_hint",
     "start_tls_server",
     "tls_failure_lines",
 ]
@@ -82,6 +84,8 @@ NO_CRL_HINT = (
     "endpoint's tls.crlfile: add that CA's CRL (timestone pki crl --ca DIR), then SIGHUP"
 )
 """What the refusal line of a ``NO_CRL`` handshake adds (``hint``)."""
+CLIENT_NOT_VERIFIED = "certificate_verify_failed"
+"""OpenSSL's reason for a client certificate the server refused (not of its CAs, expired, not yet valid)."""
 _UNABLE_TO_GET_CRL = 3
 
 
@@ -310,13 +314,31 @@ _tls_refusals = RefusalLog()
 """The lines of failed TLS handshakes of a site told no ``on_tls_failure``."""
 
 
-def tls_failure_lines(site: str, quiet: frozenset[str] = frozenset()) -> HandshakeFailure:
+def not_verified_hint(setting: str, cafile: str) -> str:
+    """What the refusal line of a ``CLIENT_NOT_VERIFIED`` handshake adds (``hint``): the CA file the client's
+    certificate was checked against, and the setting (``setting``) that names it."""
+    return (
+        f"the client's certificate did not verify against {setting} ({cafile}): not issued by a CA there, "
+        "expired or not yet valid, as the error says (timestone pki show names a certificate's issuer and "
+        "validity)"
+    )
+
+
+def tls_failure_lines(
+    site: str, quiet: frozenset[str] = frozenset(), cafile: tuple[str, str] | None = None
+) -> HandshakeFailure:
     """What a site does with a failed TLS handshake: one WARNING naming the peer and why (limited per
-    reason); a port check (``PROBE``) and the reasons in ``quiet`` are DEBUG lines."""
-    return partial(_tls_failed, site, quiet)
+    reason); a port check (``PROBE``) and the reasons in ``quiet`` are DEBUG lines. ``cafile``: the setting
+    and the file client certificates are checked against, named in the line of one that did not verify."""
+    hints = {NO_CRL: NO_CRL_HINT}
+    if cafile is not None and cafile[1]:
+        hints[CLIENT_NOT_VERIFIED] = not_verified_hint(*cafile)
+    return partial(_tls_failed, site, quiet, hints)
 
 
-def _tls_failed(site: str, quiet: frozenset[str], peer: str, reason: str, _error: BaseException) -> None:
+def _tls_failed(
+    site: str, quiet: frozenset[str], hints: dict[str, str], peer: str, reason: str, error: BaseException
+) -> None:
     if reason == PROBE:
         log.debug("a port check on the %s: %s hung up without a byte", site, peer)
         return
@@ -324,5 +346,14 @@ def _tls_failed(site: str, quiet: frozenset[str], peer: str, reason: str, _error
         log.debug("TLS handshake with the %s ended: %s (peer %s)", site, reason, peer)
         return
     text = f"TLS handshake with the {site} failed: {reason}"
-    fields = {"hint": NO_CRL_HINT} if reason == NO_CRL else {}
-    _tls_refusals.write(log, time.monotonic(), "tls_handshake", text, peer=peer, tls_reason=reason, **fields)
+    fields = {"hint": hints[reason]} if reason in hints else {}
+    _tls_refusals.write(
+        log,
+        time.monotonic(),
+        "tls_handshake",
+        text,
+        peer=peer,
+        tls_reason=reason,
+        error=str(error) or type(error).__name__,
+        **fields,
+    )

@@ -509,7 +509,7 @@ class Broker(BrokerCore):
         ssl_context = self.offsets_tls.context if self.offsets_tls is not None else None
 
         async def serve(sock: socket.socket) -> GuardedRunner:
-            from broker_edge.http.guard import start_guarded_site
+            from broker_edge.http.guard import start_guarded_site, tls_failure_lines
             from broker_edge.offsets_api.requests import request_line_for
             from broker_edge.offsets_api.server import ApiLimits, create_app, reader_authenticator
             from broker_edge.runtime.transports.turns import HTTP_READ_WEIGHT, SocketTurns
@@ -543,7 +543,10 @@ class Broker(BrokerCore):
                 min_read_bytes_per_s=limits.min_read_bytes_per_s,
                 max_per_reader=limits.max_connections_per_reader,
                 read_turns=partial(SocketTurns, turns=self.read_turns, weight=HTTP_READ_WEIGHT),
-                name="offsets API",
+                on_tls_failure=tls_failure_lines(
+                    "offsets API",
+                    cafile=("offsets_api.tls.cafile", tls_config.cafile or "") if tls_config else None,
+                ),
                 certificates=certificates,
                 vouch=holds_a_token,
             )

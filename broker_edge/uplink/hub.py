@@ -31,7 +31,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker_edge import bounds
 from broker_edge.engine.ports import MirrorRefused
-from broker_edge.http.guard import GuardedRunner, start_guarded_site
+from broker_edge.http.guard import GuardedRunner, start_guarded_site, tls_failure_lines
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 from broker_edge.security.tls import ServerContexts, server_ssl_context
@@ -143,7 +143,9 @@ class UplinkHub:
             config.max_connections,
             config.request_timeout_s,
             sock=sock,
-            name="uplink endpoint",
+            on_tls_failure=tls_failure_lines(
+                "uplink endpoint", cafile=("uplink_hub.tls.cafile", config.tls.cafile or "")
+            ),
         )
         self.port = self._runner.port
 

@@ -130,7 +130,11 @@ async def serve_members_endpoint(
         is_member=is_member,
         min_read_bytes_per_s=limits.min_read_bytes_per_s,
         name="members' endpoint",
-        on_tls_failure=tls_failure_lines("members' endpoint", quiet=MEMBERS_HANG_UP),
+        on_tls_failure=tls_failure_lines(
+            "members' endpoint",
+            quiet=MEMBERS_HANG_UP,
+            cafile=("cluster.tls.cafile", tls.config.cafile) if tls is not None else None,
+        ),
         certificates=_certificate_check(tls, refused),
     )
 

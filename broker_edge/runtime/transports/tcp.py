@@ -27,7 +27,15 @@ from broker_edge.engine.connection.outgoing import Closing
 from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
-from broker_edge.http.tls_accept import NO_CRL, NO_CRL_HINT, PROBE, HandshakeFailure, start_tls_server
+from broker_edge.http.tls_accept import (
+    CLIENT_NOT_VERIFIED,
+    NO_CRL,
+    NO_CRL_HINT,
+    PROBE,
+    HandshakeFailure,
+    not_verified_hint,
+    start_tls_server,
+)
 from broker_edge.runtime.peer_certificate import note_peer_certificate, refuse_resumed, resumed_refusal
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
@@ -213,9 +221,6 @@ class HandedInConnection(TcpConnection):
             self.flush()
 
 
-_CLIENT_NOT_VERIFIED = "certificate_verify_failed"
-"""OpenSSL's reason for a client certificate the broker refused (not of its CAs, expired, not yet valid)."""
-
 _REFUSED_BY_THE_CLIENT = frozenset(
     f"{version}_alert_{alert}"
     for version in ("sslv3", "tlsv1")
@@ -235,11 +240,7 @@ def report_tls_failures(broker: ConnectionHost, listener: str, tls: TlsConfig | 
         f"the client: the broker's certificate ({certfile}) does not name the host it dialled, is not of a "
         "CA it trusts, or has expired (timestone pki show)"
     )
-    not_verified = (
-        f"the client's certificate did not verify against the listener's tls.cafile ({cafile}): not issued "
-        "by a CA there, expired or not yet valid, as the error says (timestone pki show names a "
-        "certificate's issuer and validity)"
-    )
+    not_verified = not_verified_hint("the listener's tls.cafile", cafile or "")
 
     def failed(peer: str, reason: str, error: BaseException) -> None:
         counters = broker.counters
@@ -250,7 +251,7 @@ def report_tls_failures(broker: ConnectionHost, listener: str, tls: TlsConfig | 
         fields = {"refused_by": refused_by} if reason in _REFUSED_BY_THE_CLIENT else {}
         if reason == NO_CRL:
             fields["hint"] = NO_CRL_HINT
-        elif reason == _CLIENT_NOT_VERIFIED and cafile:
+        elif reason == CLIENT_NOT_VERIFIED and cafile:
             fields["hint"] = not_verified
         counters.refusal_log.write(
             _log,

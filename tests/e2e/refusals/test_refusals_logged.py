@@ -9,6 +9,7 @@ import json
 import logging
 import socket
 import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from broker_edge.observe.refusal_log import LINES_PER_WINDOW, RefusalLog
 from broker_edge.protocol.packets import PubAck, Publish, SubAck
 from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
-from tests.tls_certs import client_ssl_context, make_test_pki, mutual_tls
+from tests.tls_certs import PkiPaths, client_ssl_context, make_test_pki, mutual_tls
 
 ACL = {"rules": [{"permission": "allow", "action": "all", "topic": "devices/%u/#"}]}
 
@@ -225,6 +226,29 @@ def test_a_client_refusing_the_brokers_certificate_is_told_apart_from_a_refused_
     )
 
 
+def handshake_with_another_cas_certificate(pki: PkiPaths, port: int) -> None:
+    """A TLS handshake on ``port`` with a client certificate of another CA than ``pki``'s."""
+    stranger = client_ssl_context(pki, certificate=False)
+    stranger.load_cert_chain(str(pki.other_client_cert), str(pki.other_client_key))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as sock,
+        contextlib.suppress(ssl.SSLError, OSError),  # TLS 1.3: the alert may come after the handshake
+    ):
+        stranger.wrap_socket(sock, server_hostname="localhost").recv(1)
+
+
+def assert_refused_as_of_another_ca(line: Any, setting: str, cafile: Path) -> None:
+    """``line`` refused a client certificate of another CA, in OpenSSL's words, naming the file ``cafile``
+    that ``setting`` names (``hint``)."""
+    assert line.tls_reason == "certificate_verify_failed"
+    assert "unable to get local issuer certificate" in line.error
+    assert line.hint == (
+        f"the client's certificate did not verify against {setting} ({cafile}): not issued by a CA there, "
+        "expired or not yet valid, as the error says (timestone pki show names a certificate's issuer and "
+        "validity)"
+    )
+
+
 def test_a_client_certificate_the_broker_refuses_names_the_ca_file_it_was_checked_against(
     start_broker, tmp_path, caplog
 ):
@@ -237,20 +261,27 @@ def test_a_client_certificate_the_broker_refuses_names_the_ca_file_it_was_checke
     broker = start_broker(
         listeners=[{"name": "tls", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls}]
     )
-    stranger = client_ssl_context(pki, certificate=False)
-    stranger.load_cert_chain(str(pki.other_client_cert), str(pki.other_client_key))
-    with (
-        socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock,
-        contextlib.suppress(ssl.SSLError, OSError),  # TLS 1.3: the alert may come after the handshake
-    ):
-        stranger.wrap_socket(sock, server_hostname="localhost").recv(1)
+    handshake_with_another_cas_certificate(pki, broker.port)
     assert wait_for(lambda: bool(refusals(caplog, "tls_error")))
     (line,) = refusals(caplog, "tls_error")
-    assert line.tls_reason == "certificate_verify_failed"
-    assert "unable to get local issuer certificate" in line.error
-    assert line.hint == (
-        f"the client's certificate did not verify against the listener's tls.cafile ({pki.ca_cert}): not "
-        "issued by a CA there, expired or not yet valid, as the error says (timestone pki show names a "
-        "certificate's issuer and validity)"
-    )
+    assert_refused_as_of_another_ca(line, "the listener's tls.cafile", pki.ca_cert)
     assert not hasattr(line, "refused_by")
+
+
+def test_a_reader_certificate_the_offsets_api_refuses_names_the_ca_file_it_was_checked_against(
+    start_broker, tmp_path, caplog
+):
+    """The HTTPS endpoints said only OpenSSL's reason for a client certificate they refused; the offsets
+    API's line names the setting and the file it was checked against (``hint``), and OpenSSL's words
+    (``error``), as a listener's does."""
+    caplog.set_level(logging.INFO)
+    pki = make_test_pki(tmp_path / "pki")
+    broker = start_broker(storage={}, offsets_api={"port": 0, "tls": mutual_tls(pki)})
+    handshake_with_another_cas_certificate(pki, broker.broker.offsets_port)
+
+    def offsets_api_lines() -> list[Any]:
+        return [r for r in refusals(caplog, "tls_handshake") if "offsets API" in r.getMessage()]
+
+    assert wait_for(lambda: bool(offsets_api_lines()))
+    (line,) = offsets_api_lines()
+    assert_refused_as_of_another_ca(line, "offsets_api.tls.cafile", pki.ca_cert)
