@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from broker_edge.config.loader import TOO_DEEP, ConfigError
@@ -23,6 +24,7 @@ __all__ = [
     "check_input_location",
     "check_output_location",
     "check_table_root",
+    "check_tables_writable",
     "file_system_failure",
 ]
 
@@ -61,6 +63,21 @@ def check_output_location(location: str, key: str) -> None:
         raise ConfigError(key, f"{location!r} cannot be created: {str(existing)!r} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise NotWritable(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
+
+
+def check_tables_writable(location: str, tables: Iterable[str], key: str) -> None:
+    """Raise :class:`NotWritable` naming ``key`` when a local table of ``tables`` under ``location`` exists
+    and this process may not write its folder or its ``_delta_log``: delta-rs would fail in the middle of
+    the write, after a Rust panic on the standard error."""
+    path = _local_directory(location, key)
+    if path is None:
+        return
+    for table in tables:
+        for folder in (path / table, path / table / "_delta_log"):
+            if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+                raise NotWritable(
+                    key, f"{location!r} cannot be written: no write permission on {str(folder)!r}"
+                )
 
 
 def check_checkpoint(

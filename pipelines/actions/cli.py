@@ -38,6 +38,7 @@ from pipelines.output_paths import (
     check_input_location,
     check_output_location,
     check_table_root,
+    check_tables_writable,
     file_system_failure,
 )
 from sinks.arrow_conform import SchemaMismatch
@@ -200,6 +201,8 @@ def ota_main(argv: list[str]) -> int:
         key = "--tables-root" if args.tables_root is not None else "tables_root"
         check(root, key)
         check_table_root(root, key)
+        if check is check_output_location:
+            check_tables_writable(root, ["actions"], key)
     except ConfigError as exc:  # a root it may not write is a failure of the tables, not of the line
         print(f"timestone ota {args.verb}: {exc}", file=sys.stderr)
         return REFUSED if isinstance(exc, NotWritable) else INVALID

@@ -66,7 +66,12 @@ def register_main(args: argparse.Namespace) -> int:
     group, in the ``devices`` table."""
     from broker_edge.config import ConfigError
     from pipelines.actions.cli import listed_ids, load_actions_config, said_file_system_failure
-    from pipelines.output_paths import NotWritable, check_output_location, check_table_root
+    from pipelines.output_paths import (
+        NotWritable,
+        check_output_location,
+        check_table_root,
+        check_tables_writable,
+    )
     from sinks.backends import open_table_store
 
     ids = list(args.devices)
@@ -84,6 +89,7 @@ def register_main(args: argparse.Namespace) -> int:
         key = "--tables-root" if args.tables_root is not None else "tables_root"
         check_output_location(root, key)
         check_table_root(root, key)
+        check_tables_writable(root, ["devices"], key)
     except ConfigError as error:  # a root it may not write is a failure of the table, not of the line
         if problem is None:
             problem, status = str(error), 1 if isinstance(error, NotWritable) else 2

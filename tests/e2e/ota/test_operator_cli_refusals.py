@@ -4,12 +4,13 @@ be written (a failure of the tables, exit 1, not a wrong command line, exit 2)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,18 +75,17 @@ def test_register_names_every_unusable_device_id_in_one_refusal(tmp_path, capsys
     assert not open_table_store(None, root, backend="delta-rs").exists("devices")
 
 
-@pytest.fixture
-def read_only_root() -> Iterator[Path]:
-    """A tables root holding an action and registered devices, then made read-only (``chmod 0555``, its
-    directories too), outside pytest's temporary tree, which only root may enter."""
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        pytest.skip("root writes whatever the mode says: needs setpriv to run the command as another user")
+@contextlib.contextmanager
+def tables_made_read_only(read_only: Callable[[Path], list[Path]]) -> Iterator[Path]:
+    """A tables root holding an action and registered devices, outside pytest's temporary tree (which only
+    root may enter), then the directories ``read_only(root)`` names made read-only (``chmod 0555``)."""
+    assert os.geteuid() != 0 or shutil.which("setpriv"), "root writes whatever the mode says: needs setpriv"
     base = Path(tempfile.mkdtemp(prefix="timestone-read-only-"))
     base.chmod(0o755)
     root = base / "tables"
     assert main(["ota", "--tables-root", str(root), "create", "--id", "a-1", "--all", *FIRMWARE]) == 0
     assert main(["devices", "register", "--tables-root", str(root), "--group", "g", "d-1"]) == 0
-    directories = [root, *(path for path in root.rglob("*") if path.is_dir())]
+    directories = read_only(root)
     for directory in directories:
         directory.chmod(0o555)
     try:
@@ -96,6 +96,23 @@ def read_only_root() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def read_only_root() -> Iterator[Path]:
+    """A tables root made read-only, its directories too."""
+    with tables_made_read_only(
+        lambda root: [root, *(path for path in root.rglob("*") if path.is_dir())]
+    ) as root:
+        yield root
+
+
+@pytest.fixture
+def read_only_tables() -> Iterator[Path]:
+    """A tables root anyone may write whose tables' folders are read-only, their logs too."""
+    with tables_made_read_only(lambda root: [path for path in root.rglob("*") if path.is_dir()]) as root:
+        root.chmod(0o777)
+        yield root
+
+
 def as_unprivileged(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """``timestone ARGV`` run as a user the directory's mode binds (nobody, when the tests run as root)."""
     command = [sys.executable, "-m", "pipelines.cli", *argv]
@@ -104,7 +121,7 @@ def as_unprivileged(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
-@pytest.mark.parametrize(
+WRITES = pytest.mark.parametrize(
     "argv",
     [
         ["devices", "register", "--group", "g", "d-2"],
@@ -114,6 +131,10 @@ def as_unprivileged(argv: list[str]) -> subprocess.CompletedProcess[str]:
     ],
     ids=["register", "create", "cancel", "end"],
 )
+"""The commands that write the tables."""
+
+
+@WRITES
 def test_a_read_only_tables_root_is_a_failure_of_the_tables_not_of_the_command_line(read_only_root, argv):
     """A right command line whose tables cannot be written ended with exit status 2, a wrong command line,
     where docs/ota.md promises 1 for tables that cannot be written: 1, in one line, nothing written."""
@@ -123,6 +144,24 @@ def test_a_read_only_tables_root_is_a_failure_of_the_tables_not_of_the_command_l
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr == (
         f"{command}: --tables-root: '{root}' cannot be written: no write permission on '{root}'\n"
+    )
+    store = open_table_store(None, str(root), backend="delta-rs")
+    assert [row["id"] for row in store.read_arrow("actions").to_pylist()] == ["a-1"]
+    assert store.read_arrow("devices").column("device_id").to_pylist() == ["d-1"]
+
+
+@WRITES
+def test_a_read_only_table_under_a_writable_root_is_said_in_one_line_before_any_write(read_only_tables, argv):
+    """A table's folder this user may not write, under a root it may: delta-rs failed in the middle of the
+    write and printed a Rust panic before the command's line. The folder is named, exit 1, nothing
+    written."""
+    root = read_only_tables
+    done = as_unprivileged([*argv[:2], "--tables-root", str(root), *argv[2:]])
+    table = root / ("devices" if argv[0] == "devices" else "actions")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr == (
+        f"timestone {' '.join(argv[:2])}: --tables-root: '{root}' cannot be written: no write permission "
+        f"on '{table}'\n"
     )
     store = open_table_store(None, str(root), backend="delta-rs")
     assert [row["id"] for row in store.read_arrow("actions").to_pylist()] == ["a-1"]
