@@ -1,10 +1,11 @@
 """Resent readings told from new ones with Spark's state store, on the executors: rows flagged, none dropped.
 
-A device message can reach the brokers twice: resent after a reconnect, or received by two brokers. Two
-rows are the same message when they have the same device, the same message id (``dedup.message_id_fields``,
-e.g. ``seq``) and event times at most ``dedup.window_seconds`` apart (a device whose counter restarts
-after a reboot is therefore not deduplicated against its previous life). The first, by event time and
-then broker time, broker, topic and offset, is silver's; the others are duplicates.
+A device message can reach the brokers twice: resent after a reconnect, or received by two brokers, each
+time with the same bytes. Two rows are the same message when they have the same device, the same message
+id (``dedup.message_id_fields``, e.g. ``seq``), the same payload bytes and event times at most
+``dedup.window_seconds`` apart: a device whose counter restarts after a reboot sends other readings under
+its old ids, which are told from its previous life by their payloads, however soon it is back. The first,
+by event time and then broker time, broker, topic and offset, is silver's; the others are duplicates.
 
 Bronze keeps every record, so the operator must not drop rows, as ``dropDuplicatesWithinWatermark`` does:
 the streaming query groups its rows by device (``applyInPandasWithState``) and this module's function
@@ -12,9 +13,9 @@ adds the boolean column ``duplicate`` to every row. What it keeps per device in 
 message ids it has let through to silver, each with its event time, as long as they may still be matched:
 ids more than the window older than the device's newest event time are dropped, and a device silent for
 ``dedup.state_timeout_seconds`` (processing time) forgets them. The state lives in the streaming query's
-checkpoint: a restarted query knows what the last one let through. A message id is compared by its
-64-bit hash (``xxhash64``), computed by Spark: two different ids of one device within one window would
-have to collide for a reading to be lost.
+checkpoint: a restarted query knows what the last one let through. A message id and its payload are
+compared by one 64-bit hash of both (``xxhash64``), computed by Spark: two different messages of one device
+within one window would have to collide for a reading to be lost.
 
 Rows that are not candidates (other topics, quarantined rows, rows without a complete message id) pass
 through with ``duplicate`` false and leave nothing in the state. A batch query (a backfill, a test) has no
@@ -90,12 +91,12 @@ def flag_duplicates(rows: DataFrame, dedup: DedupConfig, candidate: Column) -> D
     rows may be duplicates (passed telemetry rows). Without message id fields nothing is a duplicate and
     there is no state (nor a shuffle).
 
-    The rule needs only the device, the message id's hash, the event and broker times and the order of a
-    message's copies: those cross to the Python workers as columns of their own. The row's other columns
-    cross too, since the operator's output is the rows, but not one by one: those that cannot be null as
-    they are, the others packed into one binary column (:func:`packed`) that pandas holds as one object a
-    row and Spark reads back after (:func:`unpacked`). pandas could not carry them as themselves anyway: it
-    cannot tell NaN from null nor hold a 64-bit integer beside a null.
+    The rule needs only the device, the hash of the message id and payload, the event and broker times and
+    the order of a message's copies: those cross to the Python workers as columns of their own. The row's
+    other columns cross too, since the operator's output is the rows, but not one by one: those that cannot
+    be null as they are, the others packed into one binary column (:func:`packed`) that pandas holds as one
+    object a row and Spark reads back after (:func:`unpacked`). pandas could not carry them as themselves
+    anyway: it cannot tell NaN from null nor hold a 64-bit integer beside a null.
     """
     if not dedup.message_id_fields:
         return rows.withColumn(DUPLICATE, F.lit(False))
@@ -110,7 +111,7 @@ def flag_duplicates(rows: DataFrame, dedup: DedupConfig, candidate: Column) -> D
         packed([f for f in rows.schema.fields if not _as_itself(f)]).alias(_PACKED),
         F.coalesce(F.col("device_id"), F.col("topic")).alias(_GROUP),
         complete.alias(_CANDIDATE),
-        F.when(complete, F.xxhash64(*ids)).otherwise(F.lit(0)).alias(_MESSAGE),
+        F.when(complete, F.xxhash64(*ids, F.col("payload"))).otherwise(F.lit(0)).alias(_MESSAGE),
         F.coalesce(F.unix_micros("event_time"), F.lit(0)).alias(_EVENT_US),
         F.coalesce(F.unix_micros("timestamp"), F.lit(0)).alias(_BROKER_US),
         # the order of a message's copies, on candidates only (the others are not ordered)

@@ -109,6 +109,38 @@ def test_resent_readings_are_dropped_from_silver_across_batches_and_a_restart(sp
     assert changelogs, "the state store is RocksDB's, its changes checkpointed each batch"
 
 
+def test_a_device_back_from_a_reboot_within_the_window_is_told_from_its_copies_by_their_payloads(
+    spark, tmp_path
+):
+    """A device back two minutes after a reboot, its counter restarted: its new readings reuse the ids of its
+    last ones, within the window. The id alone flagged them duplicates (kept out of silver and gold without
+    a word); their payloads differ from what silver has, where a copy's are the same bytes."""
+    config = config_for(tmp_path)
+    source = tmp_path / "records"
+    arrive(spark, source, [telemetry("d", n, seq=n, seconds=n) for n in range(3)])
+    arrive(
+        spark,
+        source,
+        [
+            telemetry("d", 3, seq=0, seconds=120, temperature=30.0),  # back: the counter restarted
+            telemetry("d", 4, seq=1, seconds=121, temperature=31.0),
+            telemetry("d", 5, seq=1, seconds=121, temperature=31.0),  # that reading resent, the same bytes
+            telemetry("d", 0, seq=2, seconds=2, broker="edge2"),  # one of before, through another broker
+        ],
+    )
+    batch, _ = run(spark, config, source)
+    assert [(r.batch_id, r.passed, r.duplicates) for r in batch.reports] == [(0, 3, 0), (1, 4, 2)]
+    silver = batch.store.read("silver_telemetry").select("seq", "temperature", "offset", "broker").collect()
+    assert sorted((r["seq"], r["temperature"], r["offset"]) for r in silver) == [
+        (0, 21.5, 0),
+        (0, 30.0, 3),
+        (1, 21.5, 1),
+        (1, 31.0, 4),
+        (2, 21.5, 2),
+    ]
+    assert {r["broker"] for r in silver} == {"edge1"}
+
+
 def test_a_device_silent_past_the_state_timeout_forgets_its_ids(spark, tmp_path):
     config = config_for(tmp_path, state_timeout_seconds=1)
     source = tmp_path / "records"

@@ -493,12 +493,13 @@ def test_duplicates_in_a_batch_by_message_id_within_the_window(spark):
 
 
 def test_the_first_copy_by_event_time_is_kept_and_a_chain_of_copies_is_all_duplicates(spark):
+    """Copies whose event time is the broker's (a payload without its own) differ by when each arrived."""
     rows = [
-        telemetry("d", 0, seq=1, seconds=600),
-        telemetry("d", 1, seq=1, seconds=0),  # same message id, earlier event time: the one kept
-        telemetry("d", 2, seq=1, seconds=1200),  # 600 s after the copy before it: a duplicate too
-        telemetry("d", 3, seq=1, seconds=1801),  # 601 s after that: a new message
-        telemetry("d", 4, seq=1, seconds=90, temperature=500.0),  # quarantined: not a candidate
+        telemetry("d", 0, seq=1, seconds=600, ts=None),
+        telemetry("d", 1, seq=1, seconds=0, ts=None),  # same message, earlier event time: the one kept
+        telemetry("d", 2, seq=1, seconds=1200, ts=None),  # 600 s after the copy before it: a duplicate too
+        telemetry("d", 3, seq=1, seconds=1801, ts=None),  # 601 s after that: a new message
+        telemetry("d", 4, seq=1, seconds=90, temperature=500.0, ts=None),  # quarantined: not a candidate
     ]
     flags = {offset: flag for _, _, offset, flag in duplicate_flags(spark, rows)}
     assert flags == {0: True, 1: False, 2: True, 3: False, 4: False}
