@@ -122,10 +122,14 @@ def check_formats(formats: Sequence[TopicFormat], path: str = "formats", whole: 
 
 
 def field_formats(
-    formats: Sequence[TopicFormat], fields: Mapping[str, str], path: str = "formats"
+    formats: Sequence[TopicFormat],
+    fields: Mapping[str, str],
+    path: str = "formats",
+    event_time_field: str | None = None,
 ) -> dict[str, FieldFormat]:
     """The format of each template read into ``fields`` (not ``sparkplug_b``), its files read and checked
-    against the fields: what the executors get. Errors name the key to change."""
+    against the fields: what the executors get; a Protobuf message's ``event_time_field`` left at its
+    default is read as not sent. Errors name the key to change."""
     result: dict[str, FieldFormat] = {}
     for index, entry in enumerate(formats):
         where = f"{path}[{index}]"
@@ -148,5 +152,8 @@ def field_formats(
             problem = field_problem(message.DESCRIPTOR, name, type_name)
             if problem is not None:
                 raise ConfigError(f"{where}.protobuf.message", f"payload field {name}: {problem}")
-        result[entry.topic_template] = FieldFormat("protobuf", descriptor_set, config.message)
+        unset_is_absent = () if event_time_field is None else (event_time_field,)
+        result[entry.topic_template] = FieldFormat(
+            "protobuf", descriptor_set, config.message, unset_is_absent
+        )
     return result

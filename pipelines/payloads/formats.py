@@ -30,6 +30,9 @@ class FieldFormat:
     """protobuf: the FileDescriptorSet's bytes."""
     message: str | None = None
     """protobuf: the message's full name."""
+    unset_is_absent: tuple[str, ...] = ()
+    """protobuf: the fields whose default, in a field without presence, is read as not sent (null): the
+    event time's (0 is no time: such a reading takes the broker's)."""
 
     def reader(self, fields: Mapping[str, str]) -> Reader:
         """The reader of this format's payloads into ``fields``; ``ValueError`` when they cannot be read so
@@ -40,4 +43,4 @@ class FieldFormat:
             return json_reader(fields)
         if self.descriptor_set is None or self.message is None:
             raise ValueError("the protobuf format needs a descriptor set and a message name")
-        return ProtobufReader(message_class(self.descriptor_set, self.message), fields)
+        return ProtobufReader(message_class(self.descriptor_set, self.message), fields, self.unset_is_absent)

@@ -94,14 +94,18 @@ class ProtobufReader:
     """Reads payloads of one message type into the values of the declared fields (a ``fields.Reader``).
 
     A field without presence (a proto3 scalar not marked ``optional``) reads as its default when absent, as
-    protobuf defines it; a field with presence that is absent reads as null. Enums read as their value's
+    protobuf defines it, except those of ``unset_is_absent`` (the event time's: 0 would be a reading of
+    1970), which read as null at their default; a field with presence that is absent reads as null. An
+    empty payload, which sets no field, is refused. Enums read as their value's
     name into a string column, as their number into a numeric one; a value the schema does not name (a
     newer schema's) as its number, of a closed (proto2) enum too. A declared field sent in another wire
     type than its schema's (another schema's field of that number) is refused: protobuf keeps it as an
     unknown field and the field would read as its default, a reading that was never sent.
     """
 
-    def __init__(self, message: type[Message], fields: Mapping[str, str]) -> None:
+    def __init__(
+        self, message: type[Message], fields: Mapping[str, str], unset_is_absent: Iterable[str] = ()
+    ) -> None:
         descriptor = message.DESCRIPTOR
         for name, type_name in fields.items():
             problem = field_problem(descriptor, name, type_name)
@@ -111,10 +115,18 @@ class ProtobufReader:
         self.fields: dict[str, tuple[Any, str]] = {
             name: (descriptor.fields_by_name[name], t) for name, t in fields.items()
         }
+        self.unset_is_absent = {
+            name for name in unset_is_absent if name in self.fields and not self.fields[name][0].has_presence
+        }
+        """The declared fields without presence whose default reads as null."""
         self.narrow = {f.number: f for f, _ in self.fields.values() if f.type in _VARINT_32}
         """The declared 32-bit varint fields, whose values as sent are checked against their width."""
 
     def __call__(self, payload: bytes) -> dict[str, Any]:
+        if not payload:
+            raise PayloadError(
+                f"protobuf: an empty payload sets no field of {self.message.DESCRIPTOR.full_name}"
+            )
         try:
             message: Any = self.message.FromString(payload)
         except DecodeError:
@@ -126,6 +138,9 @@ class ProtobufReader:
         if self.narrow:
             _refuse_truncated(payload, self.narrow)
         values = {name: _value(message, field, t) for name, (field, t) in self.fields.items()}
+        for name in self.unset_is_absent:
+            if values[name] == self.fields[name][0].default_value:
+                values[name] = None
         for name, (field, t) in self.fields.items():
             if field.number in unnamed:  # a closed enum's value its schema does not name: its number
                 number = unnamed[field.number]

@@ -218,7 +218,10 @@ class PayloadConfig:
         if self.event_time_field is not None and self.event_time_field not in self.fields:
             raise ConfigError("event_time_field", f"{self.event_time_field!r} is not one of fields")
         types = {name: type_name.strip().lower() for name, type_name in self.fields.items()}
-        self.readers = {self.topic_template: FieldFormat("json"), **field_formats(self.formats, types)}
+        self.readers = {
+            self.topic_template: FieldFormat("json"),
+            **field_formats(self.formats, types, event_time_field=self.event_time_field),
+        }
 
     @cached_property
     def template(self) -> TopicTemplate:

@@ -8,6 +8,7 @@ micro-batch: neither fails the batch nor the query.
 
 from __future__ import annotations
 
+import datetime
 import math
 
 import pytest
@@ -70,17 +71,21 @@ def protobuf_messages() -> list[tuple[str, bytes]]:
     wide = telemetry(ts=1_796_000_000_000, seq=WIDE, temperature=float("nan"), firmware="abcd")
     good = wide.SerializeToString()
     newer = good + b"\x41" + bytes(8)  # a field 8 (a double) a newer schema added
+    clockless = telemetry(seq=7, temperature=20.5).SerializeToString()  # ts not sent: reads as 0 in proto3
     return [
         ("pb/wide/telemetry", good),
         ("pb/cut/telemetry", good[:-2]),
         ("pb/newer/telemetry", newer),
         ("pb/latin1/telemetry", good.replace(b"abcd", b"ab\xe9d")),
+        ("pb/clockless/telemetry", clockless),
+        ("pb/empty/telemetry", b""),
     ]
 
 
 def test_values_at_the_edges_land_exactly_beside_payloads_quarantined_in_the_same_batch(spark, tmp_path):
     (tmp_path / "telemetry.desc").write_bytes(example_descriptor_set())
     config = tmp_path / "pipeline.yaml"
+    started = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=1)
     broker = BrokerProcess(tmp_path / "broker").start()
     try:
         text = CONFIG.format(offsets_url=broker.offsets_url, root=tmp_path, message=EXAMPLE_MESSAGE)
@@ -95,7 +100,7 @@ def test_values_at_the_edges_land_exactly_beside_payloads_quarantined_in_the_sam
     finally:
         broker.stop()
     quarantined = 'timestone_pipeline_quarantined_total{{pipeline="telemetry",reason="{}"}}'
-    assert counters[quarantined.format("unparseable_payload")] == 4
+    assert counters[quarantined.format("unparseable_payload")] == 5
 
     store = open_store(None, load_telemetry_config_file(config))
     metrics = store.read_arrow("sparkplug_metrics").to_pylist()
@@ -115,7 +120,10 @@ def test_values_at_the_edges_land_exactly_beside_payloads_quarantined_in_the_sam
     assert math.isnan(flow["value_double"]) and flow["is_null"] is False
 
     silver = {r["device_id"]: r for r in store.read_arrow("silver_telemetry").to_pylist()}
-    assert set(silver) == {"wide", "newer"}
+    assert set(silver) == {"wide", "newer", "clockless"}
+    clockless = silver.pop("clockless")  # the broker's time, where its ts read as 0 made it 1970's
+    assert (clockless["seq"], clockless["temperature"]) == (7, 20.5)
+    assert clockless["event_time"] >= started and clockless["event_date"] >= started.date()
     assert all(r["seq"] == WIDE and math.isnan(r["temperature"]) for r in silver.values())
 
     at = protobuf_messages()[0][1].index(b"\x32\x04abcd")  # field 6 (firmware): its tag
@@ -128,4 +136,5 @@ def test_values_at_the_edges_land_exactly_beside_payloads_quarantined_in_the_sam
             f"protobuf: byte {at}: field firmware (6): its length runs past the end of the payload",
         ),
         ("pb/latin1/telemetry", f"protobuf: byte {at}: field firmware (6): not UTF-8"),
+        ("pb/empty/telemetry", f"protobuf: an empty payload sets no field of {EXAMPLE_MESSAGE}"),
     }

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.payloads.cbor import read_cbor
 from pipelines.payloads.descriptors import MOST_NESTED, DescriptorSetError, message_class
-from pipelines.payloads.fields import ARROW_TYPES, checked, decode_payloads
+from pipelines.payloads.fields import ARROW_TYPES, PayloadError, checked, decode_payloads
 from pipelines.payloads.formats import FieldFormat
 from pipelines.payloads.json_payloads import read_json
 from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, ProtobufReader, example_descriptor_set
@@ -99,6 +99,21 @@ def test_a_protobuf_message_fills_the_declared_columns_by_field_name():
     reader = ProtobufReader(telemetry_class(), {**FIELDS, "humidity": "double"})
     rows = decode_payloads([message.SerializeToString()], reader, reader_fields(reader)).table().to_pylist()
     assert rows == [{**READING, "humidity": None, "decode_error": None}]  # optional and unset: null
+
+
+def test_an_event_time_without_presence_left_at_its_default_reads_as_not_sent():
+    """The example's ``ts`` is a proto3 ``int64`` without presence: a reading that does not send it (a
+    device without a clock) read 0, a time of 1970. As the event time it reads null (the broker's time is
+    then taken); another field without presence keeps its default, and an empty payload is refused."""
+    telemetry = telemetry_class()
+    reader = ProtobufReader(telemetry, FIELDS, unset_is_absent=["ts"])
+    clockless = telemetry(seq=0, temperature=21.5).SerializeToString()
+    assert reader(clockless) == {"ts": None, "seq": 0, "temperature": 21.5, "firmware": ""}
+    assert reader(telemetry(ts=5, seq=1).SerializeToString())["ts"] == 5
+    assert ProtobufReader(telemetry, FIELDS)(clockless)["ts"] == 0
+    with pytest.raises(PayloadError) as refused:
+        reader(b"")
+    assert str(refused.value) == "protobuf: an empty payload sets no field of timestone.example.Telemetry"
 
 
 def reader_fields(reader: ProtobufReader) -> dict[str, str]:
