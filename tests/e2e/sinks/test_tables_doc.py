@@ -14,9 +14,12 @@ ROW = re.compile(r"^\| `([^`]+)` \| `([^`]+)` \| (yes|no) \|")
 
 
 def documented_tables() -> dict[str, str]:
-    """Table name -> its section of the page."""
+    """Table name -> its section of the page (up to the next heading)."""
     sections = re.split(r"^### `([a-z_]+)`\s*$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    return {sections[i]: sections[i + 1] for i in range(1, len(sections) - 1, 2)}
+    return {
+        sections[i]: re.split(r"^##", sections[i + 1], flags=re.MULTILINE)[0]
+        for i in range(1, len(sections) - 1, 2)
+    }
 
 
 def test_every_declared_table_is_documented():
@@ -40,6 +43,24 @@ def test_documented_columns_match_the_declaration(name):
         assert f"clustered by `{spec.cluster_by}`" in section
     for key, value in spec.properties.items():
         assert f"`{key}={value}`" in section
+
+
+def test_the_sparkplug_metrics_columns_are_documented_as_declared():
+    """``sparkplug_metrics`` is no table of the default catalog (a ``sparkplug_b`` template writes it): its
+    section lists its columns all the same."""
+    from pipelines.payloads.sparkplug_tables import sparkplug_metrics
+
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("### `sparkplug_metrics` (with a `sparkplug_b` topic template)", 1)[1].split(
+        "\n## ", 1
+    )[0]
+    rows = [m.groups() for line in section.splitlines() if (m := ROW.match(line))]
+    spec = sparkplug_metrics()
+    assert rows == [
+        (f.name, f.dataType.simpleString(), "yes" if f.nullable else "no") for f in spec.schema.fields
+    ]
+    keys = ", ".join(f"`{key}`" for key in spec.merge_keys)
+    assert f"Partitioned by `event_date`; merge keys {keys};" in section
 
 
 def test_the_default_catalog_is_what_the_default_pipeline_writes():
