@@ -226,6 +226,11 @@ class LimitsConfig:
     receive_maximum: int = 64
     """QoS 1/2 PUBLISHes a client may have unacknowledged towards the broker (advertised in v5 CONNACK; an
     MQTT 3.1.1 client is not read while it has that many)."""
+    receive_maximum_exceeded: Literal["hold", "disconnect"] = "hold"
+    """An MQTT 5 client sending more QoS 1 PUBLISHes than ``receive_maximum`` unanswered (as clients
+    resending what they queued while disconnected do): ``hold`` stops reading it until half are answered
+    (TCP slows it down; logged), ``disconnect`` closes it (DISCONNECT 0x93), as ``hold`` also does when its
+    open QoS 2 flows take half of them."""
     max_inflight_out: int = 64
     """QoS 1/2 messages sent to one subscriber and not yet acknowledged; more wait in the session queue."""
     max_subscriptions_per_client: int = 100
@@ -318,12 +323,8 @@ class LimitsConfig:
         _at_least(self, "max_offline_bytes", 0)
         _at_least(self, "read_bytes_per_turn", 1024)
         _between(self, "outgoing_buffer_bytes", 1024, MAX_WRITE_BUFFER_BYTES)
-        if self.slow_subscriber_policy not in ("backpressure", "disconnect", "drop_qos0"):
-            raise ConfigError(
-                "slow_subscriber_policy",
-                "expected one of 'backpressure', 'disconnect', 'drop_qos0', got "
-                f"{self.slow_subscriber_policy!r}",
-            )
+        _one_of(self, "slow_subscriber_policy", ("backpressure", "disconnect", "drop_qos0"))
+        _one_of(self, "receive_maximum_exceeded", ("hold", "disconnect"))
         _positive(self, "slow_subscriber_hold_s")
         _between(self, "max_keepalive_s", 1, 65_535)
         _at_least(self, "messages_per_second_per_client", 0)
@@ -399,6 +400,12 @@ def _at_least(config: object, name: str, low: float) -> None:
 def _positive(config: object, name: str) -> None:
     if _number(config, name) <= 0:
         raise ConfigError(name, f"must be > 0, got {getattr(config, name)!r}")
+
+
+def _one_of(config: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ConfigError(name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def _between(config: object, name: str, low: float, high: float) -> None:

@@ -96,6 +96,8 @@ __all__ = ["Connection", "ConnectionHost"]
 _ANSWERED_LATER = frozenset((Subscribe, Unsubscribe))
 """Packets whose answer may wait for work in later loop turns (``HELD_FOR_SUBACK``): the packets read after
 one wait for it too."""
+_OVER_MAXIMUM = "receive_maximum_exceeded"
+_HELD_OVER = "receive maximum exceeded: more unacknowledged QoS 1/2 PUBLISHes, read once half are answered"
 _PROTOCOL_ERROR = ReasonCode.PROTOCOL_ERROR
 
 log = logging.getLogger("broker_edge.connection")
@@ -329,12 +331,14 @@ class Connection(Outgoing):
         An MQTT 3.1.1 client (no Receive Maximum of its own) whose QoS 1/2 publishes read and not yet
         answered reach ``limits.receive_maximum`` stops the loop the same way, until the PUBLISH path has
         answered half of them (``acknowledged``): a broker behind on its log holds at most that many of a
-        client's publishes, not whatever the client sends. An MQTT 5 client is told the number in CONNACK
-        and is disconnected for sending more (0x93, ``handle_publish``).
+        client's publishes, not whatever the client sends. An MQTT 5 client is told the number in CONNACK;
+        one that sends more is held the same way (``Inbound.holds_at_maximum``), or disconnected
+        (0x93, ``handle_publish``).
 
         A handler that raises is a broker bug: it is logged and closes only this connection (0x83).
         """
-        unanswered_max = self.terms.host.config.limits.receive_maximum
+        limits = self.terms.host.config.limits
+        unanswered_max = limits.receive_maximum
         last = len(packets) - 1
         index = -1
         single_until = 0  # the packets before it are handled one by one (a run of them was not taken)
@@ -400,8 +404,8 @@ class Connection(Outgoing):
                         return True
                 if self.terms.state == CLOSED or type(self._out) is Closing:
                     return False  # closing for this packet: nothing read after it is taken [MQTT-3.14.4-1]
-                held = self.inbound
-                if held is not None and held.pending >= unanswered_max and not self.terms.v5:
+                held, v5 = self.inbound, self.terms.v5  # (a CONNECT of this read may have set it)
+                if held is not None and held.pending >= unanswered_max and held.holds_at_maximum(v5, limits):
                     self._hold_for_acks(packets[index + 1 :])
                     return True
         except Exception:
@@ -423,8 +427,9 @@ class Connection(Outgoing):
         assert type(first) is Publish or type(first) is PublishesAlike, "a run starts with a PUBLISH"
         end, count = plain_run_end(packets, index, first.topic, first.qos)
         looked_at, grown = end, 0
-        if first.qos and not self.terms.v5:
-            allowed = self.terms.host.config.limits.receive_maximum - inbound.pending
+        limits = self.terms.host.config.limits
+        if first.qos and inbound.holds_at_maximum(self.terms.v5, limits):
+            allowed = limits.receive_maximum - inbound.pending
             if count > allowed:
                 grown = each_apart(packets, index, end)
                 looked_at = index + count
@@ -727,11 +732,16 @@ class Connection(Outgoing):
 
     def _hold_for_acks(self, packets: list[Packet]) -> None:
         """``limits.receive_maximum`` publishes wait for their answer: keep ``packets`` (the rest of the
-        read) and stop reading until the PUBLISH path has answered half of them."""
+        read), read on at half; an MQTT 5 client past its Receive Maximum is said in a refusal line."""
         self.backlog = packets
-        self.terms.host.counters.held_for_acks += 1
+        host = self.terms.host
+        inbound = self.started_inbound
+        if self.terms.v5 and not inbound.over_said and any(getattr(p, "qos", 0) for p in packets):
+            inbound.over_said = True  # (once a connection; only PUBLISHes have a qos)
+            host.counters.refusal_log.write(self.log, host.now(), _OVER_MAXIMUM, _HELD_OVER, action="publish")
+        host.counters.held_for_acks += 1
         self.hold(HELD_FOR_ACKS)
-        self.terms.host.publish_path.wait_for_answers(self)
+        host.publish_path.wait_for_answers(self)
 
     def acknowledged(self) -> bool:
         """The PUBLISH path answered publishes of this client while it waits (``wait_for_answers``): read on

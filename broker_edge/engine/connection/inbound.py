@@ -7,7 +7,7 @@ grants the same as starting it at CONNECT.
 
 from __future__ import annotations
 
-from broker_edge.security.limits import TokenBucket
+from broker_edge.security.limits import LimitsConfig, TokenBucket
 
 __all__ = ["MAX_TOPICS_APPENDED_HERE", "Inbound"]
 
@@ -19,7 +19,7 @@ class Inbound:
     """One connection's PUBLISH rate limiter (None: unlimited) and its QoS 1/2 publishes read and not yet
     answered (``pending``, see ``Publisher.inbound``)."""
 
-    __slots__ = ("appended_here", "bucket", "move_due", "pending", "qos2")
+    __slots__ = ("appended_here", "bucket", "move_due", "over_said", "pending", "qos2")
 
     def __init__(self, bucket: TokenBucket | None) -> None:
         self.bucket = bucket
@@ -34,6 +34,8 @@ class Inbound:
         here, whatever it publishes elsewhere (a device publishing on topics led by several members does
         not go back and forth); once it leads none, the client follows the leader of the topics it is
         forwarded."""
+        self.over_said = False
+        """Whether the MQTT 5 client's publishes past its Receive Maximum were said (once a connection)."""
         self.move_due: str | None = None
         """The topic of a publish of its another member appended, whose leader it goes to once its open
         QoS 2 flows end (``PublishPath.move_after_qos2``); None: nothing waits for them."""
@@ -61,3 +63,15 @@ class Inbound:
             self.qos2 = None
         if self.pending > 0:
             self.pending -= 1
+
+    def holds_at_maximum(self, v5: bool, limits: LimitsConfig) -> bool:
+        """Whether the client's reading stops, rather than it being disconnected, once ``pending`` reaches
+        ``limits.receive_maximum``: an MQTT 3.1.1 client's always; an MQTT 5 client's with
+        ``limits.receive_maximum_exceeded: hold`` while its open QoS 2 flows, which only PUBRELs read later
+        end, take at most half of them (reading resumes at half)."""
+        if not v5:
+            return True
+        open_qos2 = self.qos2
+        return limits.receive_maximum_exceeded == "hold" and (
+            open_qos2 is None or len(open_qos2) <= limits.receive_maximum // 2
+        )

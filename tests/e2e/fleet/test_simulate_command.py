@@ -74,7 +74,7 @@ def test_ctrl_c_while_a_large_fleet_connects_stops_it_there(tmp_path):
     assert "Traceback" not in err
     [line] = [line for line in out.splitlines() if line.startswith("stopped while connecting: ")]
     connected = int(line.split()[3])
-    assert 3 <= connected < 3000, line
+    assert 1 <= connected < 3000, line  # (the broker counts a device before its CONNACK reaches it)
 
 
 def _wait_for_clients(broker: BrokerProcess, count: int) -> None:

@@ -5,7 +5,8 @@ of `storage.group_commit_ms`, and paho speaking MQTT 3.1.1 (no Receive Maximum o
 in-flight window, publishing QoS 1 as fast as it can. The broker's count of publishes read and not yet
 answered (`timestone_broker_publishes_unanswered` on its admin /metrics) never goes above
 `limits.receive_maximum`; every publish is still acknowledged and in the log exactly once. An MQTT 5
-client, told the bound in CONNACK, that sends more is disconnected (0x93) rather than held.
+client, told the bound in CONNACK, that sends more is held the same way (said in a refusal line), or with
+`limits.receive_maximum_exceeded: disconnect` disconnected (0x93).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def _logged_payloads(offsets_url: str) -> list[str]:
 
 
 @pytest.fixture
-def slow_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker process whose log makes a batch durable only after a 100 ms group-commit window."""
-    with BrokerProcess(
-        tmp_path / "broker", limits={"receive_maximum": RECEIVE_MAXIMUM}, storage={"group_commit_ms": 100}
-    ) as broker:
+def slow_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    """A broker process whose log makes a batch durable only after a 100 ms group-commit window (its
+    ``limits.receive_maximum_exceeded`` the test's parameter, if it has one)."""
+    limits = {"receive_maximum": RECEIVE_MAXIMUM}
+    if hasattr(request, "param"):
+        limits["receive_maximum_exceeded"] = request.param
+    with BrokerProcess(tmp_path / "broker", limits=limits, storage={"group_commit_ms": 100}) as broker:
         yield broker
 
 
@@ -94,9 +97,10 @@ def test_a_3_1_1_publisher_is_read_only_up_to_receive_maximum_unanswered_publish
     assert logged == [str(n) for n in range(PUBLISHES)]
 
 
-def test_an_mqtt_5_publisher_past_receive_maximum_is_disconnected_0x93(slow_broker):
-    """[MQTT-3.3.4-7] is the Client's rule; a v5 client breaking it while the log is behind is answered with
-    DISCONNECT 0x93 (3.3.4), not held like a 3.1.1 client."""
+@pytest.mark.parametrize("slow_broker", ["disconnect"], indirect=True)
+def test_an_mqtt_5_publisher_past_receive_maximum_is_disconnected_0x93_when_so_configured(slow_broker):
+    """[MQTT-3.3.4-7] is the Client's rule; with ``receive_maximum_exceeded: disconnect`` a v5 client breaking
+    it while the log is behind is answered with DISCONNECT 0x93 (3.3.4), not held like a 3.1.1 client."""
     raw = RawClient(slow_broker.port, 5)
     assert raw.connect("flood").properties.receive_maximum == RECEIVE_MAXIMUM
     sent = RECEIVE_MAXIMUM + 20  # the 17th is one too many; what follows it in the same read is not taken
@@ -108,4 +112,27 @@ def test_an_mqtt_5_publisher_past_receive_maximum_is_disconnected_0x93(slow_brok
     assert _logged_payloads(slow_broker.offsets_url) == taken
     lines = slow_broker.log_path.read_text().splitlines()
     said = [line for line in lines if "receive_maximum_exceeded" in line]
+    assert len(said) == 1, said
+
+
+def test_a_paho_mqtt_5_client_resending_what_it_queued_past_receive_maximum_is_held_and_all_land_once(
+    slow_broker,
+):
+    """paho-mqtt resends at once every QoS 1 publish it queued while disconnected, whatever Receive Maximum
+    the broker told it (its reconnect does not count them). Disconnected with 0x93 at the first one too many,
+    it sent them all again at every connection, for ever, and the log took those before it again each
+    time. Held until half are answered, it gets every publish acknowledged, each in the log once, in order;
+    the broker says once that it broke the bound."""
+    publisher = PahoClient(slow_broker.port, "queued-while-away", version=5, connect=False)
+    queued = [publisher.client.publish(TOPIC, str(n).encode(), 1) for n in range(200)]  # not connected yet
+    publisher.connect()
+    mids = {info.mid for info in queued}  # (each rc says MQTT_ERR_NO_CONN: wait_for_publish would raise)
+    acknowledged = wait_for(lambda: mids <= set(publisher.publish_reasons), timeout=60)
+    publisher.disconnect()
+
+    assert acknowledged and {publisher.publish_reasons[mid] for mid in mids} == {0x10}  # no subscriber
+    assert _logged_payloads(slow_broker.offsets_url) == [str(n) for n in range(200)]
+    lines = slow_broker.log_path.read_text().splitlines()
+    assert not [line for line in lines if "disconnected: receive_maximum_exceeded" in line]
+    said = [line for line in lines if "receive maximum exceeded" in line and "queued-while-away" in line]
     assert len(said) == 1, said

@@ -7,6 +7,10 @@ batches durable when the test says so: a store that has fallen behind, as long a
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from broker_edge.engine.connection.states import HELD_FOR_ACKS, HELD_FOR_RATE, HELD_FOR_SUBACK
 from broker_edge.engine.ports import ClusterPorts
 from broker_edge.protocol.packets import (
@@ -27,7 +31,7 @@ from tests.unit.broker_edge.engine.test_publish import HeldForwarding
 MQTT_3_1_1 = 4
 
 
-def _core_with_log(**limits: int) -> tuple[HandDrivenCore, MemoryLog]:
+def _core_with_log(**limits: object) -> tuple[HandDrivenCore, MemoryLog]:
     core = make_core(limits=limits)
     store = MemoryLog()
     core.publish_path.attach_store(store, None)
@@ -72,12 +76,14 @@ def test_packets_read_while_held_are_handled_in_order_before_reading_resumes():
     assert not client.reading_paused
 
 
-def test_a_3_1_1_client_is_not_read_past_receive_maximum_unanswered_publishes():
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5], ids=["3.1.1", "5"])
+def test_a_client_is_not_read_past_receive_maximum_unanswered_publishes(version):
     """Ten QoS 1 publishes in one read with a bound of four and a log that is not durable: the broker takes
     four, keeps the rest of the read unhandled and stops reading; each durable batch answers four, and
-    reading resumes. Every publish is logged once and acknowledged in order."""
+    reading resumes. Every publish is logged once and acknowledged in order. An MQTT 5 client, which was
+    told the bound, is held the same way (``limits.receive_maximum_exceeded: hold``)."""
     core, store = _core_with_log(receive_maximum=4)
-    client = _publisher(core, MQTT_3_1_1)
+    client = _publisher(core, version)
     conn = client.conn
 
     assert client.send(*_qos1(1, 10)) == []
@@ -153,15 +159,33 @@ def test_a_3_1_1_duplicate_qos2_publish_waits_for_its_answer_like_a_publish():
     assert client.conn.incoming_pending == 0
 
 
-def test_an_mqtt_5_client_over_receive_maximum_is_disconnected_0x93_not_held():
+def test_an_mqtt_5_client_over_receive_maximum_is_disconnected_0x93_when_so_configured():
     """A v5 client is told Receive Maximum in CONNACK and must not have more QoS 1/2 publishes unanswered
-    ([MQTT-3.3.4-7], the Client's rule); the Server's answer to one that does, while its log is behind, is
-    DISCONNECT 0x93 (3.3.4), not a pause."""
-    core, _ = _core_with_log(receive_maximum=4)
+    ([MQTT-3.3.4-7], the Client's rule); with ``receive_maximum_exceeded: disconnect`` the Server's answer
+    to one that does, while its log is behind, is DISCONNECT 0x93 (3.3.4), not a pause."""
+    core, _ = _core_with_log(receive_maximum=4, receive_maximum_exceeded="disconnect")
     client = _publisher(core, MQTT_5)
     answer = client.send(*_qos1(1, 5))
     assert [(type(packet), packet.reason_code) for packet in answer] == [(Disconnect, 0x93)]
     assert not client.reading_paused
+
+
+def test_an_mqtt_5_client_held_past_receive_maximum_is_said_once_in_a_refusal_line(caplog):
+    """A v5 client resending at once all it queued while disconnected (paho-mqtt's resend ignores Receive
+    Maximum): disconnected at the first one too many, it sent them all again at every connection, for ever,
+    each time appending those before it again. It is held as a 3.1.1 client is (above), and since it broke
+    the rule it was told, said in a refusal line naming it; a 3.1.1 client held is not."""
+    for version in (MQTT_3_1_1, MQTT_5):
+        core, _ = _core_with_log(receive_maximum=4)
+        client = _publisher(core, version)
+        with caplog.at_level(logging.WARNING):
+            assert client.send(*_qos1(1, 10)) == []
+        assert client.reading_paused and client.conn.held == HELD_FOR_ACKS
+    said = [r for r in caplog.records if getattr(r, "reason", None) == "receive_maximum_exceeded"]
+    assert len(said) == 1 and getattr(said[0], "client_id", None) == "publisher"
+    assert said[0].getMessage() == (
+        "receive maximum exceeded: more unacknowledged QoS 1/2 PUBLISHes, read once half are answered"
+    )
 
 
 def test_an_mqtt_5_qos2_publish_refused_gives_its_receive_maximum_slot_back():

@@ -423,11 +423,12 @@ def test_a_v3_qos1_run_stops_where_the_clients_unanswered_publishes_reach_receiv
 
 
 def test_a_v5_qos1_run_past_receive_maximum_closes_the_connection_where_the_publish_passes_it():
-    """[MQTT-3.3.4-9] An MQTT 5 client sending more QoS 1 publishes than Receive Maximum before they are
-    answered is disconnected with 0x93 at the first one too many, as when each came in a read of its own."""
+    """[MQTT-3.3.4-9] With ``receive_maximum_exceeded: disconnect``, an MQTT 5 client sending more QoS 1
+    publishes than Receive Maximum before they are answered is disconnected with 0x93 at the first one too
+    many, as when each came in a read of its own."""
     outcomes = []
     for together in (True, False):
-        core = make_core(limits={"receive_maximum": 4})
+        core = make_core(limits={"receive_maximum": 4, "receive_maximum_exceeded": "disconnect"})
         store = MemoryLog()
         store.logs["t/a"] = []
         core.publish_path.attach_store(store, None)
