@@ -389,22 +389,26 @@ def plan_end_offsets(
 def _share(limit: int | None, available: list[int], tie_breaks: list[int]) -> list[int]:
     """Split ``limit`` records among backlogs in proportion to their size.
 
-    Rounding leftovers go first to backlogs whose share rounded down to nothing (a quiet topic behind a
-    hot one that brings more than ``limit`` each batch would otherwise never be read), drawn by
-    ``tie_breaks``, which change every batch, so none is passed over batch after batch (there is at least
-    one leftover whenever a share rounds down to nothing); then to the largest remainders.
+    A backlog whose share rounds down to nothing (a quiet topic behind a hot one that brings more than
+    ``limit`` each batch) would otherwise never be read: up to half the limit goes to such backlogs first,
+    a record each, drawn by ``tie_breaks``, which change every batch, so none is passed over batch after
+    batch; the rest is shared among the others in proportion. Rounding leftovers go to the starved backlogs
+    not drawn, then to the largest remainders. An empty backlog gets nothing.
     """
     total = sum(available)
     if limit is None or total <= limit:
         return list(available)
     quotas = [limit * size // total for size in available]
+    starved = sorted(
+        (i for i, size in enumerate(available) if size and not quotas[i]), key=tie_breaks.__getitem__
+    )
+    drawn = set(starved[: limit // 2])
+    budget, shared = limit - len(drawn), total - sum(available[i] for i in drawn)
+    if drawn:
+        quotas = [1 if i in drawn else budget * size // shared for i, size in enumerate(available)]
     order = sorted(
-        range(len(available)),
-        key=lambda index: (
-            quotas[index] > 0,
-            -(limit * available[index] % total) * (quotas[index] > 0),
-            tie_breaks[index],
-        ),
+        (i for i, size in enumerate(available) if size and i not in drawn),
+        key=lambda i: (quotas[i] > 0, -(budget * available[i] % shared) * (quotas[i] > 0), tie_breaks[i]),
     )
     for index in order[: limit - sum(quotas)]:
         quotas[index] += 1

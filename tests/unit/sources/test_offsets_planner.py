@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sources.offsets_planner import (
     MAX_SLICES_PER_PARTITION,
@@ -14,6 +17,7 @@ from sources.offsets_planner import (
     LostRange,
     PartitionPlan,
     Slice,
+    _share,
     batch_topics,
     behind,
     plan_end_offsets,
@@ -180,6 +184,35 @@ def test_max_records_rounding_adds_up_to_the_limit_and_always_progresses() -> No
         seen, batches = end, batches + 1
     assert seen == {E1: {f"t{i}": 1 + i for i in range(7)}}
     assert batches == -(-total // 3)
+
+
+def test_quiet_topics_behind_a_hot_one_are_all_read_within_a_few_batches() -> None:
+    """Fifty device topics with a record each behind a hot topic bringing more than the limit every batch:
+    the leftover of the rounding (often one record) fed one of them a batch, the last read after about
+    fifty batches. Half the limit goes to them first, a record each: ten a batch."""
+    quiet = {f"dev/{i}": LogExtent(0, 1) for i in range(50)}
+    seen: dict[str, dict[str, int]] = {E1: {"hot": 0, **dict.fromkeys(quiet, 0)}}
+    hot_end, batches = 0, 0
+    while any(seen[E1][topic] == 0 for topic in quiet):
+        hot_end += 175
+        listings = {E1: {"hot": LogExtent(0, hot_end), **quiet}}
+        end = end_offsets(seen, listings, max_records=20)
+        assert sum(end[E1].values()) - sum(seen[E1].values()) == 20
+        assert end[E1]["hot"] > seen[E1]["hot"], "the hot topic is read every batch too"
+        seen, batches = end, batches + 1
+    assert batches == 5, batches  # ten a batch: half the limit
+
+
+@given(
+    available=st.lists(st.integers(0, 1_000), min_size=1, max_size=60),
+    limit=st.integers(1, 500),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_shares_add_up_to_the_limit_and_none_passes_its_backlog(available, limit, seed) -> None:
+    tie_breaks = [zlib.crc32(f"{seed}/{index}".encode()) for index in range(len(available))]
+    shares = _share(limit, available, tie_breaks)
+    assert sum(shares) == min(limit, sum(available))
+    assert all(0 <= share <= size for share, size in zip(shares, available, strict=True))
 
 
 def test_available_now_target_caps_topics_and_ignores_what_came_after() -> None:
