@@ -27,7 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -61,7 +61,7 @@ from .offsets_planner import (
     plan_partitions,
     starting_offsets,
 )
-from .options import SourceOptionError, SourceOptions, StartKind, parse_options
+from .options import SourceOptionError, SourceOptions, StartingOffsets, StartKind, parse_options
 from .partition_offsets import (
     FILTER_PREFIX,
     REMOVED_POSITIONS,
@@ -91,6 +91,7 @@ from .slice_reader import (
 )
 from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from .topic_cover import listing
+from .unmatched_topics import BrokerWay, say_if_nothing_matches
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -172,10 +173,22 @@ class TimestoneDataSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TimestoneStreamReader(self._options())
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """``spark.read``: what the brokers hold now, from ``startingOffsets`` (``earliest`` if not given)."""
+        from .batch_reader import TimestoneBatchReader
+
+        options = self._options()
+        if "startingoffsets" not in {key.lower() for key in self.options}:
+            options = replace(options, starting_offsets=StartingOffsets(StartKind.EARLIEST))
+        return TimestoneBatchReader(TimestoneStreamReader(options))
+
+    def _options(self) -> SourceOptions:
         options = parse_options(self.options)
         if options.min_partitions is None:
             options = replace(options, min_partitions=self.default_min_partitions or os.cpu_count() or 1)
-        return TimestoneStreamReader(options)
+        return options
 
 
 class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -230,6 +243,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._starts = BatchStarts()
         self._told_unnamed: set[str] = set()
         """The checkpoint's brokers ``brokers`` does not name that a warning has said so."""
+        self._matches_looked_for = False
+        """Whether this run looked for a log option ``topics`` matches (``_say_if_nothing_matches``)."""
 
     # -- offsets: the long-lived planner process ---------------------------------------------------------
 
@@ -260,6 +275,11 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         offsets = with_listed(self._with_filters(offsets), {}, self._listed(listings), self.options.topics)
         return canonical(with_stores(offsets, {}, self._stores_of(listings)))
 
+    @property
+    def brokers_down(self) -> set[str]:
+        """The brokers that did not answer their last listing."""
+        return set(self._down)
+
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
@@ -282,6 +302,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._check_filters(start)
         listings, down = self._list_all()
         self._check_names(start)
+        self._say_if_nothing_matches(listings)
         for broker, error in down.items():
             log.warning(
                 "broker %r is down: its offsets stay where they are for this batch: %s", broker, error
@@ -621,6 +642,18 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             raise BrokerUnreachableError(broker, fetch.url, 0.0, changed)
         self._stores[broker] = client.store
         return logs
+
+    def _say_if_nothing_matches(self, listings: Listings) -> None:
+        """Once a run, when brokers answered: a warning if option ``topics`` matches no log they hold
+        (``unmatched_topics``)."""
+        if self._matches_looked_for or not self.options.topics or not listings:
+            return
+        self._matches_looked_for = True
+        ways = {
+            broker: BrokerWay(bool(self._by_partition.get(broker)), self._fetch[broker], self._client(broker))
+            for broker in listings
+        }
+        say_if_nothing_matches(self.options.topics, self.options.log_patterns, listings, ways)
 
     def _list_partitions(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent] | None:
         """The broker's partitions when it is read by partition, else None (it is read by topic).

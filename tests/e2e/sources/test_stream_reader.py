@@ -249,3 +249,27 @@ def test_a_quiet_topic_is_not_starved_by_a_hot_topic_that_outpaces_max_records(e
     unread = [topic for topic in quiet if plain(offsets)["e1"][topic] == 0]
     assert unread == []
     assert plain(offsets)["e1"]["plant/hot/temp"] == 40 * 100 - len(quiet)
+
+
+@pytest.mark.parametrize("read_by", ["topics", "partitions"])
+def test_a_topics_filter_matching_none_of_the_logs_a_broker_holds_is_said_once_a_run(
+    edge: EdgeBroker, caplog: pytest.LogCaptureFixture, read_by: str
+) -> None:
+    """A misspelt filter read nothing, batch after batch, without a word. A broker holding no record yet (a
+    new deployment) is no reason to say so."""
+
+    def batches(source: TimestoneStreamReader) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="sources.timestone_source"):
+            start = roundtrip(source.initialOffset())
+            for _ in range(3):
+                start = roundtrip(source.latestOffset(start, ReadAllAvailable()))
+        return [r.getMessage() for r in caplog.records if "matches none of the logs" in r.getMessage()]
+
+    assert batches(reader(edge, topics="plnt/+/temp", readBy=read_by)) == []  # the broker holds nothing
+    edge.fill("plant/1/temp", 3)
+    assert batches(reader(edge, topics="plnt/+/temp", readBy=read_by)) == [
+        "option 'topics' (plnt/+/temp) matches none of the logs e1 holds: nothing is read until one it "
+        "matches is created (a filter misspelt?)"
+    ]
+    assert batches(reader(edge, readBy=read_by)) == []

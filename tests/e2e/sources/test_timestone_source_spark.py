@@ -427,3 +427,36 @@ def test_a_user_property_given_twice_comes_out_once_with_its_last_value(
         stream(timestone_spark, {"north": edge}, startingOffsets="earliest"), tmp_path / "cp", keep
     )
     assert sorted(seen) == [(0, ["k", "other"], ["b", "x"]), (1, ["content_type"], ["json"]), (2, [], [])]
+
+
+def test_a_batch_read_takes_what_the_brokers_hold_from_the_earliest_unless_told(
+    timestone_spark: SparkSession, edge: EdgeBroker, second_edge: EdgeBroker
+) -> None:
+    """``spark.read.format("timestone")`` failed with Spark's ``[NOT_IMPLEMENTED] reader is not implemented``
+    (a stream only): it reads every record of the matched logs, once, from ``earliest`` unless
+    ``startingOffsets`` says otherwise; a broker that does not answer fails it rather than leaving its
+    records out."""
+    for number in range(3):
+        edge.fill(f"plant/{number}/temp", 40)
+    second_edge.fill("plant/9/temp", 25)
+    edge.fill("plant/1/humidity", 10)  # not matched by plant/+/temp
+    brokers = {"north": edge, "south": second_edge}
+
+    def batch(**options: str) -> DataFrame:
+        reader = (
+            timestone_spark.read.format("timestone")
+            .option("brokers", ",".join(f"{name}={broker.url}" for name, broker in brokers.items()))
+            .option("topics", "plant/+/temp")
+            .option("fetchRetries", "0")
+        )
+        return reader.options(**options).load()
+
+    frame = batch(maxRecordsPerPartition="50")
+    assert frame.schema == SCHEMA
+    keys = sorted((r.broker, r.topic, r.offset) for r in frame.select("broker", "topic", "offset").collect())
+    want = [key for n in range(3) for key in expected("north", f"plant/{n}/temp", range(40))]
+    assert keys == sorted(want + expected("south", "plant/9/temp", range(25)))
+    assert batch(startingOffsets="latest").count() == 0
+    second_edge.stop_server()
+    with pytest.raises(Exception, match="a batch read reads every broker, and south did not answer"):
+        batch().count()
