@@ -61,8 +61,7 @@ def check_output_location(location: str, key: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(key, f"{location!r} cannot be created: {str(existing)!r} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise NotWritable(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")
+    _check_writable(location, key, existing)
 
 
 def check_tables_writable(location: str, tables: Iterable[str], key: str) -> None:
@@ -74,10 +73,14 @@ def check_tables_writable(location: str, tables: Iterable[str], key: str) -> Non
         return
     for table in tables:
         for folder in (path / table, path / table / "_delta_log"):
-            if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-                raise NotWritable(
-                    key, f"{location!r} cannot be written: no write permission on {str(folder)!r}"
-                )
+            if folder.is_dir():
+                _check_writable(location, key, folder)
+
+
+def _check_writable(location: str, key: str, folder: Path) -> None:
+    """:class:`NotWritable` naming ``key`` when this process may not write ``folder`` (of ``location``)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise NotWritable(key, f"{location!r} cannot be written: no write permission on {str(folder)!r}")
 
 
 def check_checkpoint(

@@ -41,8 +41,11 @@ def say_if_nothing_matches(
 ) -> None:
     """Warn when ``topics`` (listed as ``patterns``) match none of the logs of the brokers of ``listings``
     that hold records."""
+    if any(logs and not ways[broker].by_partition for broker, logs in listings.items()):
+        return  # (listed with the filters: they match)
     holding = [broker for broker, logs in listings.items() if _holds_records(logs, ways[broker])]
-    if holding and not any(_matches_a_log(listings[broker], patterns, ways[broker]) for broker in holding):
+    read_by_partition = [broker for broker in holding if ways[broker].by_partition]
+    if holding and not any(_matches_a_log(patterns, ways[broker]) for broker in read_by_partition):
         log.warning(
             "option 'topics' (%s) matches none of the logs %s holds: nothing is read until one it matches "
             "is created (a filter misspelt?)",
@@ -61,10 +64,8 @@ def _holds_records(logs: Mapping[str, LogExtent], way: BrokerWay) -> bool:
         return False
 
 
-def _matches_a_log(logs: Mapping[str, LogExtent], patterns: tuple[str, ...], way: BrokerWay) -> bool:
-    """Whether a log of the broker matches ``patterns`` (True when unsure)."""
-    if not way.by_partition:
-        return bool(logs)  # (listed with the filters)
+def _matches_a_log(patterns: tuple[str, ...], way: BrokerWay) -> bool:
+    """Whether a log of a broker read by partition matches ``patterns`` (True when unsure)."""
     sent, keep = listing(patterns)
     try:
         for pattern in sent:

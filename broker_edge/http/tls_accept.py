@@ -55,6 +55,7 @@ __all__ = [
     "TlsServer",
     "failure_reason",
     "not_verified_hint",
+    "refusal_hints",
     "start_tls_server",
     "tls_failure_lines",
 ]
@@ -324,16 +325,22 @@ def not_verified_hint(setting: str, cafile: str) -> str:
     )
 
 
+def refusal_hints(setting: str, cafile: str) -> dict[str, str]:
+    """What the refusal line of a failed handshake adds (``hint``), by reason: a chain lacking a CRL's
+    ``NO_CRL_HINT``; a client certificate that did not verify, the CA file ``setting`` names (if any)."""
+    hints = {NO_CRL: NO_CRL_HINT}
+    if cafile:
+        hints[CLIENT_NOT_VERIFIED] = not_verified_hint(setting, cafile)
+    return hints
+
+
 def tls_failure_lines(
     site: str, quiet: frozenset[str] = frozenset(), cafile: tuple[str, str] | None = None
 ) -> HandshakeFailure:
     """What a site does with a failed TLS handshake: one WARNING naming the peer and why (limited per
     reason); a port check (``PROBE``) and the reasons in ``quiet`` are DEBUG lines. ``cafile``: the setting
     and the file client certificates are checked against, named in the line of one that did not verify."""
-    hints = {NO_CRL: NO_CRL_HINT}
-    if cafile is not None and cafile[1]:
-        hints[CLIENT_NOT_VERIFIED] = not_verified_hint(*cafile)
-    return partial(_tls_failed, site, quiet, hints)
+    return partial(_tls_failed, site, quiet, refusal_hints(*(cafile or ("", ""))))
 
 
 def _tls_failed(

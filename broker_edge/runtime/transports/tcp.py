@@ -27,15 +27,7 @@ from broker_edge.engine.connection.outgoing import Closing
 from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
 from broker_edge.engine.handlers.connect import accept_handed_in
-from broker_edge.http.tls_accept import (
-    CLIENT_NOT_VERIFIED,
-    NO_CRL,
-    NO_CRL_HINT,
-    PROBE,
-    HandshakeFailure,
-    not_verified_hint,
-    start_tls_server,
-)
+from broker_edge.http.tls_accept import PROBE, HandshakeFailure, refusal_hints, start_tls_server
 from broker_edge.runtime.peer_certificate import note_peer_certificate, refuse_resumed, resumed_refusal
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
@@ -240,7 +232,7 @@ def report_tls_failures(broker: ConnectionHost, listener: str, tls: TlsConfig | 
         f"the client: the broker's certificate ({certfile}) does not name the host it dialled, is not of a "
         "CA it trusts, or has expired (timestone pki show)"
     )
-    not_verified = not_verified_hint("the listener's tls.cafile", cafile or "")
+    hints = refusal_hints("the listener's tls.cafile", cafile or "")
 
     def failed(peer: str, reason: str, error: BaseException) -> None:
         counters = broker.counters
@@ -249,10 +241,8 @@ def report_tls_failures(broker: ConnectionHost, listener: str, tls: TlsConfig | 
             _log.debug("a port check on listener %s: %s hung up without a byte", listener, peer)
             return
         fields = {"refused_by": refused_by} if reason in _REFUSED_BY_THE_CLIENT else {}
-        if reason == NO_CRL:
-            fields["hint"] = NO_CRL_HINT
-        elif reason == CLIENT_NOT_VERIFIED and cafile:
-            fields["hint"] = not_verified
+        if reason in hints:
+            fields["hint"] = hints[reason]
         counters.refusal_log.write(
             _log,
             broker.now(),
