@@ -130,7 +130,7 @@ def test_default_window_closes_with_its_loop_iteration_and_grows_while_a_sync_ru
     monkeypatch.setattr(os, "fdatasync", slow_sync)
 
     async def scenario() -> tuple[list[int], int, int]:
-        store = _open(tmp_path, "group")  # group_commit_ms 0: no timer
+        store = _open(tmp_path, "group", syncfs_min_segments=0)  # no timer; fdatasyncs, held by the gate
         durable_at: list[int] = []
         for number in range(5):  # one loop iteration: one window
             store.append(TOPIC, make_record(number))
@@ -208,7 +208,7 @@ def test_a_window_over_its_byte_bound_is_cut_even_while_a_sync_runs(tmp_path: Pa
     monkeypatch.setattr(os, "fdatasync", slow_sync)
 
     async def scenario() -> tuple[int, int, int]:
-        store = _open(tmp_path, "group", group_commit_max_bytes=4096)
+        store = _open(tmp_path, "group", group_commit_max_bytes=4096, syncfs_min_segments=0)  # held below
         store.append(TOPIC, make_record(0))
         for _ in range(3):
             await asyncio.sleep(0)  # the first window is in its (held) fsync
