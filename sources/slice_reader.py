@@ -76,13 +76,22 @@ T = TypeVar("T")
 class BrokerUnreachableError(RuntimeError):
     """A broker's offsets API did not answer within the retries; the message names the broker."""
 
-    def __init__(self, broker: str, url: str, waited_s: float, cause: BaseException) -> None:
+    def __init__(
+        self, broker: str, url: str, waited_s: float, cause: BaseException, needed_for: str = ""
+    ) -> None:
+        need = f"{needed_for}, but " if needed_for else ""
         super().__init__(
-            f"timestone source: broker {broker!r} ({url}) unreachable, gave up after {waited_s:.1f} s: "
+            f"timestone source: {need}broker {broker!r} ({url}) unreachable, gave up after {waited_s:.1f} s: "
             f"{cause} (see the options fetchRetries, retryBackoffMs, fetchTimeoutMs)"
         )
         self.broker = broker
         self.url = url
+        self.waited_s = waited_s
+        self.cause = cause
+
+    def needed_for(self, what: str) -> BrokerUnreachableError:
+        """This error, saying first what the broker's answer was needed for."""
+        return BrokerUnreachableError(self.broker, self.url, self.waited_s, self.cause, what)
 
 
 class BrokerAnswerError(RuntimeError):

@@ -117,6 +117,10 @@ SCHEMA = StructType(
 Listings = dict[str, dict[str, LogExtent]]
 
 
+_START_WORDS = {StartKind.LATEST: "'latest'", StartKind.TIMESTAMP: "at a time", StartKind.SPECIFIC: "as JSON"}
+"""How a refusal names a start that needs every broker's listing."""
+
+
 class TimestonePartition(InputPartition):
     """One Spark task: slices of one broker's logs (or a cluster's: ``cluster``), and how to fetch them.
 
@@ -259,7 +263,11 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if down and start.kind is not StartKind.EARLIEST:
             # Where "latest" (or a time) is on a broker that does not answer is unknowable, and reading its
             # logs from their start later would not be what was asked for. "earliest" needs nothing now.
-            raise next(iter(down.values()))
+            error = next(iter(down.values()))
+            raise error.needed_for(
+                f"startingOffsets {_START_WORDS[start.kind]} needs every broker's logs at the query's start "
+                "(start the broker, leave it out of the option brokers, or start from 'earliest')"
+            ) from error
         for broker, error in down.items():
             log.warning(
                 "broker %r is down at query start; its logs will be read from their start: %s", broker, error

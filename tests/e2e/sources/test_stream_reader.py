@@ -183,8 +183,14 @@ def test_a_broker_down_at_start_fails_latest_but_not_earliest(
 ) -> None:
     edge.fill("plant/1/temp", 3)
     second_edge.stop_server()
-    with pytest.raises(BrokerUnreachableError, match="'e2'"):
+    with pytest.raises(BrokerUnreachableError, match="'e2'") as refused:
         reader(edge, second_edge).initialOffset()
+    assert str(refused.value).startswith(
+        "timestone source: startingOffsets 'latest' needs every broker's logs at the query's start (start "
+        "the broker, leave it out of the option brokers, or start from 'earliest'), but broker 'e2'"
+    )
+    with pytest.raises(BrokerUnreachableError, match="startingOffsets at a time needs every broker's logs"):
+        reader(edge, second_edge, startingOffsets="time:1000").initialOffset()
     assert plain(reader(edge, second_edge, startingOffsets="earliest").initialOffset()) == {
         "e1": {"plant/1/temp": 0}
     }
