@@ -15,11 +15,13 @@ import asyncio
 import collections
 import time
 
+from broker_edge.cluster.features.sessions_records import SessionRecord
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import ConnAck, Connect, PubAck, Publish, SubAck, Subscribe, Subscription
 from broker_edge.protocol.properties import Properties
 from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
+from tests.harness.local_cluster import EtcdTarget
 
 DEVICES = 1000
 VERSION = 5
@@ -117,12 +119,26 @@ async def _publish_commands(port: int, topics: list[str]) -> None:
     assert len(acked) == len(topics), f"{len(topics) - len(acked)} commands not acknowledged, {refused=}"
 
 
+def _wait_saved(etcd: EtcdTarget, devices: list[FleetDevice]) -> None:
+    """Until the registry holds every device's session saved with its subscription (saved every
+    ``session_save_interval_ms``; a member killed before a save leaves that session without its state)."""
+
+    def unsaved() -> list[str]:
+        filters: dict[str, list[str]] = {}
+        for key, value in etcd.server.range(f"{etcd.prefix}/sessions/"):
+            state = SessionRecord.from_json(value).state or {}
+            filters[key.rsplit("/", 1)[-1]] = [entry["filter"] for entry in state.get("subscriptions", [])]
+        return [d.client_id for d in devices if f"cmd/{d.client_id}" not in filters.get(d.client_id, [])]
+
+    wait_until(lambda: not unsaved(), 30, "every session saved with its subscription", lambda: unsaved()[:3])
+
+
 async def _fleet_moves(three_brokers, etcd) -> list[FleetDevice]:
     a, b = three_brokers["a"], three_brokers["b"]
     devices = [FleetDevice(f"fleet-{n}") for n in range(DEVICES)]
     await _connect_all(devices, a.port)
     await asyncio.gather(*(device.subscribe(f"cmd/{device.client_id}") for device in devices))
-    await asyncio.sleep(2.0)  # twice session_save_interval_ms
+    await asyncio.to_thread(_wait_saved, etcd, devices)
     a.kill()
     for device in devices:
         device.close()
@@ -159,7 +175,7 @@ async def _fleet_back_while_partitions_offline(brokers, etcd) -> None:
     devices = [FleetDevice(f"offline-{n}") for n in range(OFFLINE_DEVICES)]
     await _connect_all(devices, b.port)
     await asyncio.gather(*(device.subscribe(f"cmd/{device.client_id}") for device in devices))
-    await asyncio.sleep(2.0)  # saved
+    await asyncio.to_thread(_wait_saved, etcd, devices)
     b.kill()
     for device in devices:
         device.close()
