@@ -25,7 +25,7 @@ from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.properties import Properties
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, RawClient, close_all
-from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled, wait_until
+from tests.e2e.cluster.proof import cluster_state, copies_spread, session_record, wait_settled, wait_until
 from tests.e2e.cluster.test_device_offsets import device_from, numbered
 from tests.e2e.commitlog.e2e_helpers import offset_of
 from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker
@@ -268,7 +268,11 @@ def test_a_session_away_from_a_broker_without_a_copy_keeps_positions_and_survive
         back.expect_none(0.5)
         back.disconnect()
     numbered(publisher, topic, 30, 60)
-    time.sleep(2.5)  # the sessions' positions saved (every session_save_interval_ms, 1 s)
+    wait_until(  # saved every session_save_interval_ms (1 s), a loaded member's save taking longer
+        lambda: all(saved_cursor(etcd, f"away-{version}", topic) == 30 for version in sessions),
+        30,
+        "the sessions' positions saved",
+    )
     brokers["d"].kill()
     wait_until(lambda: "d" not in cluster_state(etcd).members, 30, "d gone from the members")
 
@@ -282,3 +286,10 @@ def test_a_session_away_from_a_broker_without_a_copy_keeps_positions_and_survive
     publisher.publish(topic, b"60", 1)
     for client in moved.values():
         assert [m.payload for m in client.expect(1, timeout=15)] == [b"60"]
+
+
+def saved_cursor(etcd: EtcdTarget, client_id: str, topic: str) -> int | None:
+    """The position on ``topic`` of ``client_id``'s session as last saved in the registry."""
+    record = session_record(etcd, client_id)
+    state = record.state if record is not None else None
+    return None if state is None else state.get("cursors", {}).get(topic)

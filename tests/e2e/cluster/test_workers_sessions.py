@@ -50,7 +50,7 @@ def test_a_session_resumed_after_its_members_death_gets_the_topics_created_since
     subscriber = PahoClient(ports["w0"], "keeper", clean=False, session_expiry=600)
     subscriber.subscribe("fleet/#", qos=1)
     subscriber.disconnect()
-    time.sleep(1.5)  # its state saved (cluster.session_save_interval_ms): no topic yet
+    time.sleep(3.0)  # its state saved (each session_save_interval_ms, 1 s; longer when loaded): no topic yet
     publisher = PahoClient(ports["w1"], "publisher")
     for topic in (on_w0, on_w1):
         publisher.publish(topic, f"first of {topic}".encode(), qos=1)
