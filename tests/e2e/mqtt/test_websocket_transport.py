@@ -262,22 +262,28 @@ def test_a_flood_of_empty_websocket_fragments_is_read_within_the_turns_budget(st
                 sock.sendall(empty_fragments)
                 sent.append(len(empty_fragments))
 
-    flooder = threading.Thread(target=flood, daemon=True)
-    flooder.start()
-    try:
-        time.sleep(0.3)
+    def puback_times() -> list[float]:
         answered = []
         for _ in range(20):
             started = time.monotonic()
             publisher.publish("t/x", b"x", 1)
             answered.append(time.monotonic() - started)
+        return sorted(answered)
+
+    alone = puback_times()  # this machine's pace now, without the flood
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(0.3)
+        answered = puback_times()
         read_on = broker.connected("fragments")  # asked before its socket closes below
     finally:
         flooding.clear()
         sock.close()
         flooder.join(timeout=5)
     assert len(sent) > 10 and read_on  # it flooded all along, and was read
-    assert sorted(answered)[10] < 0.08, f"PUBACKs took {sorted(answered)} s"  # 0.12-0.2 s unbounded
+    bound = max(0.08, 15 * alone[10])  # 0.12-0.2 s unbounded on a quiet machine
+    assert answered[10] < bound, f"PUBACKs took {answered} s, {alone} s without the flood"
     assert broker.metric("timestone_broker_read_turns_cut_total") > 0  # its bytes were read turn by turn
 
 
