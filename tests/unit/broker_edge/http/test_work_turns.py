@@ -99,12 +99,14 @@ def test_builds_in_threads_are_pieces_one_at_a_time() -> None:
 
 
 async def rests_after_two_pieces(turns: WorkTurns) -> list[bool]:
-    """Two pieces one after the other: whether the loop rests after each."""
+    """Two pieces one after the other: whether the loop rests after each (its rest ends after the piece
+    began; a piece after which the loop does not rest leaves the rest before, which ended before it began)."""
     rests: list[bool] = []
     for _ in range(2):
         await turns.turn()
+        began = time.monotonic()
         await asyncio.sleep(0)  # the piece ends: its rest is set
-        rests.append(turns._rested_at > time.monotonic())
+        rests.append(turns._rested_at > began)
     return rests
 
 
