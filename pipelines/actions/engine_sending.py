@@ -45,6 +45,18 @@ class Turn:
             send()
 
 
+def _shortened(messages: list[Outgoing], elapsed_ms: int) -> list[Outgoing]:
+    """``messages`` with ``elapsed_ms`` less of their expiry intervals (those without one as they are)."""
+    if elapsed_ms <= 0:
+        return messages
+    return [
+        message
+        if message.expires_in_ms is None
+        else message._replace(expires_in_ms=message.expires_in_ms - elapsed_ms)
+        for message in messages
+    ]
+
+
 def unrecorded(rows: Iterable[Execution]) -> list[Execution]:
     """Rows a tick or a fan-out marked as being sent and never recorded as sent, the device not heard from
     since."""
@@ -120,7 +132,15 @@ class Sending(EngineBase):
         return Turn(sends, sent)
 
     def _publishing(self, messages: list[Outgoing]) -> Callable[[], None]:
-        return lambda: self.publisher.publish_many(messages)
+        """The publish of ``messages``, made later (after the rows marking them as being sent are written):
+        their expiry intervals count from now, so the time until then is taken off them, and none outlives
+        its row's ``expires_at`` at a broker however long the write took."""
+        made = self.clock()
+
+        def publish() -> None:
+            self.publisher.publish_many(_shortened(messages, self.clock() - made))
+
+        return publish
 
     def _first_sends(
         self, action: Action, rows: Mapping[str, Execution], release: Release, now: int
@@ -131,10 +151,10 @@ class Sending(EngineBase):
         untouched = all(row.published_at is None for row in rows.values())
         if topic is not None and untouched and len(release.first) == len(rows):
             message = action.message(now, expiry_s=self.message_expiry_s)
-            expires_in = self._expires_in(action, now)
+            publish = self._publishing([Outgoing(topic, message, self._expires_in(action, now))])
 
             def broadcast() -> None:
-                self.publisher.publish(topic, message, expires_in)
+                publish()
                 log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
 
             return [broadcast]

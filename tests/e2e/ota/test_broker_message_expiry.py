@@ -96,6 +96,47 @@ def test_an_action_queued_for_an_offline_session_expires_at_the_broker_mqtt_3_3_
 
 
 @pytest.mark.mqtt5("MQTT-3.3.2-5")
+def test_the_time_the_rows_write_takes_before_the_publish_is_taken_off_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine writes the rows it is about to send (marked as being sent) before it publishes: an
+    interval worked out before that write, and counted by the publisher from the publish, let a broker keep
+    the message past its ``expires_at`` by as long as the write took (a slow object store: seconds), so a
+    device back after it still got an action the job records as expired. Here the write takes 2.2 s of a
+    10 s expiry: the interval is what is left at the publish."""
+    store = open_table_store(None, str(tmp_path / "tables"), backend="delta-rs")
+    register_devices(store, {"dev-soon": "g"})
+    with broker(tmp_path) as running:
+        soon = offline_device(running.port, "dev-soon", group_topic("g"))
+        publisher = MqttPublisher([running.address], client_id="actions-test")
+        try:
+            engine = ActionsEngine(store, publisher, compliance_interval_s=0, message_expiry_s=10)
+            write = engine.tables.write_executions
+            slowed: list[float] = []
+
+            def slow_write(*args: Any) -> None:
+                if not slowed:  # the fan-out's write, before its publish
+                    slowed.append(2.2)
+                    time.sleep(2.2)
+                write(*args)
+
+            monkeypatch.setattr(engine.tables, "write_executions", slow_write)
+            engine.on_action_rows([action_row("a-1", group="g")], "fanout", 0)
+        finally:
+            publisher.close()
+
+        soon.connect()
+        (message,) = soon.expect(1)
+        received_at = time.time() * 1000
+        body = json.loads(message.payload)
+        assert slowed
+        interval = expiry_of(message)
+        assert interval is not None
+        assert interval <= math.ceil((body["expires_at"] - received_at) / 1000)  # 9 > 8 before
+        soon.disconnect()
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-5")
 @pytest.mark.parametrize("kind", [MqttPublisher, ClusterPublisher])
 def test_the_publisher_sends_the_seconds_left_and_never_a_message_already_expired(
     tmp_path: Path, kind: type[MqttPublisher]
