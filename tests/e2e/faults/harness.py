@@ -295,12 +295,16 @@ class FaultCluster:
 # -- nemeses: each does its harm and heals; returns the windows in which a broker must stay silent -------
 
 Nemesis = Callable[[FaultCluster, random.Random], list[Silence]]
+READ_LATE_S = 1.0
+"""How long after a broker was killed or stopped a publisher's thread (one of nine, on a loaded machine) may
+still read a PUBACK the broker wrote before: a stopped or dead process writes nothing, so a silence begins
+then."""
 
 
 def kill_leader(cluster: FaultCluster, rng: random.Random) -> list[Silence]:
     broker = cluster.busiest_leader()
     broker.kill()
-    start = time.time()
+    start = time.time() + READ_LATE_S  # what it wrote before it died may still be read
     time.sleep(rng.uniform(LEASE_TTL_S + 0.5, LEASE_TTL_S + 2.0))
     end = time.time()
     broker.start()
@@ -311,7 +315,7 @@ def pause_leader(cluster: FaultCluster, rng: random.Random) -> list[Silence]:
     broker = cluster.busiest_leader()
     assert broker.process is not None
     broker.process.send_signal(signal.SIGSTOP)
-    start = time.time() + 0.2  # what it wrote before the signal may still arrive
+    start = time.time() + READ_LATE_S  # what it wrote before the signal may still be read
     time.sleep(rng.uniform(LEASE_TTL_S + 0.5, LEASE_TTL_S + 2.0))
     end = time.time()
     broker.process.send_signal(signal.SIGCONT)
