@@ -138,7 +138,7 @@ def test_a_disk_the_log_filled_is_freed_by_retention_without_a_hand(tmp_path: Pa
     """Retention deletes segments only once a snapshot is durable, and a snapshot is a new file: on a full
     disk the disk reserve (``storage.disk_reserve_bytes``, preallocated at the first seal) is released for
     it, so the records past retention go and QoS 1 is taken again while what filled the disk stays."""
-    retention_s = 12
+    retention_s = 16  # the 1,600 publishes below take well under a second, seconds on a loaded machine
     broker = BrokerProcess(
         tmp_path,
         limits={"new_connections_per_second": 0, "messages_per_second_per_client": 0},
