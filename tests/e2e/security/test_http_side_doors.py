@@ -359,6 +359,17 @@ print(json.dumps(times))
 """A device on 127.0.0.1:argv[1] publishing 20 QoS 1 messages one after the other: each one's PUBACK time."""
 
 
+def puback_times(port: int) -> str:
+    """What ``PUBACK_TIMES`` prints for a device on ``port``, in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-c", PUBACK_TIMES, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+
+
 STRANGER_FLOOD = """
 import asyncio, sys
 port = int(sys.argv[1])
@@ -452,6 +463,7 @@ def test_a_body_of_one_byte_chunks_is_parsed_within_the_loop_turns_and_mqtt_stay
     request = head + b"Host: b\r\nTransfer-Encoding: chunked\r\n\r\n"
     # strangers and the device in processes of their own, as they are: threads of this one, which runs the
     # broker, took the interpreter from it, the device's most of all (PUBACKs read 0.1 s late)
+    alone = sorted(json.loads(puback_times(running.port)))  # this machine's pace now, without the flood
     flooders = [
         subprocess.Popen([sys.executable, "-c", CHUNK_FLOOD, str(port), request.hex()]) for _ in range(2)
     ]
@@ -472,7 +484,10 @@ def test_a_body_of_one_byte_chunks_is_parsed_within_the_loop_turns_and_mqtt_stay
     # their ends seen once what they sent is read: a fetch's body is read up to 1 MiB (6 MiB of one-byte
     # chunks on the wire), the kernel's buffers full of them, a turn's share at a time (3-6 s on 2 cores)
     assert wait_for(lambda: open_http_connections(running, port) == 0, 30)
-    assert sorted(answered)[10] < 0.15, f"PUBACKs took {sorted(answered)} s"  # 0.3-0.4 s unbounded
+    # 0.3-0.4 s unbounded on a quiet machine; bounded, 0.01-0.15 s there, and 0.16 s seen with another test's
+    # processes taking a CPU (two flooders, the broker and the device share the other)
+    bound = max(0.25, 8 * alone[10])
+    assert sorted(answered)[10] < bound, f"PUBACKs took {sorted(answered)} s, {alone} s without the flood"
     assert max(kept) < 2 << 20, f"{max(kept)} bytes kept"
 
 
