@@ -4,13 +4,14 @@ member whose lease ends, or that is fenced, lets it go, and another takes it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
 from broker_edge.cluster.coordination.link_holder import LinkHolder
+from tests.harness.async_waits import until
 from tests.harness.local_cluster import EtcdServer, EtcdTarget
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,21 +79,13 @@ def test_one_member_holds_the_link_and_another_takes_it_when_its_lease_ends_or_i
             b.lease = await etcd.grant_lease(30)
             a.holder.start()
             b.holder.start()
-            await _until(lambda: a.running or b.running, "a holder")
+            await until(lambda: a.running or b.running, 10.0, "a holder")  # (etcd may be slow when loaded)
             await asyncio.sleep(0.3)  # both step several times (every 0.05 s) meanwhile
             assert [a.running, b.running].count(True) == 1
             first, second = (a, b) if a.running else (b, a)
             await first.holder.stop()  # resigns: the key is deleted, the other takes it without waiting
             assert not first.running
-            await _until(lambda: second.running, "the other member taking the link")
+            await until(lambda: second.running, 10.0, "the other member taking the link")
             await second.holder.stop()
 
     asyncio.run(scenario())
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Until ``condition`` holds (an etcd transaction on a loaded machine may take a while)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)

@@ -44,6 +44,7 @@ from broker_edge.engine.records import record_fields
 from broker_edge.placement import Member, PartitionState
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool
+from tests.harness.async_waits import until
 from tests.static_isr import StaticIsr
 
 NODES = ("b1", "b2")
@@ -158,13 +159,6 @@ async def _append(store: LogStore, topic: str, payloads: list[bytes]) -> Appende
     return AppendedRun(topic, first, messages)
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
-
-
 def _request(session: int, positions: list[tuple[str, int]], max_bytes: int = 1 << 20) -> FetchRequest:
     topics = [TopicPosition(topic, offset, 1) for topic, offset in positions]
     return FetchRequest("b2", session, False, 0, max_bytes, max_bytes, [PartitionFetch(0, 1, topics)])
@@ -189,14 +183,14 @@ def test_a_replica_is_replicated_by_pushes_alone_once_its_session_is_open(tmp_pa
     async def body(pair: _Pair) -> None:
         followers = pair.follow(FollowerConfig(wait_ms=50))
         try:
-            await _until(lambda: pair.leader.acks_received > 0)  # the session moved onto the link
+            await until(lambda: pair.leader.acks_received > 0)  # the session moved onto the link
             fetches = pair.leader.fetches_served
             done: list[int] = []
             sent = [f"reading {n}".encode() for n in range(30)]
             for start in range(0, 30, 3):
                 run = await _append(pair.leader_store, "t", sent[start : start + 3])
                 pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
-            await _until(lambda: len(done) == 10 and pair.routed == sent)
+            await until(lambda: len(done) == 10 and pair.routed == sent)
             assert pair.leader_store.committed_end("t") == 30
             assert pair.follower_store.committed_end("t") == 30  # the watermark came by push too
             leader_frames = pair.leader_store.replicated_log.read_frames("t", 0, 1 << 20)
@@ -217,7 +211,7 @@ def test_a_leader_whose_answers_do_not_offer_pushes_is_fetched_from_as_before(tm
             for payload in (b"one", b"two", b"three"):
                 run = await _append(pair.leader_store, "t", [payload])
                 pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
-            await _until(lambda: len(done) == 3 and pair.routed == [b"one", b"two", b"three"])
+            await until(lambda: len(done) == 3 and pair.routed == [b"one", b"two", b"three"])
             assert pair.leader.acks_received == 0 and pair.leader.pushes_sent == 0
             assert followers.fetches_sent > 1
         finally:
@@ -230,11 +224,11 @@ def test_a_lost_push_makes_the_replica_reopen_its_session_over_http_and_lose_not
     async def body(pair: _Pair) -> None:
         followers = pair.follow(FollowerConfig(wait_ms=50))
         try:
-            await _until(lambda: pair.leader.acks_received > 0)
+            await until(lambda: pair.leader.acks_received > 0)
             await _append(pair.leader_store, "t", [b"first"])
             second = await _append(pair.leader_store, "t", [b"second"])
             pair.leader.when_replicated([second], lambda: None, pair.refused.append)
-            await _until(lambda: pair.follower_store.committed_end("t") == 2)
+            await until(lambda: pair.follower_store.committed_end("t") == 2)
             fetches = pair.leader.fetches_served
             pair.to_follower.lose = 1  # the next push never arrives
             done: list[int] = []
@@ -242,14 +236,14 @@ def test_a_lost_push_makes_the_replica_reopen_its_session_over_http_and_lose_not
                 run = await _append(pair.leader_store, "t", [payload])
                 pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
                 await asyncio.sleep(0.01)
-            await _until(lambda: len(done) == 2)  # acknowledged once the replica fetched what it lacked
+            await until(lambda: len(done) == 2)  # acknowledged once the replica fetched what it lacked
             assert pair.leader.fetches_served > fetches
-            await _until(lambda: pair.follower_store.committed_end("t") == 4)
+            await until(lambda: pair.follower_store.committed_end("t") == 4)
             assert pair.follower_store.replicated_log.read_frames(
                 "t", 0, 1 << 20
             ) == pair.leader_store.replicated_log.read_frames("t", 0, 1 << 20)
             assert pair.routed == [b"first", b"second", b"third", b"fourth"]  # once each, in order
-            await _until(lambda: followers._fetchers[("b1", False)].pushes is not None)  # pushed again
+            await until(lambda: followers._fetchers[("b1", False)].pushes is not None)  # pushed again
         finally:
             await followers.stop()
 
@@ -270,15 +264,15 @@ def test_one_loop_iterations_appends_leave_as_one_push_and_acknowledgements_move
         done: list[int] = []
         for run in runs:  # two batches made durable together: one push carries both
             pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
-        await _until(lambda: len(pushes) == 1)
+        await until(lambda: len(pushes) == 1)
         await asyncio.sleep(0.02)
         assert len(pushes) == 1
         topics = {data.topic: (data.first, data.count) for data in _topics(pushes[:1])}
         assert topics == {"t": (0, 2), "u": (0, 2)}
         assert pushes[0].sequence == 1
         to_leader.send(ACK, encode_ack(Ack(2, 0, _request(opened.session, [("t", 2), ("u", 2)]))))
-        await _until(lambda: len(done) == 2)  # the acknowledgement says both are durable on b2
-        await _until(lambda: len(pushes) == 2)
+        await until(lambda: len(done) == 2)  # the acknowledgement says both are durable on b2
+        await until(lambda: len(pushes) == 2)
         watermarks = {data.topic: data.high_watermark for data in _topics(pushes[1:])}
         assert watermarks == {"t": 2, "u": 2} and pushes[1].sequence == 2
         assert pair.leader.fetches_served == 1  # the one that opened the session
@@ -307,10 +301,10 @@ def test_the_window_bounds_what_is_unacknowledged_and_a_gap_in_acknowledgements_
         assert 0 < records() < 4  # about 300 bytes of records unacknowledged, not all four
         durable = sum(len(frames) for data in _topics(pushes) for frames in data.frames)
         to_leader.send(ACK, encode_ack(Ack(2, durable, _request(opened.session, [("t", records())]))))
-        await _until(lambda: records() == 4)  # the acknowledgement opened the window
+        await until(lambda: records() == 4)  # the acknowledgement opened the window
         before = len(pushes)
         to_leader.send(ACK, encode_ack(Ack(4, 0, _request(opened.session, []))))  # ack 3 was lost
-        await _until(lambda: len(pushes) > before and pushes[-1].response.error == UNKNOWN_SESSION)
+        await until(lambda: len(pushes) > before and pushes[-1].response.error == UNKNOWN_SESSION)
         assert pair.leader.fetches.sessions[("b2", False)].push is None  # b2 must reopen over HTTP
         assert (await pair.leader.fetch(_request(0, [("t", 4)]))).error == OK
 
@@ -349,7 +343,7 @@ def test_a_session_opens_only_once_the_replicas_tail_is_durable_so_the_leaders_a
             gate.set()
             done: list[int] = []
             pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
-            await _until(lambda: done == [1] and pair.follower_store.committed_end("t") == 3)
+            await until(lambda: done == [1] and pair.follower_store.committed_end("t") == 3)
             assert pair.leader.fetches_served == 1  # one session, never reopened
             assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
         finally:

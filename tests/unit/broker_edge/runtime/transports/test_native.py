@@ -25,6 +25,7 @@ from broker_edge.runtime.transports.native import (
     NativeTransport,
     start_native_server,
 )
+from tests.harness.async_waits import until
 
 TOTAL = 2 * 1024 * 1024
 PIECE = 32 * 1024
@@ -108,14 +109,6 @@ def attach(sock: socket.socket, protocol: Recorder) -> NativeTransport:
 
 def pattern(total: int = TOTAL) -> bytes:
     return b"".join(struct.pack(">I", n) for n in range(total // 4))
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 async def read_all(client: socket.socket, limit: int | None = None) -> tuple[bytes, bool]:
