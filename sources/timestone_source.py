@@ -267,7 +267,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             raise error.needed_for(
                 f"startingOffsets {_START_WORDS[start.kind]} needs every broker's logs at the query's start "
                 "(start the broker, leave it out of the option brokers, or start from 'earliest')"
-            ) from error
+            ) from error.__cause__  # (the error itself is this one, said without its need)
         for broker, error in down.items():
             log.warning(
                 "broker %r is down at query start; its logs will be read from their start: %s", broker, error
