@@ -359,15 +359,13 @@ print(json.dumps(times))
 """A device on 127.0.0.1:argv[1] publishing 20 QoS 1 messages one after the other: each one's PUBACK time."""
 
 
-def puback_times(port: int) -> str:
-    """What ``PUBACK_TIMES`` prints for a device on ``port``, in a process of its own."""
-    return subprocess.run(
-        [sys.executable, "-c", PUBACK_TIMES, str(port)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+def times_of(script: str, port: int) -> list[float]:
+    """The times ``script`` (``PUBACK_TIMES``, ``READER_FETCHES``) prints for 127.0.0.1:``port``, sorted; it
+    runs in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(port)], capture_output=True, text=True, timeout=300, check=True
+    )
+    return sorted(json.loads(done.stdout))
 
 
 STRANGER_FLOOD = """
@@ -407,18 +405,6 @@ print(json.dumps(times[1:]))
 but the first's."""
 
 
-def reader_fetch_times(port: int) -> list[float]:
-    """The times of a reader's fetches (``READER_FETCHES``, in a process of its own)."""
-    reader = subprocess.run(
-        [sys.executable, "-c", READER_FETCHES, str(port)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return sorted(json.loads(reader.stdout))
-
-
 def test_a_readers_fetches_do_not_wait_behind_a_stranger_flooding_401s(brokers):
     """Every request waits for its turn of the loop's HTTP work; in one line with a stranger's requests
     over 144 connections, a reader's fetch waited behind a piece of each of them (54 to 74 times its time
@@ -429,13 +415,13 @@ def test_a_readers_fetches_do_not_wait_behind_a_stranger_flooding_401s(brokers):
     for _ in range(30):
         publisher.publish("t", b"x" * 100, 1)
     port = running.broker.offsets_port
-    alone = reader_fetch_times(port)
+    alone = times_of(READER_FETCHES, port)
     work = running.broker.read_turns.work
     began = running.call(lambda: work.pieces)
     flooders = [subprocess.Popen([sys.executable, "-c", STRANGER_FLOOD, str(port)]) for _ in range(3)]
     try:
         assert wait_for(lambda: running.call(lambda: work.pieces) > began + 300)  # the flood is under way
-        flooded = reader_fetch_times(port)
+        flooded = times_of(READER_FETCHES, port)
     finally:
         for flooder in flooders:
             flooder.kill()
@@ -463,7 +449,7 @@ def test_a_body_of_one_byte_chunks_is_parsed_within_the_loop_turns_and_mqtt_stay
     request = head + b"Host: b\r\nTransfer-Encoding: chunked\r\n\r\n"
     # strangers and the device in processes of their own, as they are: threads of this one, which runs the
     # broker, took the interpreter from it, the device's most of all (PUBACKs read 0.1 s late)
-    alone = sorted(json.loads(puback_times(running.port)))  # this machine's pace now, without the flood
+    alone = times_of(PUBACK_TIMES, running.port)  # this machine's pace now, without the flood
     flooders = [
         subprocess.Popen([sys.executable, "-c", CHUNK_FLOOD, str(port), request.hex()]) for _ in range(2)
     ]
