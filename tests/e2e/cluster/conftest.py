@@ -5,6 +5,10 @@
   tests, each of which works under its own key prefix as its own etcd user.
 - ``etcd`` → ``EtcdTarget(url, prefix)``: that server and a prefix nobody else uses.
 - ``private_etcd``: an etcd of the test's own, for tests that stop or pause it (SIGSTOP).
+- ``three_brokers``: brokers ``a``, ``b`` and ``c`` of one settled cluster. A test marked ``shares_cluster``
+  (it leaves every broker running and the cluster settled, and its client ids and topics are its own) gets its
+  module's one cluster, and ``etcd`` that cluster's target: starting three brokers and settling them costs
+  more CPU than most such tests. Before each, a broker found dead is started again and the cluster settled.
 - ``cluster_brokers(node_id, **cluster)`` → a started ``BrokerProcess`` (``timestone broker --config``)
   whose YAML has a ``cluster:`` section pointing at ``etcd`` (free ports for MQTT, offsets API, admin and
   the members' endpoint; members prove who they are with certificates of one cluster CA, kept in
@@ -17,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +42,20 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
         server.kill()
 
 
+SHARES_CLUSTER = "shares_cluster"
+
+
+def shares_cluster(request: pytest.FixtureRequest) -> bool:
+    """Whether the test runs on its module's shared cluster (marked ``shares_cluster``)."""
+    return request.node.get_closest_marker(SHARES_CLUSTER) is not None
+
+
 @pytest.fixture
-def etcd(etcd_server: EtcdServer) -> EtcdTarget:
-    """The shared etcd and a key prefix of this test's own."""
+def etcd(request: pytest.FixtureRequest, etcd_server: EtcdServer) -> EtcdTarget:
+    """The shared etcd and a key prefix of this test's own; a ``shares_cluster`` test's module cluster's."""
+    if shares_cluster(request):
+        shared: SharedCluster = request.getfixturevalue("module_cluster")
+        return shared.etcd
     return EtcdTarget(etcd_server, f"/test{os.getpid()}-{next(_prefixes)}")
 
 
@@ -54,8 +70,12 @@ def private_etcd(tmp_path: Path) -> Iterator[EtcdTarget]:
 
 
 @pytest.fixture
-def cluster_brokers(tmp_path: Path, etcd: EtcdTarget) -> Iterator[Callable[..., BrokerProcess]]:
+def cluster_brokers(
+    request: pytest.FixtureRequest, tmp_path: Path, etcd: EtcdTarget
+) -> Iterator[Callable[..., BrokerProcess]]:
     """``cluster_brokers("b1", replication_factor=3)`` → a started broker joining this test's cluster."""
+    if shares_cluster(request):
+        raise pytest.UsageError(f"{request.node.nodeid}: a test that starts brokers cannot share its cluster")
     started: list[BrokerProcess] = []
 
     def start(
@@ -70,19 +90,58 @@ def cluster_brokers(tmp_path: Path, etcd: EtcdTarget) -> Iterator[Callable[..., 
         broker.stop()
 
 
-@pytest.fixture
-def three_brokers(
-    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
-) -> Iterator[dict[str, BrokerProcess]]:
-    """Brokers ``a``, ``b`` and ``c`` of one cluster, every partition with three in-sync replicas and
-    leadership spread over the three (no leadership move under way when the test starts, so none refuses a
-    publish meanwhile); every test client is closed at the end."""
-    from tests.e2e.broker_clients import close_all
+NODES = ("a", "b", "c")
+
+
+def settled_three(brokers: dict[str, BrokerProcess], etcd: EtcdTarget) -> None:
+    """Until every partition has three in-sync replicas and leadership is spread over ``a``, ``b`` and
+    ``c`` (no leadership move under way, so none refuses a publish meanwhile)."""
     from tests.e2e.cluster.proof import leadership_spread, wait_settled, wait_until
 
-    nodes = ("a", "b", "c")
-    brokers = {node: cluster_brokers(node) for node in nodes}
-    wait_settled(etcd, set(nodes), 3, processes=brokers)
-    wait_until(lambda: leadership_spread(etcd, nodes), what="leadership spread over a, b, c")
+    wait_settled(etcd, set(NODES), 3, processes=brokers)
+    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
+
+
+@dataclass
+class SharedCluster:
+    """One module's cluster for its ``shares_cluster`` tests."""
+
+    brokers: dict[str, BrokerProcess]
+    etcd: EtcdTarget
+
+
+@pytest.fixture(scope="module")
+def module_cluster(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SharedCluster]:
+    """Three brokers under a prefix of their own, for the module's ``shares_cluster`` tests."""
+    target = EtcdTarget(etcd_server, f"/shared{os.getpid()}-{next(_prefixes)}")
+    directory = tmp_path_factory.mktemp("shared-cluster")
+    brokers = {node: cluster_broker(directory, target, node, {}) for node in NODES}
+    try:
+        for broker in brokers.values():
+            broker.start()
+        yield SharedCluster(brokers, target)
+    finally:
+        for broker in brokers.values():
+            broker.stop()
+
+
+@pytest.fixture
+def three_brokers(request: pytest.FixtureRequest, etcd: EtcdTarget) -> Iterator[dict[str, BrokerProcess]]:
+    """Brokers ``a``, ``b`` and ``c`` of one settled cluster (``settled_three``): the test's own, or its
+    module's for a ``shares_cluster`` test (a broker an earlier test left dead started again); every test
+    client is closed at the end."""
+    from tests.e2e.broker_clients import close_all
+
+    if shares_cluster(request):
+        brokers = request.getfixturevalue("module_cluster").brokers
+        for broker in brokers.values():
+            if broker.process is None or broker.process.poll() is not None:
+                broker.start()
+    else:
+        start = request.getfixturevalue("cluster_brokers")
+        brokers = {node: start(node) for node in NODES}
+    settled_three(brokers, etcd)
     yield brokers
     close_all()

@@ -30,6 +30,7 @@ def numbered(publisher: PahoClient, topic: str, first: int, stop: int) -> None:
         publisher.publish(topic, str(number).encode(), 1)
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
 def test_a_device_resumes_its_offset_on_another_broker_and_misses_nothing(three_brokers, version):
     a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]

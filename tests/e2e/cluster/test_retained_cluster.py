@@ -54,6 +54,7 @@ def wait_retained(port: int, topic_filter: str, expected: dict, what: str, versi
     wait_until(matches, 20, what, lambda: seen[-1] if seen else None)
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.mqtt5("MQTT-3.3.1-5", "MQTT-3.3.1-6", "MQTT-3.3.1-7")
 @pytest.mark.mqtt311("MQTT-3.3.1-5", "MQTT-3.3.1-6", "MQTT-3.3.1-8", "MQTT-3.3.1-10", "MQTT-3.3.1-11")
 @pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
@@ -102,6 +103,7 @@ def test_a_broker_that_was_down_serves_the_current_retained_set_when_it_is_back(
     assert retained_on(b.port, "plant/#", "first-on-b", first_within_s=10.0) == current
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.mqtt5("MQTT-3.3.2-5", "MQTT-3.3.2-6")
 def test_a_retained_message_expires_on_every_broker(three_brokers):
     a, b, c = (three_brokers[node] for node in "abc")
@@ -122,6 +124,7 @@ def test_a_retained_message_expires_on_every_broker(three_brokers):
         assert retained_on(broker.port, "meter/#", f"late-on-{name}") == {"meter/lasting": b"kept"}
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.mqtt5("MQTT-3.3.1-9", "MQTT-3.3.1-10", "MQTT-3.3.1-11", "MQTT-3.3.1-12", "MQTT-3.3.1-13")
 @pytest.mark.mqtt311("MQTT-3.3.1-9")
 def test_retain_handling_and_retain_as_published_behave_as_on_one_broker(three_brokers):

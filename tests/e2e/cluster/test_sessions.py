@@ -32,6 +32,7 @@ from tests.e2e.commitlog.e2e_helpers import offset_of
 
 EXPIRY = 3600
 VERSIONS = pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
+SHARED = pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 
 
 def persistent_raw(port: int, client_id: str, version: int, will: Will | None = None) -> RawClient:
@@ -65,6 +66,7 @@ def payloads(client: PahoClient, count: int) -> list[bytes]:
     return [message.payload for message in client.expect(count, timeout=15)]
 
 
+@SHARED
 @VERSIONS
 @pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-4", "MQTT-3.1.2-8")
 @pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5", "MQTT-3.1.2-8")
@@ -144,6 +146,7 @@ def test_a_persistent_session_survives_its_broker_killed(three_brokers, etcd, ve
     back.expect_none(1.0)
 
 
+@SHARED
 @VERSIONS
 @pytest.mark.mqtt311("MQTT-3.1.2-6", "MQTT-3.2.2-1")
 @pytest.mark.mqtt5("MQTT-3.1.2-4", "MQTT-3.2.2-2")
@@ -168,6 +171,7 @@ def test_a_clean_start_on_another_broker_discards_the_session_where_it_was(three
     again.expect_none(1.0)
 
 
+@SHARED
 @VERSIONS
 def test_a_session_of_another_user_is_refused_on_any_broker_and_left_alone(three_brokers, version):
     """Timestone's session-owner rule (docs/security.md), cluster-wide: the registry names the owner."""
@@ -213,6 +217,7 @@ def test_a_broker_stopped_cleanly_leaves_exact_positions_and_its_clients_wills(t
     watcher.expect_none(1.0)
 
 
+@SHARED
 @pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5")
 def test_a_session_without_expiry_is_resumed_by_a_takeover_while_its_connection_is_open(three_brokers):
     """As on one broker: the session of an open connection exists, whatever its expiry, so a takeover with
@@ -231,6 +236,7 @@ def test_a_session_without_expiry_is_resumed_by_a_takeover_while_its_connection_
     moved.expect_none(1.0)  # No Local came with the subscription
 
 
+@SHARED
 @pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
 @pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-8")
 @pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-8")
@@ -289,7 +295,14 @@ def test_a_connect_waiting_on_a_member_that_lost_its_lease_is_sent_to_a_live_mem
     assert elsewhere.connect("waiting").reason_code == 0
 
 
-@pytest.mark.parametrize("ending", ["takeover", "takeover on the same member", "SIGKILL"])
+@pytest.mark.parametrize(
+    "ending",
+    [
+        pytest.param("takeover", marks=SHARED),
+        pytest.param("takeover on the same member", marks=SHARED),
+        "SIGKILL",
+    ],
+)
 @pytest.mark.mqtt5("MQTT-4.3.3-10", "MQTT-4.3.3-11", "MQTT-4.4.0-1")
 def test_an_incoming_qos2_id_moves_with_the_session_to_another_member(three_brokers, etcd, ending):
     """[MQTT-4.3.3-10] [MQTT-4.3.3-11] A publisher past PUBREC of a QoS 2 PUBLISH that resumes its session
@@ -328,6 +341,7 @@ def test_an_incoming_qos2_id_moves_with_the_session_to_another_member(three_brok
     reader.expect_none(1.0)
 
 
+@SHARED
 @pytest.mark.mqtt5("MQTT-4.4.0-1")
 def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_on_another_member(three_brokers):
     """[MQTT-4.4.0-1] A subscriber that answered a QoS 2 delivery with PUBREC and moved to another member
@@ -354,6 +368,7 @@ def test_a_qos2_delivery_past_pubrec_gets_its_pubrel_again_on_another_member(thr
     moved.recv_none(1.0)
 
 
+@SHARED
 @pytest.mark.mqtt5("MQTT-4.4.0-1", "MQTT-3.3.1-1")
 def test_a_qos2_delivery_not_yet_pubreced_is_resent_with_its_packet_id_on_another_member(three_brokers):
     """[MQTT-4.4.0-1] [MQTT-3.3.1-1] A QoS 2 delivery the client had not answered with PUBREC when it moved

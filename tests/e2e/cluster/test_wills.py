@@ -45,6 +45,7 @@ def with_will(
     )
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.parametrize(
     ("version", "delay"), [(5, 0), (4, 0), (5, 2)], ids=["v5", "v3.1.1", "v5-will-delay"]
 )
@@ -90,6 +91,7 @@ def test_the_will_of_a_client_of_a_killed_broker_is_published_once_by_a_survivor
     assert record is None or record.will is None  # taken out by the one that published it
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.mqtt5("MQTT-3.1.2-8", "MQTT-3.1.3-9")
 def test_a_reconnect_on_another_broker_within_the_will_delay_cancels_the_will(three_brokers):
     topic = "wills/cancelled"
