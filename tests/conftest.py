@@ -104,6 +104,24 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def brokers_forked():
+    """Broker processes (``BrokerProcess``) forked from one that has imported the broker already
+    (tests/harness/broker_zygote.py): a cluster member's start costs a fifth of the CPU it costs as a process
+    of its own. ``TIMESTONE_TESTS_FORK=0`` starts each as its own process."""
+    from broker_edge.runtime.launcher import BrokerProcess
+    from tests.harness.broker_zygote import ForkServer
+
+    if os.environ.get("TIMESTONE_TESTS_FORK") == "0":
+        yield
+        return
+    server = ForkServer().start(dict(os.environ, PYTHONUNBUFFERED="1"))
+    BrokerProcess.spawn = server.spawn
+    yield
+    BrokerProcess.spawn = None
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def s3():
     """An S3 endpoint on loopback (moto's server) for the test session; a test takes a bucket of its own."""

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, ClassVar
 
 import yaml
 
@@ -127,6 +127,10 @@ class BrokerProcess:
     #: a command the broker runs under (e.g. `setpriv` giving it a group of its own, which a test's packet
     #: filter can then tell apart)
     wrapper: tuple[str, ...] = ()
+    #: what starts the command before ``subprocess.Popen`` is asked (a test harness's fork server): given the
+    #: command, the log file its output goes to and its environment, a started process, or None to leave it
+    #: to Popen
+    spawn: ClassVar[Callable[[list[str], BinaryIO, dict[str, str]], subprocess.Popen | None] | None] = None
 
     def __init__(
         self,
@@ -198,21 +202,21 @@ class BrokerProcess:
     def _start_once(self, timeout_s: float) -> None:
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        command = [
+            *self.wrapper,
+            sys.executable,
+            "-m",
+            self.module,
+            "broker",
+            "--config",
+            str(self.config_path),
+        ]
+        prepare = self._in_child(os.getpid())
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    *self.wrapper,
-                    sys.executable,
-                    "-m",
-                    self.module,
-                    "broker",
-                    "--config",
-                    str(self.config_path),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=self._in_child(os.getpid()),
+            spawn = BrokerProcess.spawn
+            forked = spawn(command, log, env) if spawn is not None and prepare is None else None
+            self.process = forked or subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=prepare
             )
         try:
             for port in (self.port, self.offsets_port):
