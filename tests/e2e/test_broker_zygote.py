@@ -62,10 +62,11 @@ def test_a_forked_broker_serves_logs_and_ends_as_a_spawned_one_would(
 def test_a_forked_broker_has_the_environment_it_was_started_with(
     server: ForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The variable pytest sets anew for each test is the start's, not the server's (a config's ``!env``
-    reads it); a variable set after the server started, which a module might read on import, is not forked
-    but spawned, as is another interpreter."""
+    """A variable set after the server started that no module reads on import (pytest's own for each test,
+    Spark's) is the start's, not the server's (a config's ``!env`` reads it); one a module might read on
+    import is not forked but spawned, as is another interpreter."""
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "named-by-the-environment")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # as the shared SparkSession sets it
     broker = BrokerProcess(tmp_path / "broker")
     config = broker.config_path.read_text()
     broker.config_path.write_text(config.replace("name: mqtt", "name: !env PYTEST_CURRENT_TEST"))

@@ -7,8 +7,8 @@ child takes the command's arguments, environment and working directory, writes t
 command's module as ``python -m`` would (``runpy``), with everything after the imports its own.
 
 ``BrokerProcess.spawn`` (broker_edge.runtime.launcher) asks ``ForkServer.spawn`` first; a start it cannot make
-as ``python -m`` would (another interpreter, a wrapper command, an environment other than the one the server
-was started with: a variable read when a module is imported would be the server's) is left to
+as ``python -m`` would (another interpreter, a wrapper command, an environment whose variables read when a
+process starts or a module is imported differ from the server's, ``READ_AT_START``) is left to
 ``subprocess.Popen``. The child's handle is a ``ForkedProcess``, a ``Popen`` whose exit status comes from the
 server, which reaps it.
 """
@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -37,6 +38,9 @@ PRELOADED = (
     "broker_edge.runtime.admin_http",
 )
 """What the server imports before it forks: the broker's and a cluster member's modules."""
+
+UNKNOWN_STATUS = 255
+"""The exit status of a child whose server ended before it (its status went to init)."""
 
 
 class ForkedProcess(subprocess.Popen):
@@ -86,10 +90,11 @@ class ForkServer:
         self._server: subprocess.Popen | None = None
         self._environment: dict[str, str] = {}
         self._replies: dict[int, threading.Event] = {}
-        self._pids: dict[int, int] = {}
         self._exits: dict[int, threading.Event] = {}
         self._statuses: dict[int, int] = {}
+        self._pids: dict[int, int | None] = {}
         self._requests = 0
+        self._gone = False
 
     def spawn(self, argv: Sequence[str], log: IO[bytes], env: Mapping[str, str]) -> subprocess.Popen | None:
         """A child running ``argv`` (``python -m MODULE ARGS``) with ``env``, its output to ``log``; None
@@ -106,21 +111,35 @@ class ForkServer:
             message = {"id": request, "module": argv[2], "args": list(argv[3:]), "env": dict(env)}
             message |= {"cwd": os.getcwd(), "log": os.readlink(f"/proc/self/fd/{log.fileno()}")}
             assert server.stdin is not None
-            server.stdin.write(json.dumps(message).encode() + b"\n")
-            server.stdin.flush()
+            try:
+                server.stdin.write(json.dumps(message).encode() + b"\n")
+                server.stdin.flush()
+            except BrokenPipeError:  # the server has ended
+                return None
         if not replied.wait(30):
             raise RuntimeError("the tests' fork server did not fork a broker within 30 s")
         pid = self._pids.pop(request)
-        return ForkedProcess(self, pid, argv)
+        return None if pid is None else ForkedProcess(self, pid, argv)
 
     def exit_status(self, pid: int) -> int | None:
-        return self._statuses.get(pid)
+        """The child's exit status once it has ended; None while it runs."""
+        with self._lock:
+            if pid in self._statuses or not self._gone:
+                return self._statuses.get(pid)
+        return _orphan_status(pid)
 
     def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        """The child's exit status once it has ended, waiting at most ``timeout`` seconds (None: as long as
+        it takes); None if it still runs then."""
         with self._lock:
             exited = self._exits.setdefault(pid, threading.Event())
+        deadline = None if timeout is None else time.monotonic() + timeout
         exited.wait(timeout)
-        return self._statuses.get(pid)
+        status = self.exit_status(pid)
+        while status is None and self._gone and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.05)  # the server has ended: its children are init's, seen through /proc
+            status = self.exit_status(pid)
+        return status
 
     def stop(self) -> None:
         with self._lock:
@@ -150,21 +169,46 @@ class ForkServer:
     def _read(self, replies: IO[bytes]) -> None:
         for line in replies:
             reply = json.loads(line)
-            if "exit" in reply:
-                self._statuses[reply["exit"]] = reply["status"]
-                with self._lock:
+            with self._lock:
+                if "exit" in reply:
+                    self._statuses[reply["exit"]] = reply["status"]
                     self._exits.setdefault(reply["exit"], threading.Event()).set()
-            else:
-                self._pids[reply["id"]] = reply["pid"]
+                    continue
+                pid = reply.get("pid")
+                if pid is not None:  # a pid the server reaped before may be this child's now
+                    self._statuses.pop(pid, None)
+                    self._exits.pop(pid, None)
+                self._pids[reply["id"]] = pid
                 self._replies.pop(reply["id"]).set()
-        for exited in list(self._exits.values()):  # the server is gone: nobody reaps its children now
-            exited.set()
+        with self._lock:  # the server has ended: nobody reaps its children now, nor answers a request
+            self._gone = True
+            waiting = [*self._exits.values(), *self._replies.values()]
+            self._pids.update(dict.fromkeys(self._replies))
+        for event in waiting:
+            event.set()
+
+
+def _orphan_status(pid: int) -> int | None:
+    """What a child of a server that has ended is known by: None while it runs, ``UNKNOWN_STATUS`` once it
+    has gone (its status went to init)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return UNKNOWN_STATUS
+    return UNKNOWN_STATUS if state in ("Z", "X") else None
+
+
+READ_AT_START = ("PYTHON", "LD_", "MALLOC_", "LC_", "LANG", "TZ", "SSL_", "OPENSSL_", "GRPC_", "TIMESTONE_")
+"""Environment variables (by prefix) read when a process starts or a module is imported: by the interpreter,
+the dynamic loader, glibc's allocator, the locale, the time module, OpenSSL (the CA bundle aiohttp loads on
+import), gRPC, or the broker (``TIMESTONE_PATH_TRACE``). A start whose values of these differ from the
+server's is spawned; any other variable (``PYTEST_CURRENT_TEST``, which pytest changes for each test, or
+Spark's, which the shared SparkSession sets) is the child's as the start gives it."""
 
 
 def _settled(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without what pytest changes for each test (``PYTEST_CURRENT_TEST``): the child gets it
-    anyway, as no module reads it on import."""
-    return {name: value for name, value in env.items() if name != "PYTEST_CURRENT_TEST"}
+    """The variables of ``env`` that a forked child would have as the server had them."""
+    return {name: value for name, value in env.items() if name.startswith(READ_AT_START)}
 
 
 def _serve() -> None:
@@ -176,6 +220,7 @@ def _serve() -> None:
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the test process, which stops its brokers
     requests = io.FileIO(sys.stdin.fileno(), "r", closefd=False)
     replies = io.FileIO(sys.stdout.fileno(), "w", closefd=False)
     replies.write(b"ready\n")
@@ -193,9 +238,13 @@ def _serve() -> None:
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
                     request = json.loads(line)
-                    pid = os.fork()
+                    try:
+                        pid: int | None = os.fork()
+                    except OSError:  # left to Popen
+                        pid = None
                     if pid == 0:
-                        _become(request, (wakeup_read, wakeup_write, requests.fileno(), replies.fileno()))
+                        server_fds = (wakeup_read, wakeup_write, requests.fileno(), replies.fileno())
+                        _become(request, server_fds, selector)
                     replies.write(json.dumps({"id": request["id"], "pid": pid}).encode() + b"\n")
             else:
                 with contextlib.suppress(BlockingIOError):
@@ -216,10 +265,11 @@ def _reap(replies: io.FileIO) -> None:
         replies.write(json.dumps({"exit": pid, "status": returncode}).encode() + b"\n")
 
 
-def _become(request: dict[str, Any], server_fds: Sequence[int]) -> None:
+def _become(request: dict[str, Any], server_fds: Sequence[int], selector: selectors.BaseSelector) -> None:
     """In the child: the request's command, as ``python -m`` runs it; its exit ends the interpreter."""
     import runpy
 
+    selector.close()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -234,7 +284,7 @@ def _become(request: dict[str, Any], server_fds: Sequence[int]) -> None:
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace"
-    )
+    )  # and stdout strict, as a spawned interpreter's under a UTF-8 locale
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

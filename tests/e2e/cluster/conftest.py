@@ -8,7 +8,9 @@
 - ``three_brokers``: brokers ``a``, ``b`` and ``c`` of one settled cluster. A test marked ``shares_cluster``
   (it leaves every broker running and the cluster settled, and its client ids and topics are its own) gets its
   module's one cluster, and ``etcd`` that cluster's target: starting three brokers and settling them costs
-  more CPU than most such tests. Before each, a broker found dead is started again and the cluster settled.
+  more CPU than most such tests. Before each, a broker not running (not yet, or no longer) is started and the
+  cluster settled. A module's ``shares_cluster`` tests run first; its first test that starts brokers of its
+  own stops the shared ones.
 - ``cluster_brokers(node_id, **cluster)`` → a started ``BrokerProcess`` (``timestone broker --config``)
   whose YAML has a ``cluster:`` section pointing at ``etcd`` (free ports for MQTT, offsets API, admin and
   the members' endpoint; members prove who they are with certificates of one cluster CA, kept in
@@ -76,6 +78,9 @@ def cluster_brokers(
     """``cluster_brokers("b1", replication_factor=3)`` → a started broker joining this test's cluster."""
     if shares_cluster(request):
         raise pytest.UsageError(f"{request.node.nodeid}: a test that starts brokers cannot share its cluster")
+    shared = _shared_clusters.get(request.module.__name__)
+    if shared is not None:  # its tests have run: not three more brokers on the machine meanwhile
+        _stop(shared)
     started: list[BrokerProcess] = []
 
     def start(
@@ -110,21 +115,44 @@ class SharedCluster:
     etcd: EtcdTarget
 
 
+_shared_clusters: dict[str, SharedCluster] = {}
+"""The module clusters now up, by test module."""
+
+
 @pytest.fixture(scope="module")
 def module_cluster(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SharedCluster]:
-    """Three brokers under a prefix of their own, for the module's ``shares_cluster`` tests."""
+    """Three brokers under a prefix of their own, for the module's ``shares_cluster`` tests (started by
+    ``three_brokers``, so that a start that fails fails one test)."""
     target = EtcdTarget(etcd_server, f"/shared{os.getpid()}-{next(_prefixes)}")
     directory = tmp_path_factory.mktemp("shared-cluster")
-    brokers = {node: cluster_broker(directory, target, node, {}) for node in NODES}
-    try:
-        for broker in brokers.values():
-            broker.start()
-        yield SharedCluster(brokers, target)
-    finally:
-        for broker in brokers.values():
-            broker.stop()
+    shared = SharedCluster({node: cluster_broker(directory, target, node, {}) for node in NODES}, target)
+    _shared_clusters[request.module.__name__] = shared
+    yield shared
+    del _shared_clusters[request.module.__name__]
+    _stop(shared)
+
+
+def _stop(shared: SharedCluster) -> None:
+    for broker in shared.brokers.values():
+        broker.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each module's ``shares_cluster`` tests first, in their order, each module where it was: its cluster is
+    then up while they run and stopped before the others start theirs."""
+    positions: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        positions.setdefault(item.nodeid.split("::", 1)[0], []).append(index)
+    reordered = list(items)
+    for indices in positions.values():
+        ordered = sorted(
+            (items[index] for index in indices), key=lambda i: not i.get_closest_marker(SHARES_CLUSTER)
+        )
+        for index, item in zip(indices, ordered, strict=True):
+            reordered[index] = item
+    items[:] = reordered
 
 
 @pytest.fixture
