@@ -56,12 +56,6 @@ class ForkedProcess(subprocess.Popen):
         self.returncode: Any = None
         self.stdin = self.stdout = self.stderr = None
         self._child_created = False  # Popen's finaliser has nothing to reap
-        self._waitpid_lock = threading.Lock()
-        self._input = None
-        self._communication_started = False
-        self.encoding = self.errors = None
-        self.text_mode = False
-        self.universal_newlines = False
 
     def poll(self) -> int | None:
         if self.returncode is None:

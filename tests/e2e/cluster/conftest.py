@@ -98,15 +98,6 @@ def cluster_brokers(
 NODES = ("a", "b", "c")
 
 
-def settled_three(brokers: dict[str, BrokerProcess], etcd: EtcdTarget) -> None:
-    """Until every partition has three in-sync replicas and leadership is spread over ``a``, ``b`` and
-    ``c`` (no leadership move under way, so none refuses a publish meanwhile)."""
-    from tests.e2e.cluster.proof import leadership_spread, wait_settled, wait_until
-
-    wait_settled(etcd, set(NODES), 3, processes=brokers)
-    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
-
-
 @dataclass
 class SharedCluster:
     """One module's cluster for its ``shares_cluster`` tests."""
@@ -157,10 +148,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def three_brokers(request: pytest.FixtureRequest, etcd: EtcdTarget) -> Iterator[dict[str, BrokerProcess]]:
-    """Brokers ``a``, ``b`` and ``c`` of one settled cluster (``settled_three``): the test's own, or its
-    module's for a ``shares_cluster`` test (a broker an earlier test left dead started again); every test
-    client is closed at the end."""
+    """Brokers ``a``, ``b`` and ``c`` of one cluster, the test's own or its module's for a ``shares_cluster``
+    test (a broker not running started again), every partition with three in-sync replicas and leadership
+    spread over the three (no leadership move under way when the test starts, so none refuses a publish
+    meanwhile); every test client is closed at the end."""
     from tests.e2e.broker_clients import close_all
+    from tests.e2e.cluster.proof import leadership_spread, wait_settled, wait_until
 
     if shares_cluster(request):
         brokers = request.getfixturevalue("module_cluster").brokers
@@ -170,6 +163,7 @@ def three_brokers(request: pytest.FixtureRequest, etcd: EtcdTarget) -> Iterator[
     else:
         start = request.getfixturevalue("cluster_brokers")
         brokers = {node: start(node) for node in NODES}
-    settled_three(brokers, etcd)
+    wait_settled(etcd, set(NODES), 3, processes=brokers)
+    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
     yield brokers
     close_all()
