@@ -63,8 +63,8 @@ def test_a_topic_that_appeared_while_the_query_was_stopped_and_lost_its_first_re
     with pytest.raises(StreamingQueryException) as caught:
         run_available_now(stream(timestone_spark, edge), checkpoint, sink)
     message = str(caught.value)
-    assert "data loss on broker 'e1' topic 'plant/2/temp'" in message
-    assert f"the log now holds [{start}, 300)" in message
+    assert "data loss on broker 'e1' topic 'plant/2/temp'" in message, message
+    assert f"the log now holds [{start}, 300)" in message, message
     assert sink.rows() == rows("plant/1/temp", range(10))
 
     run_available_now(stream(timestone_spark, edge, failOnDataLoss="false"), checkpoint, sink)
