@@ -86,6 +86,8 @@ class FetchServer:
         """(replica, topic) -> when the replica's position first diverged from this log, until it reports
         one that does not: it is behind the topic all that time, across its sessions (a replica that will
         not truncate, reopening session after session, is taken out of the in-sync set)."""
+        self._members: set[str] = set()
+        """The members at the last view change (`forget_departed`)."""
         self._reads = ReadsOfTurn(self.store)
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
@@ -142,6 +144,24 @@ class FetchServer:
         for number, epoch in session.partitions.items():
             answers[number] = PartitionData(number, OK, epoch)
         return answers
+
+    def forget_departed(self) -> None:
+        """Drop the sessions of members that have left the cluster since the last view change (their lease
+        ended). A session outlives its member's process, and the member may come back within
+        `replica_lag_max_ms`: the session of its former process, caught up when it died, would take it back
+        into an in-sync set before it has shown its log (it may have come back without its records, or with
+        a log it cannot prove) in a session of its own."""
+        members = set(self.view.members)
+        departed = self._members - members
+        self._members = members
+        if not departed:
+            return
+        for key, session in list(self.sessions.items()):
+            if session.replica in departed:
+                del self.sessions[key]
+                for number in session.partitions:
+                    self.partitions.number(number).serve(key, None)
+                session.wake()  # a fetch parked on it is answered (its next one reopens a session)
 
     def wake_broken(self) -> None:
         """Wake the sessions a view change broke (a partition's epoch or leader changed): their next fetch

@@ -148,8 +148,9 @@ class LeaderReplication:
     # -- the view -------------------------------------------------------------------------------------
 
     def _view_changed(self) -> None:
-        """Partitions taken over, lost, or stepped down from: fail what cannot be acknowledged any more, wake
-        the sessions a change broke, take the tails a new lead inherits, move what can be committed."""
+        """Partitions taken over, lost, or stepped down from: fail what cannot be acknowledged any more, drop
+        the sessions of members that left, wake those a change broke, take the tails a new lead inherits,
+        move what can be committed."""
         view = self.view
         partitions = self.partitions
         for number, state in view.states.items():
@@ -161,6 +162,7 @@ class LeaderReplication:
             stage.fail_all(NotLeader("this broker is fenced (its etcd lease is not confirmed)"))
         elif stage.leadership_lost():
             stage.fail_all(NotLeader("partition leadership moved"))
+        self.fetches.forget_departed()
         self.fetches.wake_broken()
         taken = [
             partitions.number(number)

@@ -403,6 +403,46 @@ def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make
     assert wait_for(lambda: restarted.payloads(TOPIC)[-1] == (40, b"after the restart"))
 
 
+def test_a_member_back_after_its_lease_ended_rejoins_the_in_sync_set_only_on_a_session_of_its_own(
+    make_cluster,
+):
+    """A leader keeps a follower's fetch session after the follower's process is gone; the member's lease
+    ending takes it out of the members and of the partition (the controller), and it may come back within
+    ``replica_lag_max_ms``. The session of its former process, caught up when it died, must not bring it back
+    into the in-sync set before it has shown its log in a session of its own (it may have come back without
+    its records, or with a log it cannot prove, and a member in the in-sync set can be made leader)."""
+    cluster = make_cluster()  # replica_lag_max_ms 10 s: the former session still counts as in contact
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-back")
+    for number in range(5):
+        device.publish(TOPIC, f"before {number}".encode(), qos=1)
+    member = cluster.call(lambda: cluster.isr.views[0].members["b3"])
+    cluster.stop_node("b3")
+
+    def leave() -> None:  # its lease ends: no longer a member, out of the partition's replicas
+        for view in cluster.isr.views:
+            del view.members["b3"]
+        cluster.isr.set(PartitionState(0, "b1", 1, ("b1", "b2"), ("b1", "b2")))
+
+    def back() -> None:  # registered again and given its copy back, before its first fetch
+        for view in cluster.isr.views:
+            view.members["b3"] = member
+        cluster.isr.set(PartitionState(0, "b1", 1, NODES, ("b1", "b2")))
+        leader = cluster["b1"].leader
+        assert leader is not None
+        leader.check_isr()
+
+    cluster.call(leave)
+    cluster.call(back)
+    time.sleep(0.5)  # the leader's own checks run meanwhile, and any change it asked for is applied
+    assert ("expand", 0, "b3") not in cluster.isr.changes
+    assert cluster.state().isr == ("b1", "b2")
+
+    restarted = cluster.restart_node("b3")  # its own session shows its log: caught up, it rejoins
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
+    assert restarted.frames(TOPIC) == cluster["b1"].frames(TOPIC)
+
+
 def test_a_restarted_replica_shows_its_readers_no_record_that_was_not_committed(make_cluster):
     cluster = make_cluster()
     cluster.start_replication([_all_in_sync()])
