@@ -19,8 +19,8 @@ CONSTRAINTS40 := .ci/constraints-spark40.txt
 # on the same workers (2:55 against 4:21 on one, 189 tests, 2026-12-03).
 # The suite's workers (pytest-xdist): one per core. On a 2-core machine three were no faster than two (30:29,
 # against 28:53 and 31:56 for two the same day, 2026-11-27), the CPU busy 98 % of the run, and two tests failed
-# under the load. Tried again on 2026-12-07 (brokers forked, fewer clusters started; two workers left 27 % of
-# the CPU idle in a sample of their cluster tests): three left 4 % idle, and two of their first 700 tests
+# under the load. Tried again on 2026-12-07 (brokers forked, fewer clusters started; two workers left 15 % of
+# the CPU idle over a whole run, vmstat every 10 s): three left 4 % idle, and two of their first 700 tests
 # (30:30) failed under the load; the run was stopped there. tests/conftest.py keeps each module on one
 # worker, and the tests of the demo run and of the S3 endpoint together (tests/unit/test_test_groups.py).
 TEST_WORKERS ?= 2
