@@ -156,12 +156,19 @@ class FetchServer:
         self._members = members
         if not departed:
             return
-        for key, session in list(self.sessions.items()):
+        for session in list(self.sessions.values()):
             if session.replica in departed:
-                del self.sessions[key]
-                for number in session.partitions:
-                    self.partitions.number(number).serve(key, None)
-                session.wake()  # a fetch parked on it is answered (its next one reopens a session)
+                self._end(session)
+
+    def _end(self, session: FetchSession) -> None:
+        """Serve ``session`` no more (replaced by a new one, or its member gone): taken off its partitions, a
+        fetch parked on it answered (the next one reopens a session)."""
+        key = session.key
+        if self.sessions.get(key) is session:
+            del self.sessions[key]
+        for number in session.partitions:
+            self.partitions.number(number).serve(key, None)
+        session.wake()
 
     def wake_broken(self) -> None:
         """Wake the sessions a view change broke (a partition's epoch or leader changed): their next fetch
@@ -226,9 +233,7 @@ class FetchServer:
         key = (request.replica, request.observer)
         old = self.sessions.get(key)
         if old is not None:
-            old.wake()
-            for number in old.partitions:
-                self.partitions.number(number).serve(key, None)
+            self._end(old)
         session = FetchSession(next(self._session_ids), request.replica, request.observer, dict(partitions))
         self.sessions[key] = session
         store = self.store
