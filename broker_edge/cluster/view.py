@@ -26,6 +26,9 @@ class ClusterView:
     node_id: str
     partitions: int
     members: dict[str, Member] = field(default_factory=dict)
+    registrations: dict[str, int] = field(default_factory=dict)
+    """member -> the etcd revision its member record was written at: one registration of one process (a
+    member back after its lease ended, or after a restart, has a newer one)."""
     states: dict[int, PartitionState] = field(default_factory=dict)
     fenced: bool = True
     """True while this node cannot prove its etcd lease is alive: it acknowledges nothing (and leads

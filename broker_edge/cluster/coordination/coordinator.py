@@ -205,7 +205,7 @@ class Coordinator:
         if revision < held or (value is not None and revision == held):
             return  # older, or the very write already held (a re-read, or this node's own write)
         try:
-            changed = self._take(key, value)
+            changed = self._take(key, value, revision)
         except BadValue as error:
             self.bad_values.report(key, error)
             return
@@ -217,8 +217,9 @@ class Coordinator:
             self.revisions[key] = revision
         self._change_pending = True
 
-    def _take(self, key: str, value: bytes | None) -> bool:
-        """Apply one key's checked value to the view; False for a key that is none of the cluster's."""
+    def _take(self, key: str, value: bytes | None, revision: int) -> bool:
+        """Apply one key's checked value, written at ``revision``, to the view; False for a key that is none
+        of the cluster's."""
         keys = self.keys
         view = self.view
         if key == keys.controller:
@@ -229,8 +230,10 @@ class Coordinator:
             node_id = key[len(keys.members) :]
             if value is None:
                 view.members.pop(node_id, None)
+                view.registrations.pop(node_id, None)
             else:
                 view.members[node_id] = parse_member(node_id, value)
+                view.registrations[node_id] = revision
         else:
             partition = keys.partition_number(key)
             if partition is None:

@@ -86,8 +86,6 @@ class FetchServer:
         """(replica, topic) -> when the replica's position first diverged from this log, until it reports
         one that does not: it is behind the topic all that time, across its sessions (a replica that will
         not truncate, reopening session after session, is taken out of the in-sync set)."""
-        self._members: set[str] = set()
-        """The members at the last view change (`forget_departed`)."""
         self._reads = ReadsOfTurn(self.store)
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
@@ -146,19 +144,21 @@ class FetchServer:
         return answers
 
     def forget_departed(self) -> None:
-        """Drop the sessions of members that have left the cluster since the last view change (their lease
-        ended). A session outlives its member's process, and the member may come back within
+        """Drop the sessions whose member left the cluster (its lease ended) or registered again since they
+        were opened. A session outlives its member's process, and the member may come back within
         `replica_lag_max_ms`: the session of its former process, caught up when it died, would take it back
         into an in-sync set before it has shown its log (it may have come back without its records, or with
-        a log it cannot prove) in a session of its own."""
-        members = set(self.view.members)
-        departed = self._members - members
-        self._members = members
-        if not departed:
-            return
+        a log it cannot prove) in a session of its own. A registration is compared, not only a presence: the
+        end of a lease and the next registration can reach this leader in one batch of changes."""
         for session in list(self.sessions.values()):
-            if session.replica in departed:
+            if not self.speaks_for_member(session):
                 self._end(session)
+
+    def speaks_for_member(self, session: FetchSession) -> bool:
+        """Whether ``session`` was opened under its replica's current registration, the replica a member."""
+        view = self.view
+        replica = session.replica
+        return replica in view.members and view.registrations.get(replica) == session.registration
 
     def _end(self, session: FetchSession) -> None:
         """Serve ``session`` no more (replaced by a new one, or its member gone): taken off its partitions, a
@@ -234,7 +234,13 @@ class FetchServer:
         old = self.sessions.get(key)
         if old is not None:
             self._end(old)
-        session = FetchSession(next(self._session_ids), request.replica, request.observer, dict(partitions))
+        session = FetchSession(
+            next(self._session_ids),
+            request.replica,
+            request.observer,
+            dict(partitions),
+            self.view.registrations.get(request.replica),
+        )
         self.sessions[key] = session
         store = self.store
         listed = {position.topic for fetch in request.partitions for position in fetch.topics}

@@ -67,9 +67,9 @@ class IsrChecker:
         now = self._clock()
         lag_max = self.config.replica_lag_max_ms / 1000
         me = view.node_id
-        members = view.members
         lagging_since = self.lagging_since()
         sessions = self.fetches.sessions
+        speaks_for_member = self.fetches.speaks_for_member
         for number, state in view.states.items():
             partition = self.partitions.number(number)
             led_since = partition.led_since
@@ -90,8 +90,12 @@ class IsrChecker:
                     self._change(number, state.epoch, replica, shrink=True)
                 elif (
                     replica not in state.isr
-                    and replica in members  # one whose lease ended is never added back (the controller's)
+                    and session is not None
                     and serving
+                    # of a live member's current registration: one whose lease ended is never added back
+                    # (the controller's), nor one back before a session of its own shows its log (the
+                    # view's listener, which ends the session of its former process, may not have run)
+                    and speaks_for_member(session)
                     and now - contact <= lag_max
                     and since is None
                 ):

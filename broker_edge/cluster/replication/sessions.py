@@ -28,6 +28,9 @@ class FetchSession:
     observer: bool
     partitions: dict[int, int]
     """partition -> the epoch the session was opened under."""
+    registration: int | None = None
+    """The replica's registration (``ClusterView.registrations``) the leader knew when the session opened:
+    the session speaks for that process of the member, not for one registered after it."""
     positions: dict[str, int] = field(default_factory=dict)
     known_hw: dict[str, int] = field(default_factory=dict)
     dirty: dict[str, None] = field(default_factory=dict)

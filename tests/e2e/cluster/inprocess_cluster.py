@@ -295,8 +295,10 @@ class InProcessCluster:
             node.view.states.update(other.states)
             node.view.fenced = False
             self.isr.views.append(node.view)
+            registration = max(view.registrations.get(node_id, 0) for view in self.isr.views) + 1
             for view in self.isr.views:
                 view.members[node_id] = node.member
+                view.registrations[node_id] = registration  # a new process registers anew
                 view.changed()
             node.start_replication()
 

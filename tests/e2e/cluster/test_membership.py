@@ -317,6 +317,37 @@ def test_a_new_member_gets_replicas_then_its_share_of_leadership(etcd: EtcdTarge
     run(scenario())
 
 
+def test_every_view_tells_a_member_registered_again_by_its_registration_revision(etcd: EtcdTarget) -> None:
+    """A member's record is written once per registration: a process back under the same node id after its
+    lease ended is told from the one before by the revision its record was written at (a leader keeps its
+    former process's fetch session no longer: ``FetchServer.forget_departed``)."""
+
+    async def scenario() -> None:
+        b1, b2 = await start_nodes(etcd, ["b1", "b2"])
+        again: Node | None = None
+        try:
+            assert b2.membership.registration is not None
+            first = b2.membership.registration[1]
+            await eventually(lambda: b1.view.registrations.get("b2") == first, 10, "b2's registration seen")
+            assert b2.view.registrations.get("b2") == first
+            await b2.die()
+            await eventually(lambda: "b2" not in b1.view.members, TTL + 5, "b2 gone with its lease")
+            assert "b2" not in b1.view.registrations
+            again = await Node(etcd, "b2").start()
+            assert again.membership.registration is not None
+            second = again.membership.registration[1]
+            assert second > first
+            await eventually(lambda: b1.view.registrations.get("b2") == second, 10, "the new one seen")
+            assert "b2" in b1.view.members
+        finally:
+            for node in (b1, again):
+                if node is not None:
+                    await node.stop()
+            await b2.etcd.close()
+
+    run(scenario())
+
+
 def test_election_prefers_the_in_sync_replica_with_the_highest_log_end(
     etcd: EtcdTarget, tmp_path: Path
 ) -> None:
