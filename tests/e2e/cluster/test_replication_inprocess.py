@@ -455,6 +455,42 @@ def test_a_member_back_after_its_lease_ended_rejoins_the_in_sync_set_only_on_a_s
     assert restarted.frames(TOPIC) == cluster["b1"].frames(TOPIC)
 
 
+@pytest.mark.parametrize("peer_links", [True, False], ids=["pushed", "fetched"])
+def test_a_live_followers_session_ended_by_a_registration_learnt_late_is_opened_again(
+    make_cluster, peer_links
+):
+    """A follower may open its session before its leader has seen its member's registration (its record on
+    the leader's watch, behind its first fetch): the session is ended at the view change that shows it,
+    and the follower opens another and replicates on, nothing acknowledged late or lost."""
+    cluster = make_cluster(peer_links=peer_links)
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-late")
+    for number in range(5):
+        device.publish(TOPIC, f"before {number}".encode(), qos=1)
+    leader = cluster["b1"].leader
+    assert leader is not None
+    opened = cluster.call(lambda: leader.fetches.sessions[("b2", False)])
+
+    def learnt() -> None:
+        for view in cluster.isr.views:
+            view.registrations["b2"] = 7
+        for view in cluster.isr.views:
+            view.changed()
+
+    cluster.call(learnt)
+    assert cluster.call(lambda: leader.fetches.sessions.get(("b2", False))) is not opened
+    publisher = AckWatcher(cluster["b1"].port, "device-late-2")
+    for number in range(5):
+        publisher.publish(f"after {number}".encode())
+        mid, reason = publisher.ack(timeout=5.0) or (None, None)
+        assert mid is not None and reason is not None and reason < 0x80
+    assert cluster["b2"].durable_end(TOPIC) == 10
+    assert cluster["b2"].frames(TOPIC) == cluster["b1"].frames(TOPIC)
+    session = cluster.call(lambda: leader.fetches.sessions[("b2", False)])
+    assert session is not opened and session.registration == 7
+    assert cluster.state().isr == NODES
+
+
 def test_a_restarted_replica_shows_its_readers_no_record_that_was_not_committed(make_cluster):
     cluster = make_cluster()
     cluster.start_replication([_all_in_sync()])
