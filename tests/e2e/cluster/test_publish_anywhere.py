@@ -41,25 +41,16 @@ NODES = ("a", "b", "c")
 DEVICES = 4
 
 
-@pytest.fixture
-def three(cluster_brokers, etcd):
-    brokers = {node: cluster_brokers(node) for node in NODES}
-    wait_settled(etcd, set(NODES), 3)
-    # and no leadership move under way: a publish meeting one is refused (v3.1.1: the connection closes)
-    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
-    yield brokers
-    close_all()
-
-
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
-def test_every_qos_published_on_a_reaches_subscribers_on_b_and_c(three, version):
+def test_every_qos_published_on_a_reaches_subscribers_on_b_and_c(three_brokers, version):
     subscribers = [
-        PahoClient(three["b"].port, f"sub-b-{version}", version=version),
-        PahoClient(three["c"].port, f"sub-c-{version}", version=version),
+        PahoClient(three_brokers["b"].port, f"sub-b-{version}", version=version),
+        PahoClient(three_brokers["c"].port, f"sub-c-{version}", version=version),
     ]
     for subscriber in subscribers:
         subscriber.subscribe("plant/#", 2)
-    publisher = PahoClient(three["a"].port, f"pub-a-{version}", version=version)
+    publisher = PahoClient(three_brokers["a"].port, f"pub-a-{version}", version=version)
 
     sent = {(f"plant/line-{qos}/v{version}", f"qos {qos} from a".encode(), qos) for qos in (0, 1, 2)}
     for topic, payload, qos in sorted(sent, key=lambda m: m[2]):
@@ -71,8 +62,9 @@ def test_every_qos_published_on_a_reaches_subscribers_on_b_and_c(three, version)
         subscriber.expect_none(0.5)  # once each
 
 
+@pytest.mark.shares_cluster  # the module's one cluster: the test harms none of its brokers
 @pytest.mark.parametrize("version", [MQTTv50, MQTTv311], ids=["v5", "v3.1.1"])
-def test_gmqtt_publishes_on_a_and_receives_on_b(three, version):
+def test_gmqtt_publishes_on_a_and_receives_on_b(three_brokers, version):
     async def scenario() -> list[tuple[str, bytes, int]]:
         received: list[tuple[str, bytes, int]] = []
         done = asyncio.Event()
@@ -87,11 +79,11 @@ def test_gmqtt_publishes_on_a_and_receives_on_b(three, version):
 
         subscriber.on_message = on_message
         subscriber.on_subscribe = lambda *args: subscribed.set()
-        await subscriber.connect("127.0.0.1", three["b"].port, keepalive=30, version=version)
+        await subscriber.connect("127.0.0.1", three_brokers["b"].port, keepalive=30, version=version)
         subscriber.subscribe("gm/#", qos=2)
         await asyncio.wait_for(subscribed.wait(), TIMEOUT)
         publisher = GmqttClient(f"gmqtt-on-a-{version}")
-        await publisher.connect("127.0.0.1", three["a"].port, keepalive=30, version=version)
+        await publisher.connect("127.0.0.1", three_brokers["a"].port, keepalive=30, version=version)
         for qos in (0, 1, 2):
             publisher.publish(f"gm/{qos}", f"via gmqtt {qos}".encode(), qos=qos)
         await asyncio.wait_for(done.wait(), 2 * TIMEOUT)
