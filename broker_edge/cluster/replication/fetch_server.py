@@ -161,8 +161,8 @@ class FetchServer:
         return replica in view.members and view.registrations.get(replica) == session.registration
 
     def _end(self, session: FetchSession) -> None:
-        """Serve ``session`` no more (replaced by a new one, or its member gone): taken off its partitions, a
-        fetch parked on it answered (the next one reopens a session)."""
+        """Serve ``session`` no more (replaced by a new one, or its member gone or registered again): taken
+        off its partitions, a fetch parked on it answered (the next one reopens a session)."""
         key = session.key
         if self.sessions.get(key) is session:
             del self.sessions[key]
