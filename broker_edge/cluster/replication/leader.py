@@ -149,8 +149,8 @@ class LeaderReplication:
 
     def _view_changed(self) -> None:
         """Partitions taken over, lost, or stepped down from: fail what cannot be acknowledged any more, drop
-        the sessions of members that left, wake those a change broke, take the tails a new lead inherits,
-        move what can be committed."""
+        the sessions of members that left or registered again, wake those a change broke, take the tails a
+        new lead inherits, move what can be committed."""
         view = self.view
         partitions = self.partitions
         for number, state in view.states.items():
